@@ -1,0 +1,1 @@
+"""Mooncake connector for lmcache. Empty until the lmcache connector issue is done; all logic lives in mooncake_core."""

@@ -1,0 +1,1 @@
+"""Shared helpers: size strings, structured logging, networking."""

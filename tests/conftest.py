@@ -1,0 +1,111 @@
+"""Session-wide fixtures: real etcd and Redis servers on free loopback ports.
+
+The services are real binaries (Debian's etcd-server and redis-server, installed by
+scripts/install.sh). Set MOONCAKE_TEST_ETCD=host:port / MOONCAKE_TEST_REDIS=host:port to
+use already-running ones instead. When a binary is missing the dependent tests are skipped
+with a message naming it -- except under CI (CI=true), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Iterator
+
+import pytest
+
+from mooncake_core.utils.net import free_port
+
+
+def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"service exited early with code {proc.returncode}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+def _missing(binary: str) -> None:
+    msg = f"{binary} not installed (run scripts/install.sh: apt-get install etcd-server redis-server)"
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint() -> Iterator[str]:
+    """'127.0.0.1:PORT' of a real etcd server for this test session."""
+    given = os.environ.get("MOONCAKE_TEST_ETCD")
+    if given:
+        yield given
+        return
+    binary = shutil.which("etcd")
+    if not binary:
+        _missing("etcd")
+    port, peer = free_port(), free_port()
+    data = tempfile.mkdtemp(prefix="mc-etcd-")
+    log = open(os.path.join(data, "etcd.log"), "w")
+    proc = subprocess.Popen(
+        [binary, "--name", "mc-test", "--data-dir", os.path.join(data, "d"),
+         "--listen-client-urls", f"http://127.0.0.1:{port}",
+         "--advertise-client-urls", f"http://127.0.0.1:{port}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-cluster", f"mc-test=http://127.0.0.1:{peer}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        _wait_port("127.0.0.1", port, 30, proc)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_endpoint() -> Iterator[str]:
+    """'127.0.0.1:PORT' of a real Redis server for this test session."""
+    given = os.environ.get("MOONCAKE_TEST_REDIS")
+    if given:
+        yield given
+        return
+    binary = shutil.which("redis-server")
+    if not binary:
+        _missing("redis-server")
+    port = free_port()
+    data = tempfile.mkdtemp(prefix="mc-redis-")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", data],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port("127.0.0.1", port, 30, proc)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture
+def python_exe() -> str:
+    """The interpreter running the tests, for spawning peer processes."""
+    return sys.executable
