@@ -1,0 +1,29 @@
+"""Metadata service clients and the HTTP metadata server.
+
+``open_metadata(conn_str, timeout=5.0)`` returns a :class:`MetadataBackend` for
+``http://host:port/metadata``, ``etcd://h:2379[;h2:2379]`` (or bare ``h:2379``),
+``redis://[:pw@]h:6379[/db]``, or None for ``P2PHANDSHAKE``. The server side is
+:class:`HttpMetadataServer` (``mooncake_http_metadata_server`` on the command line).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mooncake_core.metadata.base import MetadataBackend, MetadataError
+from mooncake_core.metadata.conn_string import (ACCEPTED_FORMS, P2PHANDSHAKE, MetadataSpec,
+                                                parse_conn_string)
+from mooncake_core.metadata.factory import open_metadata
+
+__all__ = [
+    "open_metadata", "MetadataBackend", "MetadataError", "parse_conn_string", "MetadataSpec",
+    "P2PHANDSHAKE", "ACCEPTED_FORMS", "HttpMetadataServer", "MetadataHttpService",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The server pulls in aiohttp; engines that only read metadata need not import it.
+    if name in ("HttpMetadataServer", "MetadataHttpService"):
+        from mooncake_core.metadata import http_server
+        return getattr(http_server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

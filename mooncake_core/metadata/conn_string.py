@@ -1,0 +1,168 @@
+"""Parse a Mooncake metadata connection string (pure logic, no I/O).
+
+Accepted forms, as the original Mooncake selects its metadata plugin
+(``MetadataStoragePlugin::Create``: the text before ``://`` names the plugin, and a string
+without ``://`` is an etcd endpoint):
+
+- ``P2PHANDSHAKE``                      no server; the engine exchanges descriptors itself
+- ``http://host:port/metadata``         our HTTP metadata server (``https://`` too)
+- ``etcd://host:2379[;host2:2379...]``  etcd; several endpoints (``;`` or ``,``) fail over
+- ``host:2379[;host2:2379]``            same as ``etcd://...`` (Mooncake's default plugin)
+- ``redis://[[user]:password@]host:6379[/db]``  Redis; credentials may also come from
+  ``MC_REDIS_USERNAME`` / ``MC_REDIS_PASSWORD`` / ``MC_REDIS_DB_INDEX`` as in Mooncake
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import urllib.parse
+from typing import Mapping
+
+from mooncake_core.utils.net import parse_host_port
+
+P2PHANDSHAKE = "P2PHANDSHAKE"
+
+ACCEPTED_FORMS = (
+    "P2PHANDSHAKE, http://host:port/metadata, https://host:port/metadata, "
+    "etcd://host:port[;host2:port2], host:port[;host2:port2] (etcd), "
+    "redis://[:password@]host:port[/db]"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetadataSpec:
+    """What a connection string selects. ``kind`` is one of p2p, http, etcd, redis."""
+
+    kind: str
+    endpoints: tuple[tuple[str, int], ...] = ()
+    url: str = ""              # http(s): the full base URL requests go to (?key= appended)
+    scheme: str = ""           # http or https for kind == http
+    db: int = 0                # redis database index
+    username: str | None = None
+    password: str | None = None
+
+    @property
+    def endpoint_text(self) -> str:
+        """Human-readable endpoint list for messages (never contains the password)."""
+        if self.kind == "http":
+            return self.url
+        return ";".join(f"{h}:{p}" for h, p in self.endpoints)
+
+
+def _bad(conn: str, why: str) -> ValueError:
+    return ValueError(f"invalid metadata connection string {conn!r}: {why}. "
+                      f"Accepted forms: {ACCEPTED_FORMS}")
+
+
+def _host_port(conn: str, text: str) -> tuple[str, int]:
+    try:
+        host, port = parse_host_port(text, what="metadata endpoint")
+    except ValueError as e:
+        raise _bad(conn, str(e)) from None
+    if not host:
+        raise _bad(conn, f"missing host in {text!r}")
+    if port == 0:
+        raise _bad(conn, f"port 0 in {text!r} is not a server port")
+    return host, port
+
+
+def _endpoint_list(conn: str, text: str) -> tuple[tuple[str, int], ...]:
+    parts = [p.strip() for p in text.replace(",", ";").split(";")]
+    parts = [p for p in parts if p]
+    if not parts:
+        raise _bad(conn, "no endpoint given")
+    out = []
+    for p in parts:
+        if "://" in p:  # "etcd://a:1;etcd://b:2" -- tolerate a repeated scheme
+            scheme, _, p = p.partition("://")
+            if scheme != "etcd":
+                raise _bad(conn, f"endpoint {p!r} has scheme {scheme!r}, expected etcd")
+        out.append(_host_port(conn, p.rstrip("/")))
+    return tuple(out)
+
+
+def parse_conn_string(conn: str, env: Mapping[str, str] | None = None) -> MetadataSpec:
+    """Turn a connection string into a :class:`MetadataSpec`; ValueError on bad input.
+
+    ``env`` supplies the ``MC_REDIS_*`` fallbacks (defaults to ``os.environ``); it is a
+    parameter so the logic stays testable without touching the process environment.
+    """
+    if env is None:
+        import os
+        env = os.environ
+    if not isinstance(conn, str):
+        raise ValueError(f"metadata connection string must be a str, got {type(conn).__name__}. "
+                         f"Accepted forms: {ACCEPTED_FORMS}")
+    text = conn.strip()
+    if not text:
+        raise _bad(conn, "empty")
+    if text.upper() == P2PHANDSHAKE:
+        return MetadataSpec(kind="p2p")
+    if "://" not in text:
+        return MetadataSpec(kind="etcd", endpoints=_endpoint_list(conn, text))
+    scheme, _, rest = text.partition("://")
+    scheme = scheme.lower()
+    if scheme in ("http", "https"):
+        return _parse_http(conn, text, scheme)
+    if scheme == "etcd":
+        return MetadataSpec(kind="etcd", endpoints=_endpoint_list(conn, rest))
+    if scheme == "redis":
+        return _parse_redis(conn, text, env)
+    raise _bad(conn, f"unknown scheme {scheme!r}")
+
+
+def _parse_http(conn: str, text: str, scheme: str) -> MetadataSpec:
+    u = urllib.parse.urlsplit(text)
+    if not u.hostname:
+        raise _bad(conn, "missing host")
+    try:
+        port = u.port
+    except ValueError:
+        raise _bad(conn, f"port in {u.netloc!r} is not a number in 1..65535") from None
+    if port is None:
+        raise _bad(conn, "missing port (e.g. http://127.0.0.1:8080/metadata)")
+    if port == 0:
+        raise _bad(conn, "port 0 is not a server port")
+    if u.query or u.fragment:
+        raise _bad(conn, "the URL must not carry a query or fragment (?key= is added per request)")
+    # Mooncake uses the URL verbatim; a bare http://host:port is served at /metadata by our
+    # server, so fill that in rather than send requests to "/".
+    path = u.path if u.path not in ("", "/") else "/metadata"
+    host = u.hostname
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return MetadataSpec(kind="http", scheme=scheme, endpoints=((host, port),),
+                        url=f"{scheme}://{netloc}{path}")
+
+
+def _parse_redis(conn: str, text: str, env: Mapping[str, str]) -> MetadataSpec:
+    u = urllib.parse.urlsplit(text)
+    if not u.hostname:
+        raise _bad(conn, "missing host")
+    try:
+        port = u.port
+    except ValueError:
+        raise _bad(conn, f"port in {u.netloc.rpartition('@')[2]!r} is not a number in 1..65535") from None
+    if port is None:
+        raise _bad(conn, "missing port (e.g. redis://127.0.0.1:6379)")
+    if port == 0:
+        raise _bad(conn, "port 0 is not a server port")
+    db_text = u.path.strip("/")
+    if db_text:
+        if not db_text.isdigit():
+            raise _bad(conn, f"database {db_text!r} is not a number")
+        db = int(db_text)
+    else:
+        db_env = env.get("MC_REDIS_DB_INDEX", "").strip()
+        if db_env and not db_env.isdigit():
+            raise ValueError(f"MC_REDIS_DB_INDEX={db_env!r} is not a non-negative integer")
+        db = int(db_env) if db_env else 0
+    if db > 255:
+        raise _bad(conn, f"database index {db} out of range 0..255")
+    username = urllib.parse.unquote(u.username) if u.username else None
+    password = urllib.parse.unquote(u.password) if u.password else None
+    if password is None:
+        password = env.get("MC_REDIS_PASSWORD") or None
+        if username is None:
+            username = env.get("MC_REDIS_USERNAME") or None
+    return MetadataSpec(kind="redis", endpoints=((u.hostname, port),), db=db,
+                        username=username, password=password)
