@@ -1,0 +1,32 @@
+"""Pure scheduling for the PD proxy and the simulator (no I/O, no clock reads).
+
+Usage::
+
+    from mooncake_proxy.scheduling import (BlockHasher, RequestInfo, InstanceInfo, ClusterState,
+        Decision, Rejection, CostModel, SloConfig, make_scheduler, POLICIES)
+
+    cluster = ClusterState(block_size=512)
+    cluster.add_instance(InstanceInfo("p0", "prefill", cache_capacity_blocks=10_000))
+    cluster.add_instance(InstanceInfo("d0", "decode"))
+    sched = make_scheduler("conductor", cluster, CostModel.default(), SloConfig(ttft_s=30, tbt_s=0.1))
+    req = RequestInfo("r1", prompt_tokens=n, block_hashes=BlockHasher(512).hash_tokens(ids))
+    out = sched.schedule(req, now)
+    if isinstance(out, Rejection): ...  # 429, Retry-After: out.retry_after_s
+    else:
+        cluster.on_scheduled(out, req, now)          # prefill queued, blocks recorded
+        ...; cluster.on_prefill_done(out.prefill_id, req, now2)
+        cluster.on_decode_start(out.decode_id, req, now2); ...; cluster.on_decode_done(...)
+"""
+
+from .cluster import STORE, ClusterState, DecodeEntry, DecodeLoad, PrefillEntry, PrefillLoad
+from .cost import CostModel
+from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
+from .hashing import BlockHasher
+from .lru import LruBlockCache
+from .policies import POLICIES, PrefillPlan, Scheduler, make_scheduler
+
+__all__ = [
+    "BlockHasher", "RequestInfo", "InstanceInfo", "ClusterState", "Decision", "Rejection",
+    "CostModel", "SloConfig", "make_scheduler", "POLICIES", "Scheduler", "PrefillPlan",
+    "LruBlockCache", "STORE", "PrefillEntry", "DecodeEntry", "PrefillLoad", "DecodeLoad",
+]

@@ -1,0 +1,359 @@
+"""Scheduling policies: pick a (prefill, decode) pair for a request, or reject it early.
+
+All policies share the estimation code (queue time, prefill time of the uncached tokens,
+transfer of fetched blocks, predicted decode TBT) and the SLO checks; they differ only in how
+they choose:
+
+* ``random`` / ``round_robin`` — baselines; the chosen prefill still reuses whatever prefix
+  it happens to hold locally (engines cache prefixes whatever the router does).
+* ``load_balance`` — least predicted prefill queue time; decode with the lowest predicted TBT.
+* ``cache_aware`` — the paper's *local* cache-aware scheduler: minimise
+  queue + prefill(tokens not held by THAT instance).
+* ``conductor`` — the paper's global KVCache-centric scheduler: for every prefill instance,
+  TTFT = queue + prefill(uncached) [+ transfer of the prefix blocks it lacks but another
+  instance or the store holds, when fetching them beats recomputing], pick the minimum. A busy
+  instance holding a hot prefix is thus bypassed and the prefix copied elsewhere (the paper's
+  KVCache balancing); with ``replicate_hot=True`` hot prefixes are also pushed to the store.
+
+``schedule()`` is pure with respect to the cluster: it reads ``ClusterState`` and never
+changes load or the index (the caller does, with ``on_scheduled`` / ``on_prefill_start``...);
+only round-robin cursors, the random generator and hotness counters advance.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import ClassVar, Iterable, Sequence
+
+from .cluster import STORE, ClusterState, DecodeLoad, PrefillEntry, kv_footprint
+from .cost import CostModel
+from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
+
+__all__ = ["POLICIES", "Scheduler", "make_scheduler", "RandomScheduler", "RoundRobinScheduler",
+           "LoadBalanceScheduler", "CacheAwareScheduler", "ConductorScheduler"]
+
+POLICIES: tuple[str, ...] = ("random", "round_robin", "load_balance", "cache_aware", "conductor")
+
+
+@dataclass(slots=True)
+class PrefillPlan:
+    """A policy's choice of prefill instance with its TTFT estimate."""
+
+    instance_id: str
+    est_ttft_s: float
+    est_queue_s: float
+    cached_blocks: int
+    remote_source: str | None = None
+    remote_blocks: int = 0
+
+
+class Scheduler:
+    """Base class: estimation helpers, decode choice and SLO checks. Subclasses implement
+    :meth:`choose_prefill` (and may override :meth:`choose_decode`)."""
+
+    policy: ClassVar[str] = ""
+
+    def __init__(self, cluster: ClusterState, cost: CostModel | None = None,
+                 slo: SloConfig | None = None, seed: int = 0) -> None:
+        self.cluster = cluster
+        self.cost = cost if cost is not None else CostModel.default()
+        self.slo = slo if slo is not None else SloConfig()
+        self.rng = random.Random(seed)
+        self._rot = 0   # rotating tie-break / round-robin cursor for prefill
+        self._rot_d = 0  # same for decode
+
+    # ------------------------------------------------------------------ entry point
+    def schedule(self, req: RequestInfo, now: float) -> Decision | Rejection:
+        """Choose where ``req`` runs at time ``now``, or reject it early (see module doc)."""
+        cl = self.cluster
+        retry = self.slo.retry_after_s
+        prefills = cl.healthy_instances("prefill")
+        if not prefills:
+            n = len(cl.instances("prefill"))
+            return Rejection(f"no healthy prefill instance ({n} registered, all unhealthy)" if n
+                             else "no prefill instance registered", retry)
+        decodes = cl.healthy_instances("decode")
+        if not decodes:
+            n = len(cl.instances("decode"))
+            return Rejection(f"no healthy decode instance ({n} registered, all unhealthy)" if n
+                             else "no decode instance registered", retry)
+        plan = self.choose_prefill(req, prefills, now)
+        dchoice = self.choose_decode(req, decodes, now, plan.est_ttft_s)
+        if dchoice is None:
+            return Rejection(f"request {req.request_id!r}: no decode instance has KV room for "
+                             f"{req.prompt_tokens}+{req.max_output_tokens} tokens", retry, plan.est_ttft_s)
+        decode_id, tbt = dchoice
+        slo = self.slo
+        if slo.ttft_s is not None and plan.est_ttft_s > slo.ttft_s:
+            return Rejection(
+                f"TTFT SLO: predicted {plan.est_ttft_s:.3f}s > {slo.ttft_s:.3f}s on prefill "
+                f"{plan.instance_id!r} (queue {plan.est_queue_s:.3f}s)", retry, plan.est_ttft_s, tbt)
+        if slo.tbt_s is not None and tbt > slo.tbt_s:
+            return Rejection(
+                f"TBT SLO: predicted {tbt * 1000:.1f}ms > {slo.tbt_s * 1000:.1f}ms on decode "
+                f"{decode_id!r}", retry, plan.est_ttft_s, tbt)
+        return Decision(plan.instance_id, decode_id, plan.est_ttft_s, tbt, plan.cached_blocks,
+                        plan.remote_source, plan.remote_blocks, plan.est_queue_s,
+                        self.replicate_blocks(req, plan))
+
+    # ------------------------------------------------------------------ policy hooks
+    def choose_prefill(self, req: RequestInfo, prefills: Sequence[InstanceInfo], now: float) -> PrefillPlan:
+        raise NotImplementedError
+
+    def choose_decode(self, req: RequestInfo, decodes: Sequence[InstanceInfo], now: float,
+                      est_ttft_s: float) -> tuple[str, float] | None:
+        """Default: the decode instance with the lowest predicted TBT (ties rotate)."""
+        best: tuple[str, float] | None = None
+        n = len(decodes)
+        start = self._rot_d % n
+        self._rot_d += 1
+        for k in range(n):
+            inst = decodes[(start + k) % n]
+            tbt = self.predicted_tbt(inst, req, now, est_ttft_s)
+            if tbt is None:
+                continue
+            if best is None or tbt < best[1]:
+                best = (inst.instance_id, tbt)
+        return best
+
+    def replicate_blocks(self, req: RequestInfo, plan: PrefillPlan) -> int:
+        return 0
+
+    # ------------------------------------------------------------------ estimates
+    def _entry_time(self, e: PrefillEntry) -> float:
+        if e.est_s < 0:
+            return self.cost.transfer_time(e.remote_blocks) + self.cost.prefill_time(e.new_tokens, e.cached_tokens)
+        return e.est_s
+
+    def queue_time(self, instance_id: str, now: float) -> float:
+        """Predicted wait before a new request could start on this prefill instance: the
+        head's remaining time plus the full predicted time of everything queued behind it.
+        O(1) when entries carry estimates (``on_scheduled`` passes them)."""
+        load = self.cluster.prefill_load(instance_id)
+        if not load.entries:
+            return 0.0
+        if load.n_unknown:
+            for e in load.entries.values():
+                if e.est_s < 0:
+                    load.set_estimate(e, self._entry_time(e))
+        head = next(iter(load.entries.values()))
+        return max(0.0, head.est_s - (now - load.head_since)) + max(0.0, load.est_sum - head.est_s)
+
+    def split_prompt(self, req: RequestInfo, cached_blocks: int) -> tuple[int, int]:
+        """(tokens to compute, tokens reused) when ``cached_blocks`` leading blocks are reused."""
+        cached = min(req.prompt_tokens, cached_blocks * self.cluster.block_size)
+        new = req.prompt_tokens - cached
+        if new <= 0 and req.prompt_tokens:
+            new = 1  # engines always recompute at least the last token to get logits
+        return new, cached
+
+    def local_plan(self, instance_id: str, req: RequestInfo, now: float,
+                   local_blocks: int | None = None, queue: float | None = None) -> PrefillPlan:
+        """TTFT on ``instance_id`` reusing only what it holds itself."""
+        if local_blocks is None:
+            local_blocks = self.cluster.prefix_hit_blocks(instance_id, req.block_hashes)
+        if queue is None:
+            queue = self.queue_time(instance_id, now)
+        new, cached = self.split_prompt(req, local_blocks)
+        return PrefillPlan(instance_id, queue + self.cost.prefill_time(new, cached), queue, local_blocks)
+
+    def predicted_tbt(self, inst: InstanceInfo, req: RequestInfo, now: float,
+                      est_ttft_s: float) -> float | None:
+        """Predicted time between tokens on decode ``inst`` once ``req`` joins it; None when
+        its KV capacity cannot take the request.
+
+        Without a prediction horizon: current running set + this request. With one: the
+        load projected to ``now + min(est_ttft, horizon)`` — running requests expected to have
+        finished by then are dropped, requests in prefill headed there are added.
+        """
+        load: DecodeLoad = self.cluster.decode_load(inst.instance_id)
+        cost = self.cost
+        mine = kv_footprint(req.prompt_tokens, req.max_output_tokens)
+        horizon = self.slo.prediction_horizon_s
+        if horizon is None:
+            n = load.running + 1
+            kv = load.kv_tokens + mine
+        else:
+            t = now + min(est_ttft_s, horizon)
+            step_now = cost.decode_step_time(load.running, load.kv_tokens)
+            n = 1
+            kv = mine
+            for e in load.entries.values():
+                if e.started_at + e.max_output_tokens * step_now > t:
+                    n += 1
+                    kv += kv_footprint(e.prompt_tokens, e.max_output_tokens)
+            for e in load.incoming.values():
+                n += 1
+                kv += kv_footprint(e.prompt_tokens, e.max_output_tokens)
+        cap = inst.cache_capacity_blocks
+        if cap and kv > cap * self.cluster.block_size and load.running > 0:
+            return None
+        return cost.decode_step_time(n, kv)
+
+    def _argmin_prefill(self, plans_iter: Iterable[PrefillPlan]) -> PrefillPlan:
+        best: PrefillPlan | None = None
+        for p in plans_iter:
+            if best is None or p.est_ttft_s < best.est_ttft_s:
+                best = p
+        assert best is not None
+        return best
+
+    def _rotated(self, items: Sequence[InstanceInfo]) -> list[InstanceInfo]:
+        """Instances starting at a rotating offset, so exact ties spread across instances."""
+        n = len(items)
+        s = self._rot % n
+        self._rot += 1
+        return list(items[s:]) + list(items[:s])
+
+
+class RandomScheduler(Scheduler):
+    """Uniformly random prefill and decode (baseline)."""
+
+    policy = "random"
+
+    def choose_prefill(self, req: RequestInfo, prefills: Sequence[InstanceInfo], now: float) -> PrefillPlan:
+        return self.local_plan(self.rng.choice(prefills).instance_id, req, now)
+
+    def choose_decode(self, req: RequestInfo, decodes: Sequence[InstanceInfo], now: float,
+                      est_ttft_s: float) -> tuple[str, float] | None:
+        order = list(decodes)
+        self.rng.shuffle(order)
+        for inst in order:
+            tbt = self.predicted_tbt(inst, req, now, est_ttft_s)
+            if tbt is not None:
+                return inst.instance_id, tbt
+        return None
+
+
+class RoundRobinScheduler(Scheduler):
+    """Prefill and decode in turn (baseline; the toy proxies' behaviour)."""
+
+    policy = "round_robin"
+
+    def choose_prefill(self, req: RequestInfo, prefills: Sequence[InstanceInfo], now: float) -> PrefillPlan:
+        inst = prefills[self._rot % len(prefills)]
+        self._rot += 1
+        return self.local_plan(inst.instance_id, req, now)
+
+    def choose_decode(self, req: RequestInfo, decodes: Sequence[InstanceInfo], now: float,
+                      est_ttft_s: float) -> tuple[str, float] | None:
+        n = len(decodes)
+        for k in range(n):
+            inst = decodes[(self._rot_d + k) % n]
+            tbt = self.predicted_tbt(inst, req, now, est_ttft_s)
+            if tbt is not None:
+                self._rot_d += k + 1
+                return inst.instance_id, tbt
+        return None
+
+
+class LoadBalanceScheduler(Scheduler):
+    """Least predicted prefill queue time (ignores prefix locality); decode by predicted TBT."""
+
+    policy = "load_balance"
+
+    def choose_prefill(self, req: RequestInfo, prefills: Sequence[InstanceInfo], now: float) -> PrefillPlan:
+        best_id, best_q = None, 0.0
+        for inst in self._rotated(prefills):
+            q = self.queue_time(inst.instance_id, now)
+            if best_id is None or q < best_q:
+                best_id, best_q = inst.instance_id, q
+        return self.local_plan(best_id, req, now, queue=best_q)
+
+
+class CacheAwareScheduler(Scheduler):
+    """Local cache-aware: minimise queue + prefill(tokens the instance itself lacks)."""
+
+    policy = "cache_aware"
+
+    def choose_prefill(self, req: RequestInfo, prefills: Sequence[InstanceInfo], now: float) -> PrefillPlan:
+        hits = self.cluster.prefix_hits_all(req.block_hashes)
+        return self._argmin_prefill(
+            self.local_plan(i.instance_id, req, now, hits.get(i.instance_id, 0)) for i in self._rotated(prefills))
+
+
+class ConductorScheduler(Scheduler):
+    """Global KVCache-centric scheduling (the paper's Conductor), see module docstring.
+
+    ``replicate_hot``: when a request reuses a prefix whose last reused block has been hit at
+    least ``hot_threshold`` times, the decision asks the caller to copy that prefix into the
+    store (``Decision.replicate_blocks``), so it survives eviction from any single instance
+    and every instance can fetch it. Needs the store tier enabled in the ClusterState.
+    """
+
+    policy = "conductor"
+
+    def __init__(self, cluster: ClusterState, cost: CostModel | None = None, slo: SloConfig | None = None,
+                 seed: int = 0, *, replicate_hot: bool = False, hot_threshold: int = 4,
+                 hot_window: int = 100_000) -> None:
+        super().__init__(cluster, cost, slo, seed)
+        self.replicate_hot = replicate_hot
+        self.hot_threshold = hot_threshold
+        self._hot_window = hot_window
+        self._hits: Counter[int] = Counter()
+
+    def choose_prefill(self, req: RequestInfo, prefills: Sequence[InstanceInfo], now: float) -> PrefillPlan:
+        cl = self.cluster
+        hashes = req.block_hashes
+        hits = cl.prefix_hits_all(hashes)
+        # Top two healthy holders, so "best remote excluding me" is O(1) per instance.
+        top1: tuple[str | None, int] = (None, 0)
+        top2: tuple[str | None, int] = (None, 0)
+        for inst_id, n in hits.items():
+            if not cl.get_instance(inst_id).healthy:
+                continue
+            n = cl.ready_prefix(inst_id, hashes, n)  # only computed blocks can be fetched
+            if n > top1[1]:
+                top1, top2 = (inst_id, n), top1
+            elif n > top2[1]:
+                top2 = (inst_id, n)
+        store_n = cl.store_hit_blocks(hashes)
+        cost = self.cost
+        best: PrefillPlan | None = None
+        for inst in self._rotated(prefills):
+            iid = inst.instance_id
+            local = hits.get(iid, 0)
+            plan = self.local_plan(iid, req, now, local)
+            src, rn = top2 if top1[0] == iid else top1
+            if store_n > rn:
+                src, rn = STORE, store_n
+            if rn > local:
+                new, cached = self.split_prompt(req, rn)
+                ttft = plan.est_queue_s + cost.transfer_time(rn - local) + cost.prefill_time(new, cached)
+                if ttft < plan.est_ttft_s:
+                    plan = PrefillPlan(iid, ttft, plan.est_queue_s, rn, src, rn - local)
+            if best is None or plan.est_ttft_s < best.est_ttft_s:
+                best = plan
+        assert best is not None
+        return best
+
+    def replicate_blocks(self, req: RequestInfo, plan: PrefillPlan) -> int:
+        n = plan.cached_blocks
+        if n <= 0 or not self.replicate_hot:
+            return 0
+        key = req.block_hashes[n - 1]
+        self._hits[key] += 1
+        if len(self._hits) > self._hot_window:  # bounded memory: forget the cold half
+            self._hits = Counter(dict(self._hits.most_common(self._hot_window // 2)))
+        if (self.cluster.store_enabled and self._hits[key] >= self.hot_threshold
+                and self.cluster.store_hit_blocks(req.block_hashes[:n]) < n):
+            return n
+        return 0
+
+
+_CLASSES: dict[str, type[Scheduler]] = {c.policy: c for c in (
+    RandomScheduler, RoundRobinScheduler, LoadBalanceScheduler, CacheAwareScheduler, ConductorScheduler)}
+
+
+def make_scheduler(policy: str, cluster: ClusterState, cost: CostModel | None = None,
+                   slo: SloConfig | None = None, seed: int = 0, **options) -> Scheduler:
+    """Build the scheduler for ``policy`` (one of :data:`POLICIES`). ``options`` go to the
+    policy class (``conductor``: ``replicate_hot``, ``hot_threshold``)."""
+    cls = _CLASSES.get(policy)
+    if cls is None:
+        raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if options and cls is not ConductorScheduler:
+        raise ValueError(f"policy {policy!r} takes no options, got {sorted(options)}")
+    return cls(cluster, cost, slo, seed, **options)

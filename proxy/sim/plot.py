@@ -1,0 +1,66 @@
+"""PNG charts of simulation results (matplotlib, Agg backend — no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .cache_only import HitStats
+from .engine import SimResult
+
+__all__ = ["plot_ttft_cdf", "plot_hit_ratio_curve"]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_ttft_cdf(results: Mapping[str, SimResult], path: str | Path, title: str = "") -> Path:
+    """TTFT CDF, one line per policy (completed requests)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, res in results.items():
+        t = np.sort([o.ttft for o in res.outcomes if not o.rejected and o.ttft == o.ttft])
+        if t.size:
+            ax.plot(t, np.arange(1, t.size + 1) / t.size, label=f"{name} (mean {t.mean():.2f}s)")
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s, log scale)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(title or "TTFT CDF by scheduling policy")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_hit_ratio_curve(curve: Sequence[HitStats], path: str | Path, title: str = "") -> Path:
+    """Prefix hit ratio vs global LRU capacity (unlimited drawn as a dashed line)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    finite = [s for s in curve if s.cache_blocks > 0]
+    unlimited = [s for s in curve if s.cache_blocks == 0]
+    if finite:
+        ax.plot([s.cache_blocks for s in finite], [100 * s.hit_ratio for s in finite], marker="o", label="LRU")
+        ax.set_xscale("log")
+    for s in unlimited:
+        ax.axhline(100 * s.hit_ratio, linestyle="--", color="gray", label=f"unlimited ({100 * s.hit_ratio:.1f}%)")
+    ax.set_xlabel("cache capacity (512-token blocks)")
+    ax.set_ylabel("prefix hit ratio (% of prompt tokens)")
+    ax.set_title(title or "Prefix cache hit ratio vs capacity")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

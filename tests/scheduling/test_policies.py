@@ -1,0 +1,308 @@
+"""Scheduling policies on handmade cluster states (pure: no sockets, no clock)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from mooncake_proxy.scheduling import (POLICIES, ClusterState, CostModel, Decision, InstanceInfo, Rejection,
+                                       RequestInfo, SloConfig, make_scheduler)
+
+BS = 4  # tokens per block in these tests
+# 1 ms per prefill token, no attention term; decode step 10 ms + 1 ms/request; transfer 1 ms/block.
+COST = CostModel(c0=0.0, c1=0.001, c2=0.0, d0=0.01, d1=0.001, d2=0.0, transfer_latency_s=0.0,
+                 bytes_per_token=1.0, bandwidth_bytes_per_s=4000.0, block_size=BS, name="test")
+BLOCKS = list(range(1, 11))  # a 40-token prompt = 10 full blocks
+
+
+def req(rid: str = "r", tokens: int = 40, blocks=None, out: int = 10) -> RequestInfo:
+    return RequestInfo(rid, tokens, list(BLOCKS if blocks is None else blocks), max_output_tokens=out)
+
+
+def cluster(n_prefill: int = 3, n_decode: int = 2, store: int | None = None) -> ClusterState:
+    cl = ClusterState(block_size=BS, store_capacity_blocks=store)
+    for i in range(n_prefill):
+        cl.add_instance(InstanceInfo(f"p{i}", "prefill"))
+    for i in range(n_decode):
+        cl.add_instance(InstanceInfo(f"d{i}", "decode"))
+    return cl
+
+
+def busy(cl: ClusterState, inst: str, seconds: float, now: float = 0.0) -> None:
+    """Queue a request of ``seconds`` of prefill work (1 ms/token) on ``inst``."""
+    n = round(seconds / COST.c1)
+    cl.on_prefill_start(inst, RequestInfo(f"busy-{inst}-{n}", n, [1000 + n]), now, cached_blocks=0)
+
+
+def test_conductor_prefers_instance_with_prefix_hits() -> None:
+    cl = cluster()
+    cl.record_blocks("p1", BLOCKS[:8])
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.0)
+    assert isinstance(d, Decision)
+    assert d.prefill_id == "p1" and d.cached_blocks == 8 and d.remote_source is None and d.remote_blocks == 0
+    assert d.est_ttft_s == pytest.approx(0.008)  # 8 uncached tokens
+    # Slightly busy holder still wins: 5 ms queue + 8 ms < fetch 8 ms + 8 ms elsewhere.
+    busy(cl, "p1", 0.005)
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.0)
+    assert d.prefill_id == "p1" and d.est_ttft_s == pytest.approx(0.013) and d.est_queue_s == pytest.approx(0.005)
+
+
+def test_conductor_bypasses_busy_holder_and_fetches_prefix() -> None:
+    cl = cluster()
+    cl.record_blocks("p1", BLOCKS[:8])
+    busy(cl, "p1", 1.0)
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.0)
+    assert d.prefill_id in ("p0", "p2")
+    assert d.remote_source == "p1" and d.remote_blocks == 8 and d.cached_blocks == 8
+    assert d.est_ttft_s == pytest.approx(COST.transfer_time(8) + COST.prefill_time(8, 32))
+    assert d.est_ttft_s == pytest.approx(0.016)
+    # The local cache-aware policy cannot fetch: it recomputes all 40 tokens on an idle node.
+    c = make_scheduler("cache_aware", cl, COST).schedule(req(), now=0.0)
+    assert c.prefill_id in ("p0", "p2") and c.remote_source is None and c.cached_blocks == 0
+    assert c.est_ttft_s == pytest.approx(0.040)
+
+
+def test_conductor_partial_local_plus_remote_and_head_progress() -> None:
+    cl = cluster(n_prefill=2)
+    cl.record_blocks("p0", BLOCKS[:3])
+    cl.record_blocks("p1", BLOCKS[:9])
+    busy(cl, "p1", 1.0, now=0.0)
+    # At now=0.999 only 1 ms of p1's head request remains: 1 ms + 4 ms beats p0 fetching
+    # 6 blocks (6 ms) + 4 ms.
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.999)
+    assert d.prefill_id == "p1" and d.est_ttft_s == pytest.approx(0.005)
+    # At now=0.5 p1 is busy for 0.5 s more: p0 keeps its 3 blocks and fetches 6 more.
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.5)
+    assert d.prefill_id == "p0" and d.remote_source == "p1" and d.remote_blocks == 6 and d.cached_blocks == 9
+    assert d.est_ttft_s == pytest.approx(COST.transfer_time(6) + COST.prefill_time(4, 36))
+
+
+def test_conductor_recomputes_when_transfer_is_slower() -> None:
+    slow_net = CostModel(**{**COST.to_dict()["prefill"], **COST.to_dict()["decode"]}, transfer_latency_s=0.0,
+                         bytes_per_token=1.0, bandwidth_bytes_per_s=100.0, block_size=BS)  # 40 ms/block
+    cl = cluster()
+    cl.record_blocks("p1", BLOCKS[:8])
+    busy(cl, "p1", 1.0)
+    d = make_scheduler("conductor", cl, slow_net).schedule(req(), now=0.0)
+    assert d.prefill_id != "p1" and d.remote_source is None and d.cached_blocks == 0
+
+
+def test_conductor_fetches_from_store() -> None:
+    cl = cluster(store=0)
+    cl.store_record(BLOCKS[:10])
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.0)
+    assert d.remote_source == "store" and d.remote_blocks == 10 and d.cached_blocks == 10
+    # 40 tokens all cached -> 1 token recomputed (engines need the last token's logits).
+    assert d.est_ttft_s == pytest.approx(COST.transfer_time(10) + COST.prefill_time(1, 40))
+
+
+def test_cache_aware_uses_local_hits_unless_queue_too_long() -> None:
+    cl = cluster()
+    cl.record_blocks("p2", BLOCKS[:10])
+    s = make_scheduler("cache_aware", cl, COST)
+    d = s.schedule(req(), now=0.0)
+    assert d.prefill_id == "p2" and d.cached_blocks == 10 and d.remote_blocks == 0
+    busy(cl, "p2", 0.5)
+    assert s.schedule(req(), now=0.0).prefill_id in ("p0", "p1")
+
+
+def test_load_balance_ignores_prefix_and_picks_least_queue() -> None:
+    cl = cluster()
+    cl.record_blocks("p0", BLOCKS)
+    busy(cl, "p0", 0.05)
+    busy(cl, "p1", 0.02)
+    busy(cl, "p2", 0.03)
+    d = make_scheduler("load_balance", cl, COST).schedule(req(), now=0.0)
+    assert d.prefill_id == "p1" and d.cached_blocks == 0 and d.est_queue_s == pytest.approx(0.02)
+    # Same queue everywhere: it still uses the chosen instance's local hits in its estimate.
+    cl2 = cluster(n_prefill=1)
+    cl2.record_blocks("p0", BLOCKS[:5])
+    d = make_scheduler("load_balance", cl2, COST).schedule(req(), now=0.0)
+    assert d.cached_blocks == 5 and d.est_ttft_s == pytest.approx(0.020)
+
+
+def test_round_robin_and_random() -> None:
+    cl = cluster()
+    rr = make_scheduler("round_robin", cl, COST)
+    picks = [rr.schedule(req(str(i)), 0.0) for i in range(6)]
+    assert [p.prefill_id for p in picks] == ["p0", "p1", "p2", "p0", "p1", "p2"]
+    assert [p.decode_id for p in picks] == ["d0", "d1", "d0", "d1", "d0", "d1"]
+    r1 = make_scheduler("random", cl, COST, seed=3)
+    r2 = make_scheduler("random", cl, COST, seed=3)
+    a = [(d.prefill_id, d.decode_id) for d in (r1.schedule(req(str(i)), 0.0) for i in range(300))]
+    b = [(d.prefill_id, d.decode_id) for d in (r2.schedule(req(str(i)), 0.0) for i in range(300))]
+    assert a == b
+    assert {p for p, _ in a} == {"p0", "p1", "p2"} and {d for _, d in a} == {"d0", "d1"}
+    assert max(sum(1 for p, _ in a if p == x) for x in ("p0", "p1", "p2")) < 150  # not stuck on one
+
+
+def test_decode_chosen_by_predicted_tbt() -> None:
+    cl = cluster()
+    for i in range(5):
+        cl.on_decode_start("d0", req(f"x{i}"), 0.0)
+    cl.on_decode_start("d1", req("y"), 0.0)
+    for pol in ("load_balance", "cache_aware", "conductor"):
+        d = make_scheduler(pol, cl, COST).schedule(req(), now=0.0)
+        assert d.decode_id == "d1", pol
+        assert d.est_tbt_s == pytest.approx(COST.decode_step_time(2, 0))
+
+
+def test_ttft_slo_rejection() -> None:
+    cl = cluster()
+    for p in ("p0", "p1", "p2"):
+        busy(cl, p, 2.0)
+    s = make_scheduler("conductor", cl, COST, SloConfig(ttft_s=1.0, retry_after_s=3.0))
+    r = s.schedule(req(), now=0.0)
+    assert isinstance(r, Rejection)
+    assert "TTFT" in r.reason and r.retry_after_s == 3.0
+    assert r.est_ttft_s == pytest.approx(2.04)
+    # Once the queue has drained enough, the same request is admitted.
+    assert isinstance(s.schedule(req(), now=1.5), Decision)
+
+
+def test_tbt_slo_rejection() -> None:
+    cl = cluster(n_decode=1)
+    for i in range(4):
+        cl.on_decode_start("d0", req(f"x{i}"), 0.0)
+    # 5 requests -> 15 ms per step.
+    r = make_scheduler("load_balance", cl, COST, SloConfig(tbt_s=0.0145)).schedule(req(), now=0.0)
+    assert isinstance(r, Rejection) and "TBT" in r.reason and "d0" in r.reason
+    assert r.est_tbt_s == pytest.approx(0.015)
+    assert isinstance(make_scheduler("load_balance", cl, COST, SloConfig(tbt_s=0.0155)).schedule(req(), 0.0), Decision)
+
+
+def test_prediction_admits_when_running_decodes_will_have_finished() -> None:
+    cl = cluster(n_decode=1)
+    cl.on_decode_start("d0", req("a", out=10), 0.0)
+    cl.on_decode_start("d0", req("b", out=10), 0.0)
+    # Now: 3 requests -> 13 ms > 12.5 ms. But a and b end at ~10 x 12 ms = 0.12 s, before
+    # this request's prefill ends (0.1 + 0.04 s): the projected batch is just this request.
+    plain = make_scheduler("conductor", cl, COST, SloConfig(tbt_s=0.0125))
+    predictive = make_scheduler("conductor", cl, COST, SloConfig(tbt_s=0.0125, prediction_horizon_s=10.0))
+    assert isinstance(plain.schedule(req(), now=0.1), Rejection)
+    d = predictive.schedule(req(), now=0.1)
+    assert isinstance(d, Decision) and d.est_tbt_s == pytest.approx(0.011)
+    # With a horizon shorter than the prefill, the projection stops early and still sees a, b.
+    short = make_scheduler("conductor", cl, COST, SloConfig(tbt_s=0.0125, prediction_horizon_s=0.01))
+    assert isinstance(short.schedule(req(), now=0.1), Rejection)
+
+
+def test_prediction_rejects_when_prefills_in_flight_head_to_decode() -> None:
+    cl = cluster(n_decode=1)
+    for i in range(3):
+        cl.on_prefill_start("p0", req(f"in{i}"), 0.0, decode_id="d0")
+    plain = make_scheduler("conductor", cl, COST, SloConfig(tbt_s=0.0125))
+    predictive = make_scheduler("conductor", cl, COST, SloConfig(tbt_s=0.0125, prediction_horizon_s=10.0))
+    assert isinstance(plain.schedule(req(), now=0.0), Decision)  # decode looks idle right now
+    r = predictive.schedule(req(), now=0.0)
+    assert isinstance(r, Rejection) and "TBT" in r.reason and r.est_tbt_s == pytest.approx(0.014)
+
+
+def test_no_healthy_instance_rejections() -> None:
+    cl = cluster()
+    for p in ("p0", "p1", "p2"):
+        cl.set_healthy(p, False)
+    for pol in POLICIES:
+        r = make_scheduler(pol, cl, COST).schedule(req(), 0.0)
+        assert isinstance(r, Rejection) and "no healthy prefill" in r.reason and "3 registered" in r.reason
+    cl.set_healthy("p1", True)
+    assert make_scheduler("conductor", cl, COST).schedule(req(), 0.0).prefill_id == "p1"
+    cl2 = cluster(n_decode=0)
+    r = make_scheduler("conductor", cl2, COST).schedule(req(), 0.0)
+    assert isinstance(r, Rejection) and "no decode instance registered" in r.reason
+    cl3 = cluster()
+    cl3.set_healthy("d0", False)
+    cl3.set_healthy("d1", False)
+    r = make_scheduler("random", cl3, COST).schedule(req(), 0.0)
+    assert "no healthy decode" in r.reason
+
+
+def test_decode_kv_capacity() -> None:
+    cl = ClusterState(block_size=BS)
+    cl.add_instance(InstanceInfo("p0", "prefill"))
+    cl.add_instance(InstanceInfo("d0", "decode", cache_capacity_blocks=15))  # 60 tokens of KV
+    s = make_scheduler("conductor", cl, COST)
+    first = s.schedule(req("a"), 0.0)
+    assert isinstance(first, Decision)
+    cl.on_decode_start("d0", req("a"), 0.0)  # holds 40 + 10/2 tokens
+    r = s.schedule(req("b"), 0.0)
+    assert isinstance(r, Rejection) and "KV room" in r.reason
+
+
+def test_unknown_policy_lists_choices() -> None:
+    with pytest.raises(ValueError) as e:
+        make_scheduler("fastest", cluster())
+    assert all(p in str(e.value) for p in POLICIES) and "fastest" in str(e.value)
+    with pytest.raises(ValueError, match="no options"):
+        make_scheduler("random", cluster(), replicate_hot=True)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_schedule_does_not_mutate_cluster(policy: str) -> None:
+    cl = cluster(store=0)
+    cl.record_blocks("p1", BLOCKS[:6])
+    busy(cl, "p0", 0.3)
+    cl.on_decode_start("d0", req("x"), 0.0)
+    before = (copy.deepcopy(cl._prefill), copy.deepcopy(cl._decode), {k: list(v) for k, v in cl._caches.items()})
+    s = make_scheduler(policy, cl, COST)
+    for i in range(5):
+        assert isinstance(s.schedule(req(str(i)), now=0.1 * i), Decision)
+    after = (cl._prefill, cl._decode, {k: list(v) for k, v in cl._caches.items()})
+    # Duration estimates are memoised on the entries (est_s / est_sum), not load the caller
+    # owns: normalise them away, everything else must be unchanged.
+    for loads in (before[0], after[0]):
+        for load in loads.values():
+            for e in load.entries.values():
+                e.est_s = -1.0
+            load.est_sum, load.n_unknown = 0.0, len(load.entries)
+    assert before == after
+
+
+def test_on_scheduled_records_and_queues() -> None:
+    cl = cluster()
+    s = make_scheduler("conductor", cl, COST)
+    r1 = req("r1")
+    d1 = s.schedule(r1, 0.0)
+    cl.on_scheduled(d1, r1, 0.0)
+    p = d1.prefill_id
+    assert cl.prefix_hit_blocks(p, BLOCKS) == 10
+    assert list(cl.decode_load(d1.decode_id).incoming) == ["r1"]
+    # r1's blocks are still being computed: nobody else can fetch them yet, so an idle
+    # instance recomputes (40 ms) rather than waiting 40 ms + 1 ms behind r1.
+    assert cl.best_remote_prefix(BLOCKS, exclude="zz") == (None, 0)
+    d2 = s.schedule(req("r2"), 0.0)
+    assert d2.prefill_id != p and d2.remote_source is None and d2.est_ttft_s == pytest.approx(0.040)
+    # When the other instances are busy, queueing behind r1 on its instance reuses its blocks.
+    for other in ("p0", "p1", "p2"):
+        if other != p:
+            busy(cl, other, 1.0)
+    d3 = s.schedule(req("r3"), 0.0)
+    assert d3.prefill_id == p and d3.cached_blocks == 10 and d3.est_queue_s == pytest.approx(0.040)
+    assert d3.est_ttft_s == pytest.approx(0.040 + COST.prefill_time(1, 40))
+    # Once r1's prefill is done its blocks become fetchable by other instances.
+    cl.on_prefill_done(p, r1, 0.040)
+    assert cl.best_remote_prefix(BLOCKS) == (p, 10)
+
+
+def test_hot_prefix_replication_to_store() -> None:
+    cl = cluster(store=0)
+    s = make_scheduler("conductor", cl, COST, replicate_hot=True, hot_threshold=2)
+    decisions = []
+    for i in range(3):
+        r = req(f"h{i}")
+        d = s.schedule(r, float(i))
+        cl.on_scheduled(d, r, float(i))
+        decisions.append(d)
+    assert decisions[0].replicate_blocks == 0  # nothing cached yet
+    assert decisions[1].replicate_blocks == 0  # first hit
+    assert decisions[2].replicate_blocks == 10  # second hit: hot
+    assert cl.store_hit_blocks(BLOCKS) == 10
+    # Without the flag nothing is replicated.
+    cl2 = cluster(store=0)
+    s2 = make_scheduler("conductor", cl2, COST)
+    for i in range(3):
+        r = req(f"h{i}")
+        d = s2.schedule(r, float(i))
+        cl2.on_scheduled(d, r, float(i))
+        assert d.replicate_blocks == 0
