@@ -1,0 +1,79 @@
+"""Admin API: add, remove and list instances while the proxy runs.
+
+``GET /admin/instances``; ``POST /admin/instances {"role", "url"[, "bootstrap_port"]}`` (the new
+instance is probed at once and starts out of rotation if its /health fails);
+``DELETE /admin/instances?id=ROLE@URL`` or ``?role=...&url=...``. With ``--admin-key K`` every call
+needs ``Authorization: Bearer K`` or ``X-Admin-Key: K``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING
+
+import msgspec
+from aiohttp import web
+
+from .errors import error_response
+
+if TYPE_CHECKING:
+    from .server import ProxyServer
+
+_dec = msgspec.json.Decoder()
+
+
+class AdminApi:
+    def __init__(self, server: "ProxyServer") -> None:
+        self.server = server
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_get("/admin/instances", self.list)
+        app.router.add_post("/admin/instances", self.add)
+        app.router.add_delete("/admin/instances", self.remove)
+
+    def _ok(self, request: web.Request) -> bool:
+        key = self.server.cfg.admin_key
+        if not key:
+            return True
+        auth = request.headers.get("Authorization", "")
+        given = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Admin-Key", "")
+        return hmac.compare_digest(given.encode(), key.encode())  # constant time
+
+    async def list(self, request: web.Request) -> web.Response:
+        if not self._ok(request):
+            return error_response(401, "admin API: missing or wrong admin key", "authentication_error")
+        return web.json_response({"instances": [i.to_json() for i in self.server.registry.all()]})
+
+    async def add(self, request: web.Request) -> web.Response:
+        if not self._ok(request):
+            return error_response(401, "admin API: missing or wrong admin key", "authentication_error")
+        try:
+            data = _dec.decode(await request.read())
+            if not isinstance(data, dict):
+                raise ValueError("body must be a JSON object {role, url[, bootstrap_port]}")
+            inst = self.server.add_instance(str(data.get("role")), data.get("url"), data.get("bootstrap_port"))
+        except (ValueError, TypeError, msgspec.DecodeError) as e:
+            return error_response(400, f"admin add instance: {e}", "invalid_request_error")
+        if self.server.health is not None:
+            ok, why = await self.server.health.probe(inst)
+            if not ok:
+                self.server.set_healthy(inst, False, why)
+        return web.json_response(inst.to_json(), status=201)
+
+    async def remove(self, request: web.Request) -> web.Response:
+        if not self._ok(request):
+            return error_response(401, "admin API: missing or wrong admin key", "authentication_error")
+        q = request.query
+        iid = q.get("id")
+        try:
+            if not iid:
+                role, url = q.get("role"), q.get("url")
+                if not role or not url:
+                    raise ValueError("give ?id=ROLE@URL or ?role=prefill|decode&url=http://host:port")
+                iid = self.server.registry.make_id(role, url)
+            inst = self.server.remove_instance(iid)
+        except ValueError as e:
+            return error_response(400, f"admin remove instance: {e}", "invalid_request_error")
+        except KeyError as e:
+            return error_response(404, f"admin remove instance: {e.args[0]}", "not_found_error")
+        return web.json_response({"removed": inst.to_json()})

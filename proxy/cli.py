@@ -1,0 +1,214 @@
+"""``mooncake_proxy``: command line of the PD proxy.
+
+Flags follow vLLM's toy/disagg proxies and Mooncake's proxy (``--prefiller-hosts ...``), and also
+accept SGLang/vLLM-Mooncake style ``--prefill URL [BOOTSTRAP_PORT]`` / ``--decode URL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from mooncake_core.utils.log import get_logger, setup_logging
+
+log = get_logger("mooncake_proxy.cli")
+
+POLICY_CHOICES = ("random", "round_robin", "load_balance", "cache_aware", "conductor")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mooncake_proxy",
+        description="OpenAI-compatible prefill/decode (PD) disaggregation proxy with Mooncake's "
+                    "Conductor scheduler. Sends each request to a prefill instance, hands the KV "
+                    "cache off to a decode instance and streams the decode answer back.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("listening")
+    g.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on (0 = pick a free one)")
+    g = p.add_argument_group("instances (vLLM/Mooncake proxy style)")
+    g.add_argument("--prefiller-hosts", "--prefiller-host", nargs="+", default=[],
+                   help="host of each prefill instance (pairs with --prefiller-ports)")
+    g.add_argument("--prefiller-ports", "--prefiller-port", nargs="+", type=int, default=[],
+                   help="HTTP port of each prefill instance; one port is reused for all hosts")
+    g.add_argument("--decoder-hosts", "--decoder-host", nargs="+", default=[],
+                   help="host of each decode instance (pairs with --decoder-ports)")
+    g.add_argument("--decoder-ports", "--decoder-port", nargs="+", type=int, default=[],
+                   help="HTTP port of each decode instance; one port is reused for all hosts")
+    g = p.add_argument_group("instances (SGLang router / vLLM MooncakeConnector proxy style)")
+    g.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]",
+                   help="prefill instance URL(s), each optionally followed by its bootstrap port "
+                        "(a number or 'none'); the flag may be repeated")
+    g.add_argument("--decode", nargs="+", action="append", default=[], metavar="URL",
+                   help="decode instance URL(s); the flag may be repeated")
+    g.add_argument("--prefill-bootstrap-ports", nargs="+", default=[],
+                   help="bootstrap port per prefill instance, in the order given (mooncake/sglang "
+                        "hand-offs; 'none' = default 8998)")
+    g = p.add_argument_group("scheduling")
+    g.add_argument("--policy", choices=POLICY_CHOICES, default="load_balance",
+                   help="scheduler: random, round_robin, load_balance (least queued work), "
+                        "cache_aware (local prefix hits), conductor (global prefix + load + "
+                        "transfer cost, the paper's)")
+    g.add_argument("--ttft-slo", type=float, default=None,
+                   help="time-to-first-token SLO in seconds; requests predicted to miss it are "
+                        "rejected early with 429 + Retry-After (default: no limit)")
+    g.add_argument("--tbt-slo", type=float, default=None,
+                   help="time-between-tokens SLO in seconds for the decode side (default: no limit)")
+    g.add_argument("--prediction-horizon", type=float, default=None,
+                   help="seconds of decode load to project forward for the paper's prediction-based "
+                        "early rejection (default: off, current load only)")
+    g.add_argument("--retry-after", type=float, default=1.0,
+                   help="Retry-After seconds suggested on 429 when the scheduler gives none")
+    g.add_argument("--profile", default=None,
+                   help="cost model JSON (prefill time / decode step time fitted from measurements); "
+                        "default: the shipped profile")
+    g.add_argument("--block-size", type=int, default=512,
+                   help="tokens per prefix-cache block used by the scheduler's prefix index")
+    g.add_argument("--cache-blocks", type=int, default=0,
+                   help="assumed KV cache capacity per prefill instance in blocks (0 = unlimited); "
+                        "the prefix index evicts LRU beyond it")
+    g.add_argument("--decode-kv-blocks", type=int, default=0,
+                   help="KV capacity per decode instance in blocks, used to refuse requests that "
+                        "would not fit (0 = unlimited)")
+    g.add_argument("--tokenizer", default=None,
+                   help="HuggingFace tokenizer name/path to hash real token ids (needs "
+                        "'transformers'); default: hash prompt text, ~4 bytes per token")
+    g.add_argument("--kv-events-config", default=None,
+                   help="JSON file or inline JSON mapping instance URLs to vLLM KV event ZMQ publisher "
+                        "endpoints, e.g. '{\"http://p1:8100\": \"tcp://p1:5557\"}'; the proxy subscribes "
+                        "and keeps its prefix index in sync with the engines' evictions")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random policy")
+    g = p.add_argument_group("hand-off and robustness")
+    g.add_argument("--handoff", choices=("vllm", "mooncake", "sglang"), default="vllm",
+                   help="vllm: prefill first (max_tokens=1, kv_transfer_params), then decode with what "
+                        "prefill returned; mooncake: both at once with a shared transfer_id and the "
+                        "prefill bootstrap address; sglang: both at once with bootstrap_host/port/room")
+    g.add_argument("--health-interval", type=float, default=5.0,
+                   help="seconds between /health probes of every instance (0 = off); a failing "
+                        "instance is taken out and re-probed")
+    g.add_argument("--health-timeout", type=float, default=2.0, help="timeout of one /health probe (s)")
+    g.add_argument("--request-timeout", type=float, default=300.0,
+                   help="seconds to wait for a prefill answer, or between two decode chunks, before "
+                        "answering 504")
+    g.add_argument("--connect-timeout", type=float, default=5.0, help="TCP connect timeout to an instance (s)")
+    g.add_argument("--admin-key", default=None,
+                   help="if set, /admin/instances requires 'Authorization: Bearer KEY' or 'X-Admin-Key: KEY'")
+    g.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default: $MC_LOG_LEVEL or INFO)")
+    return p
+
+
+def _pair_hosts_ports(hosts: list[str], ports: list[int], what: str) -> list[str]:
+    if not hosts and not ports:
+        return []
+    if not hosts:
+        raise SystemExit(f"--{what}-ports given without --{what}-hosts")
+    if not ports:
+        raise SystemExit(f"--{what}-hosts given without --{what}-ports")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    if len(ports) != len(hosts):
+        raise SystemExit(f"--{what}-hosts has {len(hosts)} entries but --{what}-ports has {len(ports)} "
+                         "(give one port per host, or a single port for all)")
+    return [f"http://{h}:{p}" for h, p in zip(hosts, ports)]
+
+
+def _port_or_none(v: str, flag: str) -> int | None:
+    if v.lower() == "none":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise SystemExit(f"{flag}: {v!r} is not a port number or 'none'") from None
+
+
+def config_from_args(a: argparse.Namespace):
+    from .server import ProxyConfig
+
+    prefill = _pair_hosts_ports(a.prefiller_hosts, a.prefiller_ports, "prefiller")
+    decode = _pair_hosts_ports(a.decoder_hosts, a.decoder_ports, "decoder")
+    bports: list[int | None] = [None] * len(prefill)
+    for group in a.prefill:
+        for idx, item in enumerate(group):
+            if item.isdigit() or item.lower() == "none":
+                if idx == 0 or group[idx - 1].isdigit() or group[idx - 1].lower() == "none":
+                    raise SystemExit(f"--prefill: bootstrap port {item!r} must follow a URL")
+                bports[-1] = _port_or_none(item, "--prefill")
+            else:
+                prefill.append(item)
+                bports.append(None)
+    for i, v in enumerate(a.prefill_bootstrap_ports):
+        if i >= len(bports):
+            raise SystemExit(f"--prefill-bootstrap-ports has more entries ({len(a.prefill_bootstrap_ports)}) "
+                             f"than prefill instances ({len(bports)})")
+        bports[i] = _port_or_none(v, "--prefill-bootstrap-ports")
+    decode += [url for group in a.decode for url in group]
+    if not prefill or not decode:
+        log.warning("starting without %s; add instances with POST /admin/instances",
+                    "prefill instances" if not prefill else "decode instances")
+    for flag, v in (("--ttft-slo", a.ttft_slo), ("--tbt-slo", a.tbt_slo),
+                    ("--request-timeout", a.request_timeout), ("--health-timeout", a.health_timeout)):
+        if v is not None and v <= 0:
+            raise SystemExit(f"{flag} must be > 0, got {v}")
+    if a.block_size <= 0:
+        raise SystemExit(f"--block-size must be > 0, got {a.block_size}")
+    for flag, n in (("--cache-blocks", a.cache_blocks), ("--decode-kv-blocks", a.decode_kv_blocks)):
+        if n < 0:
+            raise SystemExit(f"{flag} must be >= 0 (0 = unlimited), got {n}")
+    return ProxyConfig(
+        prefill_urls=prefill, decode_urls=decode, prefill_bootstrap_ports=bports, policy=a.policy,
+        handoff=a.handoff, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
+        prediction_horizon=a.prediction_horizon, retry_after=a.retry_after,
+        health_interval=a.health_interval, health_timeout=a.health_timeout,
+        request_timeout=a.request_timeout, connect_timeout=a.connect_timeout, profile=a.profile,
+        block_size=a.block_size, cache_blocks=a.cache_blocks,
+        decode_kv_blocks=a.decode_kv_blocks, tokenizer=a.tokenizer,
+        kv_events_config=a.kv_events_config, admin_key=a.admin_key, seed=a.seed)
+
+
+async def _serve(server, host: str, port: int) -> None:
+    from .server import start_server
+
+    server, runner, bound = await start_server(server, host, port)
+    cfg = server.cfg
+    # One parseable line so scripts/tests can find the port when --port 0 was used.
+    print(f"mooncake_proxy listening on http://{host}:{bound} policy={cfg.policy} handoff={cfg.handoff} "
+          f"prefill={len(cfg.prefill_urls)} decode={len(cfg.decode_urls)}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except NotImplementedError:
+            pass
+    await stop.wait()
+    await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    setup_logging(a.log_level)
+    try:
+        cfg = config_from_args(a)
+    except ValueError as e:
+        raise SystemExit(f"mooncake_proxy: {e}") from None
+    from .server import ProxyServer, install_uvloop
+
+    try:
+        server = ProxyServer(cfg)  # validates policy, profile, tokenizer, KV events config
+    except (ValueError, OSError) as e:
+        print(f"mooncake_proxy: {e}", file=sys.stderr)
+        return 2
+    install_uvloop()
+    try:
+        asyncio.run(_serve(server, a.host, a.port))
+    except OSError as e:
+        print(f"mooncake_proxy: cannot listen on {a.host}:{a.port}: {e.strerror or e} "
+              "(is another process using it? choose another --port, or 0 for any)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Prometheus metrics of the proxy, one registry per server so tests can run several in-process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LAT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("mooncake_proxy_requests", "Client requests by route and HTTP status",
+                                ["route", "status"], registry=r)
+        self.ttft = Histogram("mooncake_proxy_ttft_seconds",
+                              "Time from request arrival to the first response byte sent to the client",
+                              ["route"], buckets=_LAT_BUCKETS, registry=r)
+        self.e2e = Histogram("mooncake_proxy_e2e_seconds", "Request latency until the last byte",
+                             ["route"], buckets=_LAT_BUCKETS, registry=r)
+        self.rejections = Counter("mooncake_proxy_rejections",
+                                  "Requests answered 429 (SLO early rejection) or 503 (no instance)",
+                                  ["reason"], registry=r)
+        self.in_flight = Gauge("mooncake_proxy_instance_in_flight", "Requests in flight per instance",
+                               ["instance", "role"], registry=r)
+        self.healthy = Gauge("mooncake_proxy_instance_healthy", "1 if the instance passes health checks",
+                             ["instance", "role"], registry=r)
+        self.decisions = Counter("mooncake_proxy_scheduler_decisions",
+                                 "Scheduler decisions by chosen prefill/decode pair",
+                                 ["policy", "prefill", "decode"], registry=r)
+        self.cached_blocks = Counter("mooncake_proxy_scheduler_cached_blocks",
+                                     "Prompt blocks the scheduler expected to be cached at the prefill",
+                                     registry=r)
+        self.upstream_errors = Counter("mooncake_proxy_upstream_errors",
+                                       "Failed upstream calls by instance and kind",
+                                       ["instance", "kind"], registry=r)
+        self.prefill_queued_tokens = Gauge("mooncake_proxy_prefill_queued_tokens",
+                                           "Prompt tokens queued or running per prefill instance "
+                                           "(scheduler's view)", ["instance"], registry=r)
+        self.decode_running = Gauge("mooncake_proxy_decode_running",
+                                    "Requests decoding per decode instance (scheduler's view)",
+                                    ["instance"], registry=r)
+        self.kv_events = Counter("mooncake_proxy_kv_events", "vLLM KV cache events applied",
+                                 ["instance", "type"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

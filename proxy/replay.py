@@ -1,0 +1,279 @@
+"""``mooncake_replay``: send a Mooncake trace to a live proxy or engine at its timestamps.
+
+Each request is sent at ``timestamp / speed`` after the start, streamed, and timed: TTFT (first
+content chunk), TPOT ((e2e − TTFT) / (tokens − 1)), E2E. Prompts follow the trace's ``hash_ids``
+(:mod:`mooncake_proxy.trace_prompts`) so a real engine's prefix cache sees production-like
+sharing. Prints percentiles and errors (or one JSON object with ``--json``).
+
+    mooncake_replay --trace traces/conversation_trace.jsonl --url http://127.0.0.1:8000 \\
+        --speed 10 --limit 200 --block-tokens 16 --max-tokens-cap 32 --model Qwen/Qwen2.5-0.5B
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from .trace_prompts import PromptBuilder, TraceRequest, parse_trace_lines
+
+
+@dataclass
+class Result:
+    index: int
+    ok: bool
+    status: int = 0
+    error: str = ""
+    ttft: float | None = None
+    e2e: float | None = None
+    tokens: int = 0
+    send_lag: float = 0.0  # how late the request left vs its scheduled time
+
+    @property
+    def tpot(self) -> float | None:
+        if self.ttft is None or self.e2e is None or self.tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.tokens - 1)
+
+
+@dataclass
+class ReplayConfig:
+    url: str
+    speed: float = 1.0
+    model: str | None = None
+    block_tokens: int = 512
+    max_tokens_cap: int | None = None
+    concurrency_cap: int | None = None
+    timeout: float = 600.0
+    endpoint: str = "completions"
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_body(req: TraceRequest, builder: PromptBuilder, cfg: ReplayConfig) -> dict[str, Any]:
+    max_tokens = max(1, req.output_length)
+    if cfg.max_tokens_cap is not None:
+        max_tokens = min(max_tokens, cfg.max_tokens_cap)
+    body: dict[str, Any] = {"max_tokens": max_tokens, "stream": True,
+                            "stream_options": {"include_usage": True}, "ignore_eos": True,
+                            "temperature": 0.0, **cfg.extra}
+    if cfg.model:
+        body["model"] = cfg.model
+    prompt = builder.prompt(req)
+    if cfg.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def _chunk_tokens(payload: bytes) -> tuple[int, int | None]:
+    """(content pieces in this SSE event, usage.completion_tokens if reported)."""
+    try:
+        d = json.loads(payload)
+    except ValueError:
+        return 0, None
+    usage = (d.get("usage") or {}).get("completion_tokens") if isinstance(d, dict) else None
+    n = 0
+    for c in d.get("choices") or [] if isinstance(d, dict) else []:
+        text = c.get("text")
+        if text is None:
+            text = (c.get("delta") or {}).get("content")
+        if text:
+            n += 1
+    return n, usage
+
+
+async def send_one(session: aiohttp.ClientSession, url: str, body: dict[str, Any], index: int,
+                   timeout: float) -> Result:
+    t0 = time.perf_counter()
+    res = Result(index, False)
+    usage_tokens: int | None = None
+    try:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            res.status = r.status
+            if r.status != 200:
+                res.error = f"HTTP {r.status}"
+                await r.read()
+                return res
+            buf = b""
+            async for chunk in r.content.iter_any():
+                buf += chunk
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            continue
+                        n, usage = _chunk_tokens(data)
+                        if n and res.ttft is None:
+                            res.ttft = time.perf_counter() - t0
+                        res.tokens += n
+                        if usage is not None:
+                            usage_tokens = usage
+        res.e2e = time.perf_counter() - t0
+        if usage_tokens:
+            res.tokens = usage_tokens
+        res.ok = res.ttft is not None
+        if not res.ok:
+            res.error = "stream ended without content"
+    except asyncio.TimeoutError:
+        res.error = f"timeout after {timeout}s"
+    except aiohttp.ClientError as e:
+        res.error = f"{type(e).__name__}"
+    return res
+
+
+def percentiles(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    a = np.asarray(values)
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+
+
+def summarize(results: list[Result], wall: float) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    errors = Counter(r.error for r in results if not r.ok)
+    return {
+        "requests": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": dict(errors),
+        "rejected_429": sum(1 for r in results if r.status == 429),
+        "wall_s": wall,
+        "request_throughput": len(ok) / wall if wall > 0 else 0.0,
+        "output_tokens": sum(r.tokens for r in ok),
+        "ttft_s": percentiles([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_s": percentiles([t for r in ok if (t := r.tpot) is not None]),
+        "e2e_s": percentiles([r.e2e for r in ok if r.e2e is not None]),
+        "send_lag_s": percentiles([r.send_lag for r in results]),
+    }
+
+
+async def replay(requests: list[TraceRequest], cfg: ReplayConfig, progress: bool = True) -> dict[str, Any]:
+    builder = PromptBuilder(cfg.block_tokens, cfg.seed)
+    path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
+    url = cfg.url.rstrip("/") + path
+    sem = asyncio.Semaphore(cfg.concurrency_cap) if cfg.concurrency_cap else None
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(requests), desc="replay", unit="req", file=sys.stderr, mininterval=0.5)
+    t_first = requests[0].timestamp_ms if requests else 0.0
+    results: list[Result] = []
+    counts = {"ok": 0, "err": 0}
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        start = time.perf_counter()
+
+        async def run(i: int, req: TraceRequest) -> None:
+            due = (req.timestamp_ms - t_first) / 1000.0 / cfg.speed
+            delay = due - (time.perf_counter() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            body = build_body(req, builder, cfg)
+            if sem is not None:
+                async with sem:
+                    lag = time.perf_counter() - start - due
+                    res = await send_one(session, url, body, i, cfg.timeout)
+            else:
+                lag = time.perf_counter() - start - due
+                res = await send_one(session, url, body, i, cfg.timeout)
+            res.send_lag = max(0.0, lag)
+            results.append(res)
+            counts["ok" if res.ok else "err"] += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(counts, refresh=False)
+
+        await asyncio.gather(*(run(i, r) for i, r in enumerate(requests)))
+        wall = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    results.sort(key=lambda r: r.index)
+    return summarize(results, wall)
+
+
+def format_report(s: dict[str, Any]) -> str:
+    lines = [f"requests {s['requests']}  completed {s['completed']}  failed {s['failed']}  "
+             f"429 {s['rejected_429']}  wall {s['wall_s']:.2f}s  "
+             f"throughput {s['request_throughput']:.2f} req/s  output tokens {s['output_tokens']}"]
+    for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E"), ("send_lag_s", "send lag")):
+        p = s[key]
+        if p:
+            lines.append(f"{name:>8}: mean {p['mean']*1000:9.2f} ms  p50 {p['p50']*1000:9.2f}  "
+                         f"p90 {p['p90']*1000:9.2f}  p99 {p['p99']*1000:9.2f}  max {p['max']*1000:9.2f}")
+    if s["errors"]:
+        lines.append("errors: " + ", ".join(f"{k}: {v}" for k, v in s["errors"].items()))
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mooncake_replay", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--trace", required=True, help="Mooncake trace JSONL (timestamp ms, input_length, "
+                                                  "output_length, hash_ids)")
+    p.add_argument("--url", required=True, help="base URL of the proxy or engine, e.g. http://127.0.0.1:8000")
+    p.add_argument("--speed", type=float, default=1.0, help="time scale: 10 = send 10x faster than recorded")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    p.add_argument("--start", type=int, default=0, help="skip the first N requests of the trace")
+    p.add_argument("--model", default=None, help="'model' field sent with each request")
+    p.add_argument("--block-tokens", type=int, default=512,
+                   help="tokens per trace block in generated prompts (512 = as recorded; smaller for "
+                        "models with short context; input lengths scale the same way)")
+    p.add_argument("--max-tokens-cap", type=int, default=None,
+                   help="cap max_tokens (= the trace's output_length) at this value")
+    p.add_argument("--concurrency-cap", type=int, default=None,
+                   help="at most N requests in flight (later ones wait; their lag is reported)")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                   help="send to /v1/completions (prompt) or /v1/chat/completions (messages)")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated prompt text")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.speed <= 0:
+        raise SystemExit(f"--speed must be > 0, got {a.speed}")
+    if a.block_tokens <= 0:
+        raise SystemExit(f"--block-tokens must be > 0, got {a.block_tokens}")
+    try:
+        with open(a.trace) as f:
+            reqs = []
+            for i, r in enumerate(parse_trace_lines(f, a.trace)):
+                if i < a.start:
+                    continue
+                if a.limit is not None and len(reqs) >= a.limit:
+                    break
+                reqs.append(r)
+    except OSError as e:
+        raise SystemExit(f"--trace {a.trace}: {e.strerror}") from None
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if not reqs:
+        raise SystemExit(f"--trace {a.trace}: no requests selected")
+    cfg = ReplayConfig(url=a.url, speed=a.speed, model=a.model, block_tokens=a.block_tokens,
+                       max_tokens_cap=a.max_tokens_cap, concurrency_cap=a.concurrency_cap,
+                       timeout=a.timeout, endpoint=a.endpoint, seed=a.seed)
+    summary = asyncio.run(replay(reqs, cfg, progress=not a.no_progress))
+    print(json.dumps(summary) if a.json else format_report(summary))
+    return 0 if summary["completed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,631 @@
+"""The PD proxy HTTP server (aiohttp).
+
+One request: parse → hash the prompt into blocks → ``Scheduler.schedule`` picks a
+(prefill, decode) pair or rejects early (429 + Retry-After) → the hand-off protocol builds the
+two payloads → prefill (first, or concurrently) → decode, streamed back chunk by chunk.
+
+Why aiohttp on both sides: one event loop, pooled keep-alive connections per instance, and
+``iter_any()`` hands each upstream chunk over as soon as it arrives (no re-chunking), which is
+what keeps the added latency well under the 2 ms target. The response to the client is only
+started when the first decode byte arrives, so a failure before that (prefill error, decode
+error, timeout) still becomes a proper 502/504 JSON error instead of a truncated 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from mooncake_core.utils.log import get_logger
+
+from . import scheduling
+from .admin import AdminApi
+from .bootstrap import BootstrapDirectory, BootstrapError
+from .errors import error_response
+from .handoff import HandoffProtocol, make_handoff
+from .handoff.mooncake import bootstrap_url
+from .health import HealthChecker
+from .metrics import ProxyMetrics
+from .prompt import BadRequest, PromptHasher
+from .registry import Instance, Registry
+
+log = get_logger("mooncake_proxy.server")
+
+_dec = msgspec.json.Decoder()
+_enc = msgspec.json.Encoder()
+
+COMPLETION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate")
+_HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding",
+                "date", "server"}
+
+
+@dataclass
+class ProxyConfig:
+    """Everything the server needs; ``cli.py`` fills it from flags."""
+
+    prefill_urls: list[str] = field(default_factory=list)
+    decode_urls: list[str] = field(default_factory=list)
+    prefill_bootstrap_ports: list[int | None] = field(default_factory=list)
+    policy: str = "load_balance"
+    handoff: str = "vllm"
+    ttft_slo: float | None = None
+    tbt_slo: float | None = None
+    prediction_horizon: float | None = None
+    retry_after: float = 1.0
+    health_interval: float = 5.0
+    health_timeout: float = 2.0
+    request_timeout: float = 300.0
+    connect_timeout: float = 5.0
+    profile: str | None = None
+    block_size: int = 512
+    cache_blocks: int = 0
+    decode_kv_blocks: int = 0
+    tokenizer: str | None = None
+    kv_events_config: str | None = None
+    admin_key: str | None = None
+    seed: int = 0
+
+
+class UpstreamError(Exception):
+    """An upstream call failed; carries the HTTP status the client should get."""
+
+    def __init__(self, status: int, message: str, err_type: str, inst: Instance,
+                 body: bytes | None = None, content_type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.inst = inst
+        self.body = body
+        self.content_type = content_type
+        # True when the instance could not even be reached: nothing was processed, so the
+        # request can safely go to another instance.
+        self.retryable = False
+
+
+class ProxyServer:
+    MAX_ATTEMPTS = 3  # a request is retried on another pair only when an instance was unreachable
+
+    def __init__(self, cfg: ProxyConfig) -> None:
+        self.cfg = cfg
+        sched = scheduling
+        self.sched_mod = sched
+        self.cluster = sched.ClusterState(block_size=cfg.block_size)
+        cost = sched.CostModel.from_file(cfg.profile) if cfg.profile else sched.CostModel.default()
+        slo = sched.SloConfig(ttft_s=cfg.ttft_slo, tbt_s=cfg.tbt_slo, retry_after_s=cfg.retry_after,
+                              prediction_horizon_s=cfg.prediction_horizon)
+        self.scheduler = sched.make_scheduler(cfg.policy, self.cluster, cost, slo, seed=cfg.seed)
+        tokenize = None
+        if cfg.tokenizer:
+            from .prompt import load_tokenizer
+
+            tokenize = load_tokenizer(cfg.tokenizer)
+        self.hasher = PromptHasher(sched.BlockHasher(block_size=cfg.block_size), tokenize)
+        self.handoff: HandoffProtocol = make_handoff(cfg.handoff)
+        self.registry = Registry()
+        self.metrics = ProxyMetrics()
+        self.session: aiohttp.ClientSession | None = None
+        self.health: HealthChecker | None = None
+        self.bootstrap = BootstrapDirectory(lambda: self.session, cfg.health_timeout)
+        self.kv_events: Any = None
+        if cfg.kv_events_config:  # parse now: a bad config fails before the port is bound
+            from .kv_events import KvEventsSubscriber
+
+            self.kv_events = KvEventsSubscriber.from_config(cfg.kv_events_config, self)
+        # prometheus ``.labels()`` costs a lock + dict lookup; cache the children (hot path).
+        self._req_counters: dict[tuple[str, int], Any] = {}
+        self._route_hist: dict[tuple[str, str], Any] = {}
+        self._decision_ctr: dict[tuple[str, str], Any] = {}
+        self._inflight_gauge: dict[str, Any] = {}
+        self._seq = 0
+        bports = list(cfg.prefill_bootstrap_ports)
+        for i, url in enumerate(cfg.prefill_urls):
+            self.add_instance("prefill", url, bports[i] if i < len(bports) else None)
+        for url in cfg.decode_urls:
+            self.add_instance("decode", url)
+
+    # ------------------------------------------------------------------ instances
+    def add_instance(self, role: str, url: str, bootstrap_port: int | None = None) -> Instance:
+        inst = self.registry.add(role, url, bootstrap_port)
+        self.cluster.add_instance(self.sched_mod.InstanceInfo(
+            instance_id=inst.instance_id, role=role,
+            cache_capacity_blocks=self.cfg.cache_blocks if role == "prefill" else self.cfg.decode_kv_blocks))
+        self.metrics.healthy.labels(inst.instance_id, role).set(1)
+        self.metrics.in_flight.labels(inst.instance_id, role).set(0)
+        log.info("instance added", extra={"instance": inst.instance_id})
+        return inst
+
+    def remove_instance(self, instance_id: str) -> Instance:
+        inst = self.registry.remove(instance_id)
+        self.cluster.remove_instance(instance_id)
+        self._forget_bootstrap(inst)
+        self._inflight_gauge.pop(instance_id, None)
+        self._decision_ctr = {k: v for k, v in self._decision_ctr.items() if instance_id not in k}
+        for g in (self.metrics.healthy, self.metrics.in_flight):
+            try:
+                g.remove(inst.instance_id, inst.role)
+            except KeyError:
+                pass
+        log.info("instance removed", extra={"instance": instance_id})
+        return inst
+
+    def _forget_bootstrap(self, inst: Instance) -> None:
+        if inst.role == "prefill":
+            self.bootstrap.forget(bootstrap_url(inst.addr))
+
+    def set_healthy(self, inst: Instance, ok: bool, why: str = "") -> None:
+        if self.registry.get(inst.instance_id) is None or inst.healthy == ok:
+            return
+        inst.healthy = ok
+        inst.last_error = why
+        self.cluster.set_healthy(inst.instance_id, ok)
+        self.metrics.healthy.labels(inst.instance_id, inst.role).set(1 if ok else 0)
+        if ok:
+            self._forget_bootstrap(inst)  # it may have restarted with new engine ids
+            log.info("instance healthy again", extra={"instance": inst.instance_id})
+        else:
+            log.warning("instance taken out", extra={"instance": inst.instance_id, "why": why})
+
+    # ------------------------------------------------------------------ app
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/healthcheck", self._healthcheck)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        AdminApi(self).register(app)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False,
+                                             timeout=aiohttp.ClientTimeout(total=None))
+        self.health = HealthChecker(self.registry, self.session, self.cfg.health_interval,
+                                    self.cfg.health_timeout, self.set_healthy)
+        self.health.start()
+        if self.kv_events is not None:
+            self.kv_events.start()
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        if self.kv_events is not None:
+            await self.kv_events.stop()
+        if self.health is not None:
+            await self.health.stop()
+        if self.session is not None:
+            await self.session.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _count(self, route: str, status: int) -> None:
+        key = (route, status)
+        c = self._req_counters.get(key)
+        if c is None:
+            c = self._req_counters[key] = self.metrics.requests.labels(route, str(status))
+        c.inc()
+
+    def _hist(self, which: str, route: str) -> Any:
+        key = (which, route)
+        h = self._route_hist.get(key)
+        if h is None:
+            h = self._route_hist[key] = getattr(self.metrics, which).labels(route)
+        return h
+
+    @staticmethod
+    def _fwd_headers(request: web.Request, request_id: str) -> dict[str, str]:
+        # identity: we relay bytes verbatim (auto_decompress off), so never ask for compression.
+        h = {"Content-Type": "application/json", "X-Request-Id": request_id, "Accept-Encoding": "identity"}
+        auth = request.headers.get("Authorization")
+        if auth:
+            h["Authorization"] = auth
+        return h
+
+    def _timeout_error(self, inst: Instance, what: str) -> UpstreamError:
+        self.metrics.upstream_errors.labels(inst.instance_id, "timeout").inc()
+        return UpstreamError(504, f"{what} instance {inst.url} did not answer within "
+                                  f"--request-timeout {self.cfg.request_timeout}s", "timeout", inst)
+
+    def _conn_error(self, inst: Instance, what: str, e: BaseException) -> UpstreamError:
+        self.metrics.upstream_errors.labels(inst.instance_id, "connection").inc()
+        err = UpstreamError(502, f"{what} instance {inst.url} failed: {type(e).__name__}: {e}",
+                            "upstream_error", inst)
+        if isinstance(e, aiohttp.ClientConnectorError):
+            # Could not even connect: take it out now; the health checker puts it back.
+            self.set_healthy(inst, False, f"connect failed: {e}")
+            err.retryable = True
+        return err
+
+    async def _status_error(self, inst: Instance, what: str, resp: aiohttp.ClientResponse) -> UpstreamError:
+        body = await resp.read()
+        self.metrics.upstream_errors.labels(inst.instance_id, f"http_{resp.status}").inc()
+        if 400 <= resp.status < 500:
+            # The client's request is at fault (e.g. prompt too long): pass the engine's answer on.
+            return UpstreamError(resp.status, body.decode("utf-8", "replace")[:500], "invalid_request_error",
+                                 inst, body, resp.headers.get("Content-Type"))
+        return UpstreamError(502, f"{what} instance {inst.url} returned HTTP {resp.status}: "
+                                  f"{body[:300].decode('utf-8', 'replace')}", "upstream_error", inst)
+
+    async def _post_json(self, inst: Instance, route: str, payload: dict[str, Any],
+                         headers: dict[str, str], what: str) -> dict[str, Any]:
+        """POST and read a JSON answer, bounded by --request-timeout; raises UpstreamError."""
+        t = aiohttp.ClientTimeout(total=self.cfg.request_timeout, sock_connect=self.cfg.connect_timeout)
+        try:
+            async with self.session.post(inst.url + route, data=_enc.encode(payload),  # type: ignore[union-attr]
+                                         headers=headers, timeout=t) as resp:
+                if resp.status >= 400:
+                    raise await self._status_error(inst, what, resp)
+                raw = await resp.read()
+        except asyncio.TimeoutError:
+            raise self._timeout_error(inst, what) from None
+        except aiohttp.ClientError as e:
+            raise self._conn_error(inst, what, e) from None
+        try:
+            out = _dec.decode(raw) if raw else {}
+        except msgspec.DecodeError:
+            # SSE (prefill asked to stream, SGLang style): nothing to read from it.
+            return {}
+        return out if isinstance(out, dict) else {}
+
+    # ------------------------------------------------------------------ routes
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "/v1/completions")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "/v1/chat/completions")
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "/generate")
+
+    async def _handle(self, request: web.Request, route: str) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        rid = request.headers.get("X-Request-Id") or f"cmpl-{uuid.uuid4().hex}"
+        try:
+            resp = await self._handle_inner(request, route, rid, t0)
+        except asyncio.CancelledError:
+            # Client went away: aiohttp cancelled us; leaving the `async with` blocks closed the
+            # upstream connections, which is what cancels the work on the engines.
+            self._count(route, 499)
+            log.info("client disconnected; upstream requests cancelled", extra={"request_id": rid})
+            raise
+        except ConnectionResetError:
+            self._count(route, 499)  # client vanished while we were writing to it
+            raise
+        except Exception as e:  # a bug must not become an opaque 500 text or a hang
+            log.exception("internal error", extra={"request_id": rid})
+            resp = error_response(500, f"proxy internal error: {type(e).__name__}: {e}", "internal_error",
+                                  request_id=rid)
+        self._count(route, resp.status)
+        self._hist("e2e", route).observe(time.perf_counter() - t0)
+        return resp
+
+    async def _handle_inner(self, request: web.Request, route: str, rid: str, t0: float) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = _dec.decode(raw)
+        except msgspec.DecodeError as e:
+            return error_response(400, f"request body is not valid JSON: {e}", "invalid_request_error",
+                                  request_id=rid)
+        if not isinstance(body, dict):
+            return error_response(400, "request body must be a JSON object", "invalid_request_error",
+                                  request_id=rid)
+        try:
+            pinfo = self.hasher.info(body, route)
+        except BadRequest as e:
+            return error_response(400, str(e), "invalid_request_error", request_id=rid)
+        last: UpstreamError | None = None
+        for _attempt in range(self.MAX_ATTEMPTS):
+            try:
+                return await self._schedule_and_run(request, route, rid, body, pinfo, t0)
+            except UpstreamError as e:
+                last = e
+                if not e.retryable or not (self.registry.healthy("prefill") and self.registry.healthy("decode")):
+                    break
+                log.warning("instance unreachable; retrying on another", extra={
+                    "request_id": rid, "instance": e.inst.instance_id})
+        assert last is not None
+        e = last
+        if e.body is not None:
+            return web.Response(status=e.status, body=e.body,
+                                content_type=(e.content_type or "application/json").split(";")[0],
+                                headers={"X-Request-Id": rid})
+        log.warning("upstream failure", extra={"request_id": rid, "instance": e.inst.instance_id,
+                                               "status": e.status, "error": e.message})
+        return error_response(e.status, e.message, e.err_type, request_id=rid)
+
+    async def _schedule_and_run(self, request: web.Request, route: str, rid: str, body: dict[str, Any],
+                                pinfo: Any, t0: float) -> web.StreamResponse:
+        for role in ("prefill", "decode"):
+            if not self.registry.healthy(role):
+                self.metrics.rejections.labels(f"no_healthy_{role}").inc()
+                n = len(self.registry.all(role))
+                return error_response(503, f"no healthy {role} instance ({n} registered, all failing "
+                                           "health checks)" if n else f"no {role} instance registered",
+                                      "service_unavailable", request_id=rid)
+        now = time.monotonic()
+        self._seq += 1
+        # Internal id: clients may reuse X-Request-Id; load bookkeeping must not merge them.
+        req = self.sched_mod.RequestInfo(request_id=f"{rid}#{self._seq}", prompt_tokens=pinfo.prompt_tokens,
+                                         block_hashes=pinfo.block_hashes,
+                                         max_output_tokens=pinfo.max_output_tokens, arrival=now)
+        decision = self.scheduler.schedule(req, now)
+        if isinstance(decision, self.sched_mod.Rejection):
+            self.metrics.rejections.labels("slo").inc()
+            return error_response(429, f"overloaded, request rejected early: {decision.reason}",
+                                  "rate_limit_exceeded", request_id=rid, retry_after=decision.retry_after_s)
+        p_inst = self.registry.get(decision.prefill_id)
+        d_inst = self.registry.get(decision.decode_id)
+        if p_inst is None or d_inst is None:
+            return error_response(503, "scheduler chose an instance that was just removed; retry",
+                                  "service_unavailable", request_id=rid, retry_after=1)
+        key = (p_inst.instance_id, d_inst.instance_id)
+        ctr = self._decision_ctr.get(key)
+        if ctr is None:
+            ctr = self._decision_ctr[key] = self.metrics.decisions.labels(self.cfg.policy, *key)
+        ctr.inc()
+        if decision.cached_blocks:
+            self.metrics.cached_blocks.inc(decision.cached_blocks)
+        return await self._run_pair(request, route, rid, body, req, decision, p_inst, d_inst, t0)
+
+    def _inflight(self, inst: Instance, delta: int) -> None:
+        inst.in_flight += delta
+        if self.registry.get(inst.instance_id) is not inst:
+            return  # removed meanwhile: do not resurrect its metric series
+        g = self._inflight_gauge.get(inst.instance_id)
+        if g is None:
+            g = self._inflight_gauge[inst.instance_id] = self.metrics.in_flight.labels(inst.instance_id, inst.role)
+        g.set(inst.in_flight)
+
+    async def _run_pair(self, request: web.Request, route: str, rid: str, body: dict[str, Any],
+                        req: Any, decision: Any, p: Instance, d: Instance, t0: float) -> web.StreamResponse:
+        headers = self._fwd_headers(request, rid)
+        ho = self.handoff
+        ctx = ho.new_context(rid)
+        cluster = self.cluster
+        now = time.monotonic
+        cluster.on_prefill_start(p.instance_id, req, now(), cached_blocks=decision.cached_blocks,
+                                 decode_id=d.instance_id)
+        # Record the prompt's blocks now, not when the prefill ends: requests sharing the prefix
+        # that arrive meanwhile should queue behind this one rather than recompute elsewhere.
+        cluster.record_blocks(p.instance_id, req.block_hashes)
+        self._inflight(p, 1)
+        prefill_open = True
+
+        def prefill_finished() -> None:
+            nonlocal prefill_open
+            if prefill_open:
+                prefill_open = False
+                self._inflight(p, -1)
+                cluster.on_prefill_done(p.instance_id, req, now())
+
+        ptask: asyncio.Task | None = None
+        try:
+            pheaders = headers
+            if ho.needs_engine_id:
+                await self._resolve_engine_id(p, ctx)
+                extra = ho.prefill_headers(ctx)
+                if extra:
+                    pheaders = {**headers, **extra}
+            ppayload = ho.prefill_payload(body, route, p.addr, ctx)
+            if not ho.concurrent:
+                presp = await self._post_json(p, route, ppayload, pheaders, "prefill")
+                prefill_finished()
+                dpayload = ho.decode_payload(body, route, p.addr, ctx, presp)
+            else:
+                ptask = asyncio.create_task(self._post_json(p, route, ppayload, pheaders, "prefill"))
+                # The prefill's load ends when its answer comes, not when the decode stream does.
+                ptask.add_done_callback(lambda _t: prefill_finished())
+                dpayload = ho.decode_payload(body, route, p.addr, ctx, None)
+            cluster.on_decode_start(d.instance_id, req, now())
+            self._inflight(d, 1)
+            try:
+                if ptask is None:
+                    return await self._stream_decode(request, route, d, dpayload, headers, rid, t0, None)
+                return await self._race_decode(request, route, d, dpayload, headers, rid, t0, ptask)
+            finally:
+                self._inflight(d, -1)
+                cluster.on_decode_done(d.instance_id, req, now())
+        finally:
+            if ptask is not None:
+                if not ptask.done():
+                    ptask.cancel()
+                    try:
+                        await ptask
+                    except BaseException:
+                        pass
+                elif not ptask.cancelled():
+                    ptask.exception()  # retrieved: no "never retrieved" warning
+            prefill_finished()
+
+    async def _resolve_engine_id(self, p: Instance, ctx: dict[str, Any]) -> None:
+        """Fill ``dp_rank``/``remote_engine_id`` from the prefill's bootstrap server (cached)."""
+        try:
+            ids = await self.bootstrap.engine_ids(bootstrap_url(p.addr))
+        except BootstrapError as e:
+            self.metrics.upstream_errors.labels(p.instance_id, "bootstrap").inc()
+            err = UpstreamError(502, f"prefill instance {p.url}: {e}", "upstream_error", p)
+            # Nothing was sent yet: take the instance out (health checks bring it back) and let
+            # the request try another prefill instance.
+            self.set_healthy(p, False, str(e))
+            err.retryable = True
+            raise err from None
+        ctx["dp_rank"], ctx["remote_engine_id"] = ids.pick()
+
+    async def _race_decode(self, request: web.Request, route: str, d: Instance, payload: dict[str, Any],
+                           headers: dict[str, str], rid: str, t0: float,
+                           ptask: asyncio.Task) -> web.StreamResponse:
+        """Concurrent hand-off: stream the decode, but if the prefill fails before the client
+        got a byte, stop waiting (the decode would wait for KV that never comes) and answer with
+        the prefill's error."""
+        started: list[bool] = []
+        dtask = asyncio.create_task(self._stream_decode(request, route, d, payload, headers, rid, t0, started))
+        try:
+            await asyncio.wait({dtask, ptask}, return_when=asyncio.FIRST_COMPLETED)
+            if (not dtask.done() and not started and not ptask.cancelled()
+                    and ptask.exception() is not None):
+                dtask.cancel()
+                try:
+                    await dtask
+                except BaseException:
+                    pass
+                raise ptask.exception()  # type: ignore[misc]
+            return await dtask
+        finally:
+            if not dtask.done():
+                dtask.cancel()
+                try:
+                    await dtask
+                except BaseException:
+                    pass
+
+    async def _stream_decode(self, request: web.Request, route: str, d: Instance, payload: dict[str, Any],
+                             headers: dict[str, str], rid: str, t0: float,
+                             started: list[bool] | None) -> web.StreamResponse:
+        """Stream the decode answer through; the client response starts at the first byte."""
+        t = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout,
+                                  sock_read=self.cfg.request_timeout)
+        out: web.StreamResponse | None = None
+        try:
+            async with self.session.post(d.url + route, data=_enc.encode(payload),  # type: ignore[union-attr]
+                                         headers=headers, timeout=t) as resp:
+                if resp.status >= 400:
+                    raise await self._status_error(d, "decode", resp)
+                it = resp.content.iter_any().__aiter__()
+                while True:
+                    try:
+                        chunk = await it.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    if out is None:
+                        if started is not None:
+                            started.append(True)
+                        out = self._start_response(resp, rid)
+                        await out.prepare(request)
+                        self._hist("ttft", route).observe(time.perf_counter() - t0)
+                    await out.write(chunk)
+        except ConnectionResetError as e:
+            if request.transport is None or request.transport.is_closing():
+                raise  # the *client* went away while we wrote to it
+            if out is None:
+                raise self._conn_error(d, "decode", e) from None
+            return self._abort(request, out)
+        except asyncio.TimeoutError:
+            if out is None:
+                raise self._timeout_error(d, "decode") from None
+            log.warning("decode stalled mid-stream; aborting", extra={"request_id": rid})
+            return self._abort(request, out)
+        except aiohttp.ClientError as e:
+            if out is None:
+                raise self._conn_error(d, "decode", e) from None
+            log.warning("decode failed mid-stream; aborting", extra={"request_id": rid, "error": str(e)})
+            return self._abort(request, out)
+        if out is None:  # empty body
+            if started is not None:
+                started.append(True)
+            out = self._start_response(resp, rid)
+            await out.prepare(request)
+            self._hist("ttft", route).observe(time.perf_counter() - t0)
+        await out.write_eof()
+        return out
+
+    @staticmethod
+    def _start_response(resp: aiohttp.ClientResponse, rid: str) -> web.StreamResponse:
+        out = web.StreamResponse(status=resp.status)
+        for k, v in resp.headers.items():
+            if k.lower() not in _HOP_HEADERS:
+                out.headers[k] = v
+        out.headers["X-Request-Id"] = rid
+        return out
+
+    @staticmethod
+    def _abort(request: web.Request, out: web.StreamResponse) -> web.StreamResponse:
+        # Headers are gone already: the only honest signal left is cutting the connection, so the
+        # client sees an incomplete chunked body rather than a silently short answer.
+        if request.transport is not None:
+            request.transport.close()
+        return out
+
+    async def _models(self, request: web.Request) -> web.Response:
+        insts = self.registry.healthy("decode") + self.registry.healthy("prefill")
+
+        async def one(inst: Instance) -> list[dict[str, Any]]:
+            try:
+                async with self.session.get(inst.url + "/v1/models",  # type: ignore[union-attr]
+                                            timeout=aiohttp.ClientTimeout(total=self.cfg.health_timeout)) as r:
+                    if r.status != 200:
+                        return []
+                    data = _dec.decode(await r.read())
+                    return list(data.get("data", [])) if isinstance(data, dict) else []
+            except (asyncio.TimeoutError, aiohttp.ClientError, msgspec.DecodeError):
+                return []
+
+        seen: dict[str, dict[str, Any]] = {}
+        for lst in await asyncio.gather(*(one(i) for i in insts)):
+            for m in lst:
+                if isinstance(m, dict) and "id" in m:
+                    seen.setdefault(str(m["id"]), m)
+        self._count("/v1/models", 200)
+        return web.json_response({"object": "list", "data": list(seen.values())})
+
+    async def _healthcheck(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "status": "ok",
+            "prefill_instances": len(self.registry.healthy("prefill")),
+            "decode_instances": len(self.registry.healthy("decode")),
+        })
+
+    async def _health(self, request: web.Request) -> web.Response:
+        p, d = len(self.registry.healthy("prefill")), len(self.registry.healthy("decode"))
+        ok = p > 0 and d > 0
+        return web.json_response({"status": "ok" if ok else "unhealthy", "prefill_instances": p,
+                                  "decode_instances": d}, status=200 if ok else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        # Load gauges are read from the scheduler's state at scrape time (no hot-path cost).
+        m = self.metrics
+        m.prefill_queued_tokens.clear()
+        m.decode_running.clear()
+        for inst in self.registry.all():
+            if inst.role == "prefill":
+                m.prefill_queued_tokens.labels(inst.instance_id).set(
+                    self.cluster.prefill_load(inst.instance_id).queued_tokens)
+            else:
+                m.decode_running.labels(inst.instance_id).set(self.cluster.decode_load(inst.instance_id).running)
+        return web.Response(body=self.metrics.render(), content_type="text/plain",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+
+def install_uvloop() -> bool:
+    """Use uvloop when installed (faster loop, fewer µs per request)."""
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+async def start_server(cfg: ProxyConfig | ProxyServer, host: str,
+                       port: int) -> tuple[ProxyServer, web.AppRunner, int]:
+    """Start in the running loop (tests, embedding); returns the bound port (``port=0`` picks one)."""
+    server = cfg if isinstance(cfg, ProxyServer) else ProxyServer(cfg)
+    cfg = server.cfg
+    app = server.make_app()
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    await site.start()
+    bound = port
+    for s in runner.addresses:
+        bound = s[1]
+        break
+    return server, runner, bound

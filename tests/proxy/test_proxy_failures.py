@@ -1,0 +1,213 @@
+"""Failure paths: upstream errors, timeouts, no healthy instance, overload, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from mooncake_core.utils.net import free_port
+from mooncake_proxy.fake_engine import Behaviour
+
+pytestmark = pytest.mark.integration
+
+BODY = {"model": "m", "prompt": "tell me a story " * 40, "max_tokens": 8, "stream": True}
+
+
+def assert_openai_error(data: dict, code: int) -> None:
+    assert set(data["error"]) >= {"message", "type", "code"}
+    assert data["error"]["code"] == code
+    assert data["error"]["message"]
+
+
+async def test_prefill_500_gives_502(make_env) -> None:
+    env = await make_env(prefill_behaviour=Behaviour(fail_status=500))
+    t = time.monotonic()
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 502
+        data = await r.json()
+    assert time.monotonic() - t < 2
+    assert_openai_error(data, 502)
+    assert "prefill" in data["error"]["message"] and env.prefill_urls[0] in data["error"]["message"]
+    assert env.decodes[0].records == []  # never reached decode
+
+
+async def test_decode_500_gives_502(make_env) -> None:
+    env = await make_env(decode_behaviour=Behaviour(fail_status=503))
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 502
+        data = await r.json()
+    assert_openai_error(data, 502)
+    assert "decode" in data["error"]["message"]
+
+
+async def test_upstream_400_passes_through(make_env) -> None:
+    env = await make_env(prefill_behaviour=Behaviour(fail_status=400))
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 400
+        data = await r.json()
+    assert data["error"]["type"] == "internal_error"  # the engine's own body
+
+
+async def test_prefill_timeout_gives_504_fast(make_env) -> None:
+    env = await make_env(prefill_behaviour=Behaviour(hang=True), request_timeout=0.5)
+    t = time.monotonic()
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 504
+        data = await r.json()
+    assert time.monotonic() - t < 3
+    assert_openai_error(data, 504)
+    assert "request-timeout" in data["error"]["message"]
+    await asyncio.sleep(0.1)
+    assert env.prefills[0].records[0].cancelled  # the proxy hung up on the stuck prefill
+
+
+async def test_decode_timeout_gives_504(make_env) -> None:
+    env = await make_env(decode_behaviour=Behaviour(hang=True), request_timeout=0.5)
+    t = time.monotonic()
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 504
+    assert time.monotonic() - t < 3
+
+
+async def test_concurrent_prefill_failure_fails_fast(make_env) -> None:
+    """Mooncake hand-off: the decode waits for KV that will never come; the proxy must not."""
+    env = await make_env(handoff="mooncake", bootstrap_self=True, prefill_behaviour=Behaviour(fail_status=500),
+                         decode_behaviour=Behaviour(hang=True))
+    t = time.monotonic()
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 502
+    assert time.monotonic() - t < 2
+    await asyncio.sleep(0.1)
+    assert env.decodes[0].records[0].cancelled
+
+
+async def test_no_instances_gives_503(make_env) -> None:
+    env = await make_env(n_decode=0)
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 503
+        data = await r.json()
+    assert_openai_error(data, 503)
+    assert "decode" in data["error"]["message"]
+    async with env.session.get(env.url + "/health") as r:
+        assert r.status == 503
+
+
+async def test_dead_instance_taken_out_then_503(make_env) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    env = await make_env(n_prefill=0, prefill_urls=[dead])
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 502
+        assert dead in (await r.json())["error"]["message"]
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 503  # connect failure took it out at once
+
+
+async def test_failed_health_check_removes_and_restores(make_env) -> None:
+    env = await make_env(n_prefill=2, health_interval=0.1, health_timeout=0.5)
+    sick = env.prefills[0]
+    sick.behaviour.health_status = 500
+    await asyncio.sleep(0.5)
+    inst = env.server.registry.get(f"prefill@{env.prefill_urls[0]}")
+    assert inst is not None and not inst.healthy and "500" in inst.last_error
+    for _ in range(6):
+        async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+            assert r.status == 200
+            await r.read()
+    assert sick.records == [] and len(env.prefills[1].records) == 6
+    async with env.session.get(env.url + "/metrics") as r:
+        text = await r.text()
+    assert f'mooncake_proxy_instance_healthy{{instance="prefill@{env.prefill_urls[0]}",role="prefill"}} 0.0' in text
+    sick.behaviour.health_status = 200
+    await asyncio.sleep(0.5)
+    assert inst.healthy
+
+
+async def test_overload_429_with_retry_after(make_env) -> None:
+    env = await make_env(policy="conductor", ttft_slo=1e-6, retry_after=3.0)
+    t = time.monotonic()
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 429
+        assert int(r.headers["Retry-After"]) >= 1
+        data = await r.json()
+    assert time.monotonic() - t < 1
+    assert_openai_error(data, 429)
+    assert env.prefills[0].records == [] and env.decodes[0].records == []
+    async with env.session.get(env.url + "/metrics") as r:
+        text = await r.text()
+    assert 'mooncake_proxy_rejections_total{reason="slo"} 1.0' in text
+
+
+async def test_client_disconnect_cancels_decode(make_env) -> None:
+    env = await make_env(decode_behaviour=Behaviour(chunks=50, chunk_delay=0.1))
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(env.url + "/v1/completions", json=BODY)
+        assert r.status == 200
+        await r.content.readany()  # first chunk arrived: decode is streaming
+        r.close()  # client goes away mid-stream
+    for _ in range(40):
+        await asyncio.sleep(0.05)
+        if env.decodes[0].records[0].cancelled:
+            break
+    rec = env.decodes[0].records[0]
+    assert rec.cancelled and not rec.finished
+    # bookkeeping released: nothing left in flight
+    assert all(i.in_flight == 0 for i in env.server.registry.all())
+
+
+async def test_client_disconnect_cancels_prefill(make_env) -> None:
+    env = await make_env(prefill_behaviour=Behaviour(hang=True))
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(asyncio.TimeoutError):
+            await s.post(env.url + "/v1/completions", json=BODY, timeout=aiohttp.ClientTimeout(total=0.3))
+    for _ in range(40):
+        await asyncio.sleep(0.05)
+        if env.prefills[0].records and env.prefills[0].records[0].cancelled:
+            break
+    assert env.prefills[0].records[0].cancelled
+    assert env.decodes[0].records == []
+    assert all(i.in_flight == 0 for i in env.server.registry.all())
+
+
+async def test_bad_json_gives_400(make_env) -> None:
+    env = await make_env()
+    async with env.session.post(env.url + "/v1/completions", data=b"{not json",
+                                headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 400
+        assert_openai_error(await r.json(), 400)
+    async with env.session.post(env.url + "/v1/chat/completions", json={"model": "m"}) as r:
+        assert r.status == 400
+        assert "messages" in (await r.json())["error"]["message"]
+
+
+async def test_unreachable_instance_retried_elsewhere(make_env) -> None:
+    """A prefill that refuses connections costs the client nothing: the request goes to another."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    env = await make_env(n_prefill=1, policy="round_robin")
+    env.server.add_instance("prefill", dead)
+    for _ in range(4):
+        async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+            assert r.status == 200
+            await r.read()
+    assert len(env.prefills[0].records) == 4
+    inst = env.server.registry.get(f"prefill@{dead}")
+    assert inst is not None and not inst.healthy and "connect" in inst.last_error
+
+
+async def test_client_disconnect_cancels_both_in_concurrent_handoff(make_env) -> None:
+    env = await make_env(handoff="mooncake", bootstrap_self=True, prefill_behaviour=Behaviour(hang=True),
+                         decode_behaviour=Behaviour(hang=True))
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(asyncio.TimeoutError):
+            await s.post(env.url + "/v1/completions", json=BODY, timeout=aiohttp.ClientTimeout(total=0.4))
+    recs = []
+    for _ in range(40):
+        await asyncio.sleep(0.05)
+        recs = env.prefills[0].records + env.decodes[0].records
+        if len(recs) == 2 and all(r.cancelled for r in recs):
+            break
+    assert len(recs) == 2 and all(r.cancelled for r in recs)
+    assert all(i.in_flight == 0 for i in env.server.registry.all())
+    assert env.server.cluster.prefill_load(f"prefill@{env.prefill_urls[0]}").queued_tokens == 0

@@ -1,0 +1,126 @@
+"""The proxy as a real process (console-script entry point) in front of fake engines in
+their own processes: the path users run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _spawn(python_exe: str, args: list[str], pattern: str, timeout: float = 20) -> tuple[subprocess.Popen, int]:
+    """Start a process and read its stdout until the 'listening on http://h:PORT' line."""
+    proc = subprocess.Popen([python_exe, "-u", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "MC_LOG_LEVEL": "WARNING"})
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        lines.append(line)
+        m = re.search(pattern + r" listening on http://[^:]+:(\d+)", line)
+        if m:
+            return proc, int(m.group(1))
+    proc.kill()
+    raise RuntimeError(f"{args} did not start within {timeout}s; output:\n{''.join(lines)}")
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        p.send_signal(signal.SIGTERM)
+    for p in started:
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def test_proxy_process_main_path(python_exe, procs) -> None:
+    pre, pport = _spawn(python_exe, ["-m", "mooncake_proxy.fake_engine", "--name", "P", "--chunks", "3"],
+                        "fake_engine")
+    procs.append(pre)
+    dec, dport = _spawn(python_exe, ["-m", "mooncake_proxy.fake_engine", "--name", "D", "--chunks", "7"],
+                        "fake_engine")
+    procs.append(dec)
+    proxy, port = _spawn(python_exe, ["-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", "0",
+                                      "--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(pport),
+                                      "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(dport),
+                                      "--policy", "conductor", "--health-interval", "1"],
+                         "mooncake_proxy")
+    procs.append(proxy)
+    url = f"http://127.0.0.1:{port}"
+    prompt = "".join(random.choices("abcdefghij ", k=5000))
+    with httpx.Client(timeout=10) as c:
+        r = c.post(url + "/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 7,
+                                                  "stream": True}, headers={"X-Request-Id": "proc-1"})
+        assert r.status_code == 200
+        assert r.headers["x-request-id"] == "proc-1"
+        events = [e[6:] for e in r.text.split("\n\n") if e.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert [json.loads(e)["seq"] for e in events[:-1]] == list(range(7))
+        assert {json.loads(e)["served_by"] for e in events[:-1]} == {"D"}
+        pre_recs = c.get(f"http://127.0.0.1:{pport}/_records").json()
+        dec_recs = c.get(f"http://127.0.0.1:{dport}/_records").json()
+        assert len(pre_recs) == 1 and len(dec_recs) == 1
+        assert pre_recs[0]["request_id"] == dec_recs[0]["request_id"] == "proc-1"
+        assert pre_recs[0]["body"]["max_tokens"] == 1 and pre_recs[0]["body"]["prompt"] == prompt
+        assert dec_recs[0]["body"]["kv_transfer_params"]["remote_engine_id"] == "fake-engine"
+        m = c.get(url + "/metrics").text
+        assert 'mooncake_proxy_requests_total{route="/v1/completions",status="200"} 1.0' in m
+        assert c.get(url + "/healthcheck").json()["decode_instances"] == 1
+    # a stopped decode instance is noticed by the health checker -> 503, not a hang
+    dec.send_signal(signal.SIGTERM)
+    dec.wait(5)
+    time.sleep(2.5)
+    with httpx.Client(timeout=10) as c:
+        r = c.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == 503
+
+
+def test_proxy_help_explains_every_flag(python_exe) -> None:
+    out = subprocess.run([python_exe, "-m", "mooncake_proxy.cli", "--help"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0
+    flags = set(re.findall(r"(--[a-z][a-z0-9-]+)", out.stdout))
+    for f in ("--host", "--port", "--prefiller-hosts", "--prefiller-ports", "--decoder-hosts",
+              "--decoder-ports", "--prefill", "--decode", "--prefill-bootstrap-ports", "--policy",
+              "--ttft-slo", "--tbt-slo", "--handoff", "--health-interval", "--request-timeout",
+              "--profile", "--kv-events-config", "--tokenizer", "--admin-key"):
+        assert f in flags, f
+    # every option line carries a help text (argparse prints it after the flag)
+    from mooncake_proxy.cli import build_parser
+
+    for action in build_parser()._actions:
+        assert action.help, action.option_strings
+
+
+def test_proxy_port_in_use_clear_error(python_exe) -> None:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        out = subprocess.run([python_exe, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port",
+                              str(port)], capture_output=True, text=True, timeout=30)
+    finally:
+        s.close()
+    assert out.returncode != 0
+    assert f"127.0.0.1:{port}" in out.stderr and "--port" in out.stderr

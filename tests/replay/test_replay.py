@@ -1,0 +1,157 @@
+"""Trace replay: prompts follow hash_ids, requests leave at scaled timestamps, metrics reported."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import sys
+
+import pytest
+
+from mooncake_proxy.fake_engine import Behaviour, FakeEngine, start_fake
+from mooncake_proxy.trace_prompts import PromptBuilder, TraceRequest, parse_trace_lines
+
+HERE = pathlib.Path(__file__).parent
+TRACE = HERE / "conversation_head60.jsonl"
+
+
+def common_prefix_len(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def common_ids(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def check_prefix_structure(reqs: list[TraceRequest], prompts: list[str], builder: PromptBuilder) -> int:
+    """Shared leading ids ⇒ identical text for those blocks, and the text diverges right after."""
+    checked = 0
+    for i in range(len(reqs)):
+        for j in range(i + 1, len(reqs)):
+            a, b = reqs[i], reqs[j]
+            k = common_ids(a.hash_ids, b.hash_ids)
+            full_a = min(k, builder.scaled_input_tokens(a) // builder.block_tokens)
+            full_b = min(k, builder.scaled_input_tokens(b) // builder.block_tokens)
+            shared_text = "".join(builder.block_text(h) for h in a.hash_ids[:min(full_a, full_b)])
+            assert prompts[i].startswith(shared_text) and prompts[j].startswith(shared_text)
+            cp = common_prefix_len(prompts[i], prompts[j])
+            if k < len(a.hash_ids) and k < len(b.hash_ids) and full_a == full_b == k:
+                # next blocks have different ids -> texts differ within the next block's marker
+                assert cp < len(shared_text) + 12, (i, j, k)
+            checked += 1
+    return checked
+
+
+def test_prompt_builder_unit() -> None:
+    b = PromptBuilder(block_tokens=16, seed=1)
+    r1 = TraceRequest(0, 1300, 5, (7, 8, 9))   # 1300 trace tokens -> 41 scaled: 2 blocks + 9 words
+    r2 = TraceRequest(0, 1536, 5, (7, 8, 10))  # 3 full blocks
+    r3 = TraceRequest(0, 1536, 5, (11, 8, 9))
+    p1, p2, p3 = (b.prompt(r) for r in (r1, r2, r3))
+    two = b.block_text(7) + b.block_text(8)
+    assert p1.startswith(two) and p2.startswith(two)
+    assert len(p1.split()) == 41 and len(p2.split()) == 48
+    assert p1[len(two):] == " ".join(b.block_text(9).split()[:9]) + " "
+    assert not p3.startswith(b.block_text(7))
+    assert b.block_text(8) != b.block_text(9)
+    assert PromptBuilder(16, seed=1).block_text(8) == b.block_text(8)  # deterministic
+    with pytest.raises(ValueError, match="line 2|:2:"):
+        list(parse_trace_lines(['{"timestamp":0,"input_length":1,"output_length":1,"hash_ids":[1]}',
+                                '{"timestamp": 1}'], "t.jsonl"))
+
+
+def test_prefix_structure_on_trace_slice() -> None:
+    reqs = list(parse_trace_lines(TRACE.read_text().splitlines()))
+    b = PromptBuilder(block_tokens=8)
+    prompts = [b.prompt(r) for r in reqs]
+    assert check_prefix_structure(reqs, prompts, b) == len(reqs) * (len(reqs) - 1) // 2
+    # word count follows the scaled input length (≈ 1 word per token)
+    for r, p in zip(reqs, prompts):
+        assert abs(len(p.split()) - b.scaled_input_tokens(r)) <= 1
+
+
+@pytest.mark.integration
+async def test_replay_against_fake_engine(python_exe) -> None:
+    eng = FakeEngine("engine", Behaviour(chunks=5))
+    runner, port = await start_fake(eng)
+    limit, speed = 30, 10.0
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            python_exe, "-m", "mooncake_proxy.replay", "--trace", str(TRACE), "--url",
+            f"http://127.0.0.1:{port}", "--speed", str(speed), "--limit", str(limit), "--block-tokens", "8",
+            "--max-tokens-cap", "6", "--model", "tiny", "--json", "--no-progress",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await runner.cleanup()
+    assert proc.returncode == 0, err.decode()
+    s = json.loads(out)
+    assert s["requests"] == limit and s["completed"] == limit and s["failed"] == 0
+    assert s["output_tokens"] == 5 * limit
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        assert 0 < s[key]["p50"] <= s[key]["p99"] < 5
+    reqs = list(parse_trace_lines(TRACE.read_text().splitlines()))[:limit]
+    recs = sorted(eng.records, key=lambda r: r.t)
+    assert len(recs) == limit
+    by_prompt = {r.body["prompt"]: r for r in recs}
+    b = PromptBuilder(block_tokens=8)
+    prompts = [b.prompt(r) for r in reqs]
+    assert set(by_prompt) == set(prompts)  # exactly the prompts the trace describes
+    check_prefix_structure(reqs, [by_prompt[p].body["prompt"] for p in prompts], b)
+    for r, p in zip(reqs, prompts):
+        body = by_prompt[p].body
+        assert body["max_tokens"] == min(6, r.output_length) and body["model"] == "tiny" and body["stream"]
+    # arrival times follow the trace's timestamps scaled by --speed
+    t0 = by_prompt[prompts[0]].t
+    for r, p in zip(reqs, prompts):
+        want = (r.timestamp_ms - reqs[0].timestamp_ms) / 1000 / speed
+        assert abs((by_prompt[p].t - t0) - want) < 0.5, (want, by_prompt[p].t - t0)
+
+
+def test_replay_help_and_bad_trace(tmp_path) -> None:
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "mooncake_proxy.replay", "--help"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0
+    for f in ("--trace", "--url", "--speed", "--limit", "--model", "--concurrency-cap", "--json",
+              "--block-tokens", "--max-tokens-cap"):
+        assert f in out.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": "x"}\n')
+    out = subprocess.run([sys.executable, "-m", "mooncake_proxy.replay", "--trace", str(bad), "--url",
+                          "http://127.0.0.1:1"], capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "bad.jsonl:1" in out.stderr
+
+
+@pytest.mark.integration
+async def test_replay_concurrency_cap_and_errors_in_process() -> None:
+    from mooncake_proxy.replay import ReplayConfig, replay
+
+    eng = FakeEngine("engine", Behaviour(chunks=3, chunk_delay=0.05))
+    runner, port = await start_fake(eng)
+    try:
+        reqs = [TraceRequest(0, 600, 4, (i, i + 100)) for i in range(8)]  # all due at once
+        s = await replay(reqs, ReplayConfig(url=f"http://127.0.0.1:{port}", block_tokens=8,
+                                            concurrency_cap=2, endpoint="chat"), progress=False)
+        assert s["completed"] == 8 and s["failed"] == 0
+        spans = sorted((r.t, r.t_end) for r in eng.records)
+        peak = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
+        assert peak <= 2
+        assert s["send_lag_s"]["max"] > 0.1  # later requests waited for a slot, and it shows
+        assert all(r.path == "/v1/chat/completions" and r.body["messages"][0]["role"] == "user"
+                   for r in eng.records)
+        eng.behaviour.fail_status = 503
+        s = await replay(reqs[:3], ReplayConfig(url=f"http://127.0.0.1:{port}", block_tokens=8),
+                         progress=False)
+        assert s["completed"] == 0 and s["errors"] == {"HTTP 503": 3}
+    finally:
+        await runner.cleanup()
