@@ -1,0 +1,283 @@
+"""gflags-compatible command-line parsing for ``mooncake_master``.
+
+Users' launch scripts pass flags the way the original (C++ gflags) binary accepts them, so
+we accept exactly those forms: ``--flag=value``, ``--flag value``, ``-flag=value``; booleans
+as ``--flag``, ``--flag=true|false|1|0|yes|no`` and ``--noflag``. ``-`` and ``_`` in flag
+names are interchangeable (``--log-level`` == ``--log_level``). Unknown flags, missing or
+malformed values raise ``FlagError`` naming the flag; ``main`` turns that into exit code 2.
+argparse is not used because it cannot express ``--noflag`` / single-dash long flags and
+would treat ``--flag false`` differently from gflags.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from mooncake_core.utils.sizes import parse_size
+
+
+class FlagError(ValueError):
+    """A command-line error; the message names the flag and what was expected."""
+
+
+class HelpRequested(Exception):
+    pass
+
+
+_TRUE = {"true", "1", "yes", "y", "on", "t"}
+_FALSE = {"false", "0", "no", "n", "off", "f"}
+
+
+def _parse_bool(name: str, v: str) -> bool:
+    lv = v.strip().lower()
+    if lv in _TRUE:
+        return True
+    if lv in _FALSE:
+        return False
+    raise FlagError(f"--{name}: expected a boolean (true/false), got {v!r}")
+
+
+def _parse_int(name: str, v: str) -> int:
+    try:
+        return int(v.strip(), 0)
+    except ValueError:
+        raise FlagError(f"--{name}: expected an integer, got {v!r}") from None
+
+
+def _parse_float(name: str, v: str) -> float:
+    try:
+        return float(v.strip())
+    except ValueError:
+        raise FlagError(f"--{name}: expected a number, got {v!r}") from None
+
+
+def _parse_size(name: str, v: str) -> int:
+    try:
+        return parse_size(v, name=f"--{name}")
+    except ValueError as e:
+        raise FlagError(str(e)) from None
+
+
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "bool": _parse_bool, "int": _parse_int, "float": _parse_float, "str": lambda n, v: v,
+    "size": _parse_size,
+}
+
+
+@dataclass
+class Flag:
+    name: str
+    kind: str  # bool | int | float | str | size
+    default: Any
+    help: str
+    check: Callable[[Any], str | None] | None = None  # returns an error text or None
+
+
+class FlagSet:
+    """A set of gflags-style flags."""
+
+    def __init__(self, prog: str, description: str, flags: Sequence[Flag]):
+        self.prog = prog
+        self.description = description
+        self.flags = {f.name: f for f in flags}
+
+    def _lookup(self, raw: str) -> tuple[Flag | None, bool]:
+        """(flag, negated) for a name as typed (without dashes)."""
+        name = raw.replace("-", "_")
+        f = self.flags.get(name)
+        if f is not None:
+            return f, False
+        if name.startswith("no"):
+            f = self.flags.get(name[2:])
+            if f is not None and f.kind == "bool":
+                return f, True
+        return None, False
+
+    def parse(self, argv: Sequence[str]) -> dict[str, Any]:
+        """Values of every flag (defaults filled in). Raises FlagError / HelpRequested."""
+        values = {n: f.default for n, f in self.flags.items()}
+        explicit: set[str] = set()
+        args = list(argv)
+        i = 0
+        while i < len(args):
+            a = args[i]
+            i += 1
+            if a in ("--help", "-help", "-h", "--helpfull"):
+                raise HelpRequested()
+            if a == "--":
+                if i < len(args):
+                    raise FlagError(f"unexpected positional argument {args[i]!r} (mooncake_master takes only flags)")
+                break
+            if not a.startswith("-") or a in ("-",):
+                raise FlagError(f"unexpected positional argument {a!r} (flags look like --name=value)")
+            body = a.lstrip("-")
+            name, eq, val = body.partition("=")
+            f, negated = self._lookup(name)
+            if f is None:
+                raise FlagError(f"unknown flag --{name} (run with --help to list the flags)")
+            if f.kind == "bool":
+                if negated:
+                    if eq:
+                        raise FlagError(f"--{name}: a --no<flag> form takes no value")
+                    v: Any = False
+                elif eq:
+                    v = _parse_bool(f.name, val)
+                else:
+                    v = True
+            else:
+                if not eq:
+                    if i >= len(args):
+                        raise FlagError(f"--{f.name}: missing value (use --{f.name}=VALUE)")
+                    val = args[i]
+                    i += 1
+                v = _PARSERS[f.kind](f.name, val)
+            if f.check is not None:
+                problem = f.check(v)
+                if problem:
+                    raise FlagError(f"--{f.name}={v!r}: {problem}")
+            values[f.name] = v
+            explicit.add(f.name)
+        values["__explicit__"] = explicit
+        return values
+
+    def help_text(self) -> str:
+        lines = [f"usage: {self.prog} [--flag=value ...]", "", self.description, "",
+                 "Flags (gflags syntax: --flag=value, --flag value, booleans --flag / --noflag / --flag=false):"]
+        for f in self.flags.values():
+            default = repr(f.default) if f.kind == "str" else str(f.default).lower() if f.kind == "bool" else str(f.default)
+            lines.append(f"  --{f.name} ({f.kind}, default {default})")
+            lines.extend(textwrap.wrap(f.help, 88, initial_indent="      ", subsequent_indent="      "))
+        return "\n".join(lines) + "\n"
+
+
+def _port(v: int) -> str | None:
+    return None if 0 <= v <= 65535 else "must be a port number 0..65535"
+
+
+def _ratio(v: float) -> str | None:
+    return None if 0.0 <= v <= 1.0 else "must be between 0.0 and 1.0"
+
+
+def _positive(v: float) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v: float) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _log_level(v: str) -> str | None:
+    ok = {"debug", "info", "warning", "warn", "error", "critical"}
+    return None if v.lower() in ok else f"must be one of {sorted(ok)}"
+
+
+MASTER_FLAGS = [
+    Flag("config_path", "str", "", "JSON file of master settings (keys = flag names; Mooncake's "
+         "'client_live_ttl_sec' also accepted). Flags given on the command line win."),
+    Flag("port", "int", 50051, "Port of the master RPC service (clients' master_server_addr "
+         "is host:PORT). 0 picks a free port (logged at start).", _port),
+    Flag("rpc_port", "int", 0, "Preferred alias of --port; 0 = use --port.", _port),
+    Flag("rpc_address", "str", "0.0.0.0", "Address the RPC service binds to. In HA mode it is also "
+         "the address published in etcd for clients, so give a reachable one (0.0.0.0 publishes "
+         "this host's IP)."),
+    Flag("metrics_port", "int", 9003, "Port of the Prometheus metrics endpoint (/metrics). 0 = any free port.", _port),
+    Flag("enable_metric_reporting", "bool", True, "Serve Prometheus metrics on --metrics_port."),
+    Flag("default_kv_lease_ttl", "int", 10000, "Lease (ms) granted to a reader by every "
+         "GetReplicaList: the object is neither evicted nor removed (without force) while leased, "
+         "and a read that outlives its lease fails with -707.", _positive),
+    Flag("default_kv_soft_pin_ttl", "int", 30 * 60 * 1000, "How long (ms) a soft pin protects an "
+         "object from eviction when the put does not give soft_pin_ttl_ms; refreshed on each read.", _positive),
+    Flag("allow_evict_soft_pinned_objects", "bool", True, "Evict soft-pinned objects (last) when "
+         "evicting the others did not free enough."),
+    Flag("eviction_high_watermark_ratio", "float", 0.90, "Start evicting when used/capacity of all "
+         "segments reaches this ratio.", _ratio),
+    Flag("eviction_ratio", "float", 0.05, "Fraction of the total capacity one eviction round frees "
+         "(least recently used objects first).", _ratio),
+    Flag("client_ttl", "int", 10, "Seconds without a heartbeat after which a client counts as dead: "
+         "its segments are unmounted and the replicas on them dropped.", _positive),
+    Flag("put_start_discard_timeout_sec", "int", 30, "A put started but not finished within this many "
+         "seconds may be taken over by another put of the same key.", _positive),
+    Flag("put_start_release_timeout_sec", "int", 600, "Space of a put never finished is released after "
+         "this many seconds.", _positive),
+    Flag("recovery_hold_ms", "int", 0, "After a restart or HA failover, refuse new allocations (-200) for "
+         "this long. A new master does not know the read leases its predecessor granted; setting this to "
+         "--default_kv_lease_ttl guarantees that no memory still being read under such a lease is reused "
+         "(gets work at once; puts wait). 0 = as the original: allocate at once.", _non_negative),
+    Flag("enable_http_metadata_server", "bool", False, "Also run the HTTP metadata server in this process "
+         "(one process gives a whole single-node setup: clients use "
+         "metadata_server=http://HOST:PORT/metadata)."),
+    Flag("http_metadata_server_host", "str", "0.0.0.0", "Bind address of the embedded HTTP metadata server."),
+    Flag("http_metadata_server_port", "int", 8080, "Port of the embedded HTTP metadata server.", _port),
+    Flag("http_metadata_server_persist_path", "str", "", "Optional file where the embedded HTTP "
+         "metadata server persists its keys, so a restart does not lose segment descriptors."),
+    Flag("enable_ha", "bool", False, "High availability: run as one of several masters; the leader is "
+         "elected through an etcd lease (needs --etcd_endpoints). Clients use "
+         "master_server_addr=etcd://h:p[;h2:p]."),
+    Flag("etcd_endpoints", "str", "", "etcd endpoints for HA, 'host:port;host2:port' (separated by ';')."),
+    Flag("enable_offload", "bool", False, "SSD tier: evicted objects are written by their owner client to "
+         "files under --root_fs_dir and read back (and promoted to memory) on a later get."),
+    Flag("root_fs_dir", "str", "", "Directory of the SSD tier, shared by the master and its clients "
+         "(local or network file system). Required with --enable_offload."),
+    Flag("quota_bytes", "size", 0, "Capacity of the SSD tier (bytes or '10 GB'); least recently used files "
+         "are deleted above it. 0 = 90% of the file system's size.", _non_negative),
+    Flag("log_level", "str", "info", "Log level: debug, info, warning, error.", _log_level),
+    Flag("max_threads", "int", 4, "Accepted for compatibility; requests are handled on one thread "
+         "(the state is small and each request takes microseconds).", _positive),
+    Flag("rpc_thread_num", "int", 0, "Accepted for compatibility (see --max_threads).", _non_negative),
+]
+
+MASTER_DESCRIPTION = ("Mooncake Store master: keeps object -> replica locations, allocates space in the "
+                      "memory segments clients mount, grants read leases, evicts, and tracks client "
+                      "liveness. Never on the data path.")
+
+
+def master_flagset() -> FlagSet:
+    return FlagSet("mooncake_master", MASTER_DESCRIPTION, MASTER_FLAGS)
+
+
+#: config-file keys of the original that differ from the flag names
+CONFIG_ALIASES = {"client_live_ttl_sec": "client_ttl"}
+
+
+def apply_config_file(fs: FlagSet, values: dict[str, Any]) -> dict[str, Any]:
+    """Fill values from ``--config_path`` (JSON) for flags not given on the command line."""
+    import json
+
+    path = values.get("config_path")
+    if not path:
+        return values
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise FlagError(f"--config_path: cannot read {path!r}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise FlagError(f"--config_path: {path!r} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise FlagError(f"--config_path: {path!r} must hold a JSON object of settings")
+    explicit = values.get("__explicit__", set())
+    for key, raw in data.items():
+        name = CONFIG_ALIASES.get(key, key.replace("-", "_"))
+        f = fs.flags.get(name)
+        if f is None or name == "config_path":
+            raise FlagError(f"--config_path: unknown setting {key!r} in {path!r}")
+        if name in explicit:
+            continue
+        if f.kind == "bool" and isinstance(raw, bool):
+            v: Any = raw
+        elif f.kind in ("int", "size") and isinstance(raw, int) and not isinstance(raw, bool):
+            v = raw
+        elif f.kind == "float" and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            v = float(raw)
+        elif isinstance(raw, str):
+            v = _PARSERS[f.kind](name, raw)
+        else:
+            raise FlagError(f"--config_path: setting {key!r} in {path!r}: expected {f.kind}, got {raw!r}")
+        if f.check is not None:
+            problem = f.check(v)
+            if problem:
+                raise FlagError(f"--config_path: setting {key!r}={v!r}: {problem}")
+        values[name] = v
+    return values

@@ -1,0 +1,376 @@
+"""Synchronous, thread-safe RPC stub for the store master.
+
+Every call has a deadline (``timeout``, default 5 s); when the master cannot be reached in
+time the call raises ``MooncakeError(-900)`` instead of hanging. Master-side errors raise
+``MooncakeError`` with the master's Mooncake code (-704 not found, -705 exists, ...).
+
+Concurrency: the stub keeps a small pool of blocking TCP connections; a call borrows one, so
+threads issue RPCs in parallel without sharing a socket. A connection whose call failed or
+timed out is closed, never reused (a late reply must not answer the next call); replies also
+carry the request id and stale ones are dropped. A dead or restarting master shows up as a
+refused connection or EOF: the stub reconnects and retries until the call's deadline.
+
+``master_addr``: ``"host:port"`` or ``"etcd://h:p[;h2:p]"`` (HA). In HA mode the leader's
+address is read from etcd; when a call cannot reach it (or a former leader refuses to
+serve), the stub re-reads etcd and retries on the new leader within the same deadline, so
+callers follow a failover transparently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+from mooncake_core.errors import ErrorCode, MooncakeError
+from mooncake_core.store import protocol as P
+from mooncake_core.store.protocol import (
+    GetReply, HeartbeatReply, MasterInfo, MountReply, ReplicaDesc, ReplicateConfigMsg,
+)
+from mooncake_core.utils.log import get_logger
+from mooncake_core.utils.net import parse_host_port
+
+log = get_logger("mooncake.store.master_client")
+
+#: how long to wait for a TCP connection to the master before trying another address
+CONNECT_WAIT_S = 1.0
+
+
+class _Conn:
+    """A pooled connection and the kernel send/receive timeout currently set on it."""
+
+    __slots__ = ("sock", "timeout")
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.timeout = 0.0
+
+    def set_timeout(self, seconds: float) -> None:
+        seconds = max(seconds, 0.001)
+        tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1_000_000))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        self.timeout = seconds
+
+
+class MasterClient:
+    """RPC stub for ``mooncake_master`` (see module docstring)."""
+
+    def __init__(self, master_addr: str, *, timeout: float = 5.0) -> None:
+        if not isinstance(master_addr, str) or not master_addr.strip():
+            raise ValueError(f"master_addr: expected 'host:port' or 'etcd://h:p', got {master_addr!r}")
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
+        self.master_addr = master_addr.strip()
+        self.timeout = float(timeout)
+        self._etcd: list[tuple[str, int]] | None = None
+        if self.master_addr.startswith("etcd://"):
+            from mooncake_core.store.ha import parse_etcd_endpoints
+
+            self._etcd = parse_etcd_endpoints(self.master_addr)
+            self._addr: str | None = None
+        else:
+            host, port = parse_host_port(self.master_addr, what="master_server_addr")
+            self._addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._lock = threading.Lock()
+        self._pool: list[tuple[str, _Conn]] = []
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def address(self) -> str | None:
+        """The master address calls currently go to (the leader in HA mode)."""
+        return self._addr
+
+    def _resolve(self, deadline: float) -> str:
+        if self._etcd is None:
+            assert self._addr is not None
+            return self._addr
+        from mooncake_core.store.ha import resolve_leader
+
+        last_err = "no leader registered in etcd"
+        while True:
+            try:
+                addr = resolve_leader(self._etcd, timeout=max(0.2, min(2.0, deadline - time.monotonic())))
+                if addr:
+                    with self._lock:
+                        if addr != self._addr:
+                            if self._addr is not None:
+                                log.info("master leader changed", extra={"old": self._addr, "new": addr})
+                            self._addr = addr
+                            self._drop_pool_locked()
+                    return addr
+            except ConnectionError as e:
+                last_err = str(e)
+            if time.monotonic() + 0.2 >= deadline:
+                raise MooncakeError(ErrorCode.RPC_FAIL, f"cannot find the master leader via "
+                                    f"{self.master_addr}: {last_err}")
+            time.sleep(0.2)
+
+    def _drop_pool_locked(self) -> None:
+        for _, c in self._pool:
+            c.sock.close()
+        self._pool.clear()
+
+    def _borrow(self, addr: str, deadline: float) -> "_Conn":
+        """A pooled connection to ``addr`` or a new one (OSError if it cannot connect)."""
+        with self._lock:
+            if self._closed:
+                raise MooncakeError(ErrorCode.RPC_FAIL, "MasterClient is closed")
+            while self._pool:
+                a, c = self._pool.pop()
+                if a == addr:
+                    return c
+                c.sock.close()
+        host, port = parse_host_port(addr, what="master address")
+        wait = max(0.05, min(CONNECT_WAIT_S, deadline - time.monotonic()))
+        sock = socket.create_connection((host, port), timeout=wait)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        # blocking socket + kernel timeouts: Python's settimeout() would add a poll() syscall
+        # before every send and recv (measurable at tens of thousands of calls per second)
+        sock.settimeout(None)
+        c = _Conn(sock)
+        c.set_timeout(self.timeout)
+        return c
+
+    def _give_back(self, addr: str, c: "_Conn") -> None:
+        with self._lock:
+            if self._closed or addr != self._addr:
+                c.sock.close()
+            else:
+                self._pool.append((addr, c))
+
+    @staticmethod
+    def _exchange(c: "_Conn", rid: int, body: bytes, deadline: float) -> tuple[int, Any, bool] | None:
+        """Send one request and read its reply: (status, payload, connection_clean) or None
+        when the connection broke / the reply did not come in time (OSError also possible)."""
+        sock = c.sock
+        sock.sendall(P.request_frame(rid, body))
+        buf = sock.recv(65536)
+        while True:
+            if not buf:
+                return None  # master closed the connection (restart / crash)
+            while len(buf) < 4:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return None
+                buf += chunk
+            n = P.unpack_len(buf)
+            if n > P.MAX_FRAME:
+                return None
+            if len(buf) < 4 + n:  # a large reply: gather the rest, checking the deadline
+                parts = [buf]
+                have = len(buf)
+                while have < 4 + n:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    c.set_timeout(left)
+                    chunk = sock.recv(max(65536, min(4 + n - have, 16 << 20)))
+                    if not chunk:
+                        return None
+                    parts.append(chunk)
+                    have += len(chunk)
+                buf = b"".join(parts)
+            try:
+                _, got, code, payload = P.parse_reply(memoryview(buf)[4:4 + n])
+            except ValueError:
+                return None
+            rest = buf[4 + n:]
+            if got == rid:
+                return code, payload, not rest
+            buf = rest or sock.recv(65536)  # reply to a request given up on earlier: drop it
+
+    def _attempt(self, addr: str, req: Any, body: bytes, deadline: float) -> tuple[bool, Any]:
+        """One try against ``addr``. Returns (reached, result); raises MooncakeError for a
+        master-side error. reached=False: cannot connect, connection lost, no reply before
+        the deadline, or refused by a former HA leader -- the caller may retry."""
+        try:
+            c = self._borrow(addr, deadline)
+        except OSError as e:
+            log.debug("cannot connect to master", extra={"addr": addr, "error": str(e)})
+            return False, None
+        ok = False
+        try:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False, None
+            if not 0.8 * c.timeout <= left <= c.timeout:
+                c.set_timeout(left)
+            got = self._exchange(c, next(self._ids), body, deadline)
+            if got is None:
+                return False, None
+            code, payload, ok = got
+            return self._result(addr, req, code, payload)
+        except OSError as e:  # includes a kernel receive timeout (EAGAIN)
+            log.debug("master call failed", extra={"addr": addr, "error": str(e)})
+            ok = False
+            return False, None
+        finally:
+            if ok:
+                self._give_back(addr, c)
+            else:
+                c.sock.close()
+
+    def _result(self, addr: str, req: Any, code: int, payload: Any) -> tuple[bool, Any]:
+        if code == 0:
+            return True, P.result_decoders[type(req)].decode(payload)
+        if code == ErrorCode.RPC_FAIL and self._etcd is not None:
+            # a former HA leader refusing to serve: find the current one
+            log.info("master refused as non-leader", extra={"addr": addr})
+            return False, None
+        raise MooncakeError(code, bytes(payload).decode("utf-8", "replace"))
+
+    def _call(self, req: Any, timeout: float | None = None) -> Any:
+        body = P.request_encoder.encode(req)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        if timeout is None and self._pool:
+            # fast path: a pooled connection to the current master, kernel timeouts already set
+            try:
+                addr, c = self._pool.pop()
+            except IndexError:
+                pass
+            else:
+                if addr == self._addr and not self._closed and c.timeout == self.timeout:
+                    ok = False
+                    try:
+                        got = self._exchange(c, next(self._ids), body, deadline)
+                        if got is not None:
+                            code, payload, ok = got
+                            reached, result = self._result(addr, req, code, payload)
+                            if reached:
+                                return result
+                            ok = False
+                    except OSError:
+                        ok = False
+                    finally:
+                        if ok:
+                            self._pool.append((addr, c))
+                        else:
+                            c.sock.close()
+                else:
+                    c.sock.close()
+        return self._call_slow(req, body, timeout, deadline)
+
+    def _call_slow(self, req: Any, body: bytes, timeout: float | None, deadline: float) -> Any:
+        tried: list[str] = []
+        while True:
+            addr = self._addr if self._addr is not None else self._resolve(deadline)
+            reached, result = self._attempt(addr, req, body, deadline)
+            if reached:
+                return result
+            if addr in tried:  # second miss on the same address: do not spin
+                time.sleep(max(0.0, min(0.1, deadline - time.monotonic())))
+            else:
+                tried.append(addr)
+            if time.monotonic() >= deadline:
+                break
+            if self._etcd is None:
+                continue  # master restarting / not up yet: keep trying until the deadline
+            # HA: the leader may have changed -- re-read etcd and retry within the deadline
+            with self._lock:
+                self._addr = None
+                self._drop_pool_locked()
+            try:
+                self._resolve(deadline)
+            except MooncakeError:
+                break
+        method = type(req).__struct_config__.tag
+        raise MooncakeError(ErrorCode.RPC_FAIL,
+                            f"master {self.master_addr} unreachable: {method} got no reply within "
+                            f"{self.timeout if timeout is None else timeout:.1f}s (tried {', '.join(tried)}; "
+                            f"is mooncake_master running there?)")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._drop_pool_locked()
+
+    def __enter__(self) -> "MasterClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ API
+    def ping(self, timeout: float | None = None) -> MasterInfo:
+        return self._call(P.PingReq(), timeout)
+
+    def mount_segment(self, client_id: str, segment_name: str, base: int, size: int) -> MountReply:
+        return self._call(P.MountSegmentReq(client_id, segment_name, base, size))
+
+    def unmount_segment(self, client_id: str, segment_name: str) -> None:
+        self._call(P.UnmountSegmentReq(client_id, segment_name))
+
+    def heartbeat(self, client_id: str) -> HeartbeatReply:
+        return self._call(P.HeartbeatReq(client_id))
+
+    def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]]) -> int:
+        """Re-report complete objects after ``need_remount``; returns how many were accepted."""
+        return self._call(P.ReportObjectsReq(client_id, [(k, r) for k, r in objects]))
+
+    def put_start(self, client_id: str, key: str, size: int,
+                  cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
+        return self._call(P.PutStartReq(client_id, key, size, cfg or ReplicateConfigMsg()))
+
+    def upsert_start(self, client_id: str, key: str, size: int,
+                     cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
+        return self._call(P.UpsertStartReq(client_id, key, size, cfg or ReplicateConfigMsg()))
+
+    def put_end(self, client_id: str, key: str) -> None:
+        self._call(P.PutEndReq(client_id, key))
+
+    def put_revoke(self, client_id: str, key: str) -> None:
+        self._call(P.PutRevokeReq(client_id, key))
+
+    def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int],
+                        cfg: ReplicateConfigMsg | None = None) -> list[list[ReplicaDesc] | int]:
+        return self._call(P.BatchPutStartReq(client_id, list(keys), list(sizes), cfg or ReplicateConfigMsg()))
+
+    def batch_upsert_start(self, client_id: str, keys: list[str], sizes: list[int],
+                           cfg: ReplicateConfigMsg | None = None) -> list[list[ReplicaDesc] | int]:
+        return self._call(P.BatchUpsertStartReq(client_id, list(keys), list(sizes), cfg or ReplicateConfigMsg()))
+
+    def batch_put_end(self, client_id: str, keys: list[str]) -> list[int]:
+        return self._call(P.BatchPutEndReq(client_id, list(keys)))
+
+    def batch_put_revoke(self, client_id: str, keys: list[str]) -> list[int]:
+        return self._call(P.BatchPutRevokeReq(client_id, list(keys)))
+
+    def get_replica_list(self, key: str) -> GetReply:
+        return self._call(P.GetReplicaListReq(key))
+
+    def batch_get_replica_list(self, keys: list[str]) -> list[GetReply | int]:
+        return self._call(P.BatchGetReplicaListReq(list(keys)))
+
+    def exist_key(self, key: str) -> bool:
+        return self._call(P.ExistKeyReq(key))
+
+    def batch_exist_key(self, keys: list[str]) -> list[bool]:
+        return self._call(P.BatchExistKeyReq(list(keys)))
+
+    def get_size(self, key: str) -> int:
+        return self._call(P.GetSizeReq(key))
+
+    def remove(self, key: str, force: bool = False) -> None:
+        self._call(P.RemoveReq(key, bool(force)))
+
+    def remove_all(self) -> int:
+        return self._call(P.RemoveAllReq())
+
+    def remove_by_regex(self, pattern: str) -> int:
+        return self._call(P.RemoveByRegexReq(pattern))
+
+    def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
+        return self._call(P.BatchRemoveReq(list(keys), bool(force)))
+
+    def offload_done(self, client_id: str, key: str, path: str, size: int) -> None:
+        self._call(P.OffloadDoneReq(client_id, key, path, size))
+
+    def offload_failed(self, client_id: str, key: str) -> None:
+        self._call(P.OffloadFailedReq(client_id, key))

@@ -1,0 +1,147 @@
+"""``mooncake_master`` console script: flags -> state -> RPC server (+ metrics, HA, HTTP metadata).
+
+Exit codes: 0 clean shutdown (SIGTERM/SIGINT), 2 bad command line, 1 startup failure (port
+taken, etcd unreachable...), 3 lost HA leadership (restart it: it re-joins as a follower).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+from typing import Sequence
+
+from prometheus_client import CollectorRegistry
+
+from mooncake_core.store.flags import FlagError, HelpRequested, apply_config_file, master_flagset
+from mooncake_core.store.master_server import MasterServer
+from mooncake_core.store.master_state import MasterConfig, MasterState
+from mooncake_core.utils.log import get_logger, setup_logging
+from mooncake_core.utils.net import local_ip
+
+log = get_logger("mooncake.store.master")
+
+
+def config_from_flags(v: dict) -> MasterConfig:
+    """Translate parsed flags into the pure state's config (validating combinations)."""
+    if v["enable_offload"] and not v["root_fs_dir"]:
+        raise FlagError("--enable_offload needs --root_fs_dir=DIR (where the SSD-tier files live)")
+    if v["enable_ha"] and not v["etcd_endpoints"]:
+        raise FlagError("--enable_ha needs --etcd_endpoints=host:port[;host2:port]")
+    quota = v["quota_bytes"]
+    if v["enable_offload"] and quota == 0:
+        os.makedirs(v["root_fs_dir"], exist_ok=True)
+        quota = int(shutil.disk_usage(v["root_fs_dir"]).total * 0.9)
+    return MasterConfig(
+        default_kv_lease_ttl_ms=v["default_kv_lease_ttl"],
+        default_kv_soft_pin_ttl_ms=v["default_kv_soft_pin_ttl"],
+        allow_evict_soft_pinned_objects=v["allow_evict_soft_pinned_objects"],
+        eviction_ratio=v["eviction_ratio"],
+        eviction_high_watermark_ratio=v["eviction_high_watermark_ratio"],
+        client_ttl_s=float(v["client_ttl"]),
+        put_start_discard_timeout_s=float(v["put_start_discard_timeout_sec"]),
+        put_start_release_timeout_s=float(v["put_start_release_timeout_sec"]),
+        enable_offload=v["enable_offload"],
+        root_fs_dir=os.path.abspath(v["root_fs_dir"]) if v["root_fs_dir"] else "",
+        disk_quota_bytes=quota,
+        recovery_hold_s=v["recovery_hold_ms"] / 1000.0,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    fs = master_flagset()
+    try:
+        v = apply_config_file(fs, fs.parse(sys.argv[1:] if argv is None else argv))
+        cfg = config_from_flags(v)
+    except HelpRequested:
+        sys.stdout.write(fs.help_text())
+        return 0
+    except FlagError as e:
+        sys.stderr.write(f"mooncake_master: error: {e}\n")
+        return 2
+    setup_logging(v["log_level"])
+    port = v["rpc_port"] or v["port"]
+    host = v["rpc_address"]
+    stop = threading.Event()
+    exit_code = [0]
+
+    def _on_signal(signum, _frame) -> None:
+        log.info("signal received, shutting down", extra={"signal": signum})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+    registry = CollectorRegistry()
+    state = MasterState(cfg)
+    advertise = None
+    if host in ("0.0.0.0", "::", ""):
+        advertise_host = local_ip()
+    else:
+        advertise_host = host
+    server = MasterServer(state, host or "0.0.0.0", port, registry=registry)
+    http_meta = None
+    election = None
+    try:
+        server.bind()  # bind early (also in HA) so a taken port fails fast, with a clear message
+        advertise = (f"[{advertise_host}]:{server.port}" if ":" in advertise_host
+                     else f"{advertise_host}:{server.port}")
+        server.advertise_address = advertise
+        if v["enable_metric_reporting"]:
+            from mooncake_core.utils.metrics import start_metrics_server
+
+            mport = start_metrics_server(v["metrics_port"], host="0.0.0.0", registry=registry)
+            log.info("metrics at /metrics", extra={"port": mport})
+        if v["enable_http_metadata_server"]:
+            from mooncake_core.metadata.http_server import HttpMetadataServer
+
+            http_meta = HttpMetadataServer(v["http_metadata_server_host"], v["http_metadata_server_port"],
+                                           persist_path=v["http_metadata_server_persist_path"] or None).start()
+            log.info("HTTP metadata server started", extra={"url": http_meta.url})
+        if v["enable_ha"]:
+            from mooncake_core.store.ha import LeaderElection, parse_etcd_endpoints
+
+            def _lost() -> None:
+                exit_code[0] = 3
+                stop.set()
+
+            def _elected() -> None:
+                with server.lock:
+                    state.begin_leadership()
+
+            election = LeaderElection(parse_etcd_endpoints(v["etcd_endpoints"]), advertise,
+                                      on_elected=_elected, on_lost=_lost)
+            # serve at once: a follower answers ping (is_leader=False) and refuses the rest
+            # with -900 "not the leader", so a client given its address fails fast and clearly
+            server.leader_check = election.is_valid
+            server.start()
+            election.start()
+            log.info("HA: campaigning for leadership", extra={"rpc_address": advertise,
+                                                             "etcd": v["etcd_endpoints"]})
+        else:
+            server.start()
+        log.info("mooncake_master ready", extra={
+            "rpc_address": advertise, "port": server.port, "ha": v["enable_ha"],
+            "offload": cfg.enable_offload, "lease_ttl_ms": cfg.default_kv_lease_ttl_ms,
+            "client_ttl_s": cfg.client_ttl_s})
+    except (OSError, ValueError, ImportError) as e:
+        log.error("startup failed: %s", e)
+        sys.stderr.write(f"mooncake_master: error: {e}\n")
+        server.stop()
+        if http_meta is not None:
+            http_meta.stop()
+        return 1
+    while not stop.wait(0.5):
+        pass
+    if election is not None:
+        election.stop()
+    server.stop()
+    if http_meta is not None:
+        http_meta.stop()
+    return exit_code[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,855 @@
+"""The store master's decision logic: pure, single-threaded, clock injected.
+
+No sockets, no threads, no files: the RPC server (``master_server``) calls these methods
+one at a time (under its lock) and performs the few side effects they ask for (deleting
+SSD-tier files listed in ``pending_file_deletes``). Unit tests drive it with a fake clock.
+
+Rules implemented here (Mooncake semantics):
+
+* **Put state machine**: ``put_start`` allocates the replicas (distinct segments, preferred
+  segments first) and records an *in-flight* put; ``put_end`` makes the object visible
+  (complete); ``put_revoke`` frees the space. Objects are immutable: ``put_start`` of a
+  complete key fails with -705 (the client maps that to "success, old value kept");
+  ``upsert_start`` replaces: the old replicas stay readable until the new ones are complete,
+  then are freed once no lease holds them. An in-flight put not finished within
+  ``put_start_discard_timeout_s`` (30 s) may be taken over by another put.
+* **Leases**: ``get_replica_list`` grants a lease of ``default_kv_lease_ttl``; a leased
+  object is never evicted, and ``remove`` refuses it with -706 unless ``force`` -- even then
+  its memory is only reused after the lease ran out (the "graveyard"), so a reader holding a
+  lease never sees bytes of another object.
+* **Eviction**: approximate LRU over the key dict's order (a hit moves the key to the end).
+  Starts when usage reaches ``eviction_high_watermark_ratio`` (checked in ``tick``) or when
+  an allocation fails, and frees ``eviction_ratio`` of the capacity; skips leased,
+  in-flight and hard-pinned objects; soft-pinned objects (pin not yet expired) only if the
+  others did not free enough. -200 when nothing evictable remains.
+* **Clients**: heartbeats; after ``client_ttl_s`` without one, the client's segments are
+  unmounted and every replica on them dropped (gets then miss).
+* **SSD tier** (``enable_offload``): instead of dropping an evicted object whose owner is
+  alive, the master queues an ``OffloadTask`` for the owner; the memory is freed only when the
+  owner reports ``offload_done``. The disk tier has a byte quota and evicts LRU.
+* **Recovery** (new leader / restarted master): unknown clients get ``need_remount`` and
+  re-report their complete objects (``report_objects``); reported ranges are re-marked used.
+
+Memory per object is kept small (``__slots__``, the rare fields in a side object, shared size
+ints, allocators that do not duplicate the offset->size map, no lease float until first read).
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+Rep = tuple  # (Segment, offset)
+
+from mooncake_core.errors import ErrorCode, MooncakeError
+from mooncake_core.store.protocol import (
+    GetReply, HeartbeatReply, MountReply, OffloadTask, ReplicaDesc, ReplicateConfigMsg,
+)
+from mooncake_core.utils.log import get_logger
+from mooncake_core.utils.range_allocator import RangeAllocator
+
+log = get_logger("mooncake.store.master")
+
+MAX_REPLICAS = 16
+MAX_SEGMENT_SIZE = 1 << 56
+
+
+@dataclass
+class MasterConfig:
+    """Policy knobs (flag names of ``mooncake_master`` in comments)."""
+
+    default_kv_lease_ttl_ms: int = 10_000          # --default_kv_lease_ttl
+    default_kv_soft_pin_ttl_ms: int = 30 * 60_000  # --default_kv_soft_pin_ttl
+    allow_evict_soft_pinned_objects: bool = True   # --allow_evict_soft_pinned_objects
+    eviction_ratio: float = 0.05                   # --eviction_ratio
+    eviction_high_watermark_ratio: float = 0.90    # --eviction_high_watermark_ratio
+    client_ttl_s: float = 10.0                     # --client_ttl
+    put_start_discard_timeout_s: float = 30.0      # --put_start_discard_timeout_sec
+    put_start_release_timeout_s: float = 600.0     # --put_start_release_timeout_sec
+    enable_offload: bool = False                   # --enable_offload
+    root_fs_dir: str = ""                          # --root_fs_dir
+    disk_quota_bytes: int = 0                      # --quota_bytes (0 = unlimited)
+    offload_timeout_s: float = 60.0                # an unanswered OffloadTask is retried after this
+    recovery_hold_s: float = 0.0                   # --recovery_hold_ms: no allocation this long after start
+    alignment: int = 64
+
+
+class Segment:
+    """A memory segment a client mounted: ``[base, base+size)`` in that client's memory."""
+
+    __slots__ = ("seg_id", "name", "client_id", "base", "size", "alloc", "__weakref__")
+
+    def __init__(self, seg_id: int, name: str, client_id: str, base: int, size: int, alignment: int):
+        self.seg_id = seg_id
+        self.name = name
+        self.client_id = client_id
+        self.base = base
+        self.size = size
+        # track=False: the objects below already record offset and size of every range
+        self.alloc = RangeAllocator(size, alignment, track=False)
+
+
+class DiskReplica:
+    __slots__ = ("segment_name", "client_id", "path", "size")
+
+    def __init__(self, segment_name: str, client_id: str, path: str, size: int):
+        self.segment_name = segment_name
+        self.client_id = client_id
+        self.path = path
+        self.size = size
+
+
+class Extra:
+    """The rarely used per-object fields, kept out of ObjectMeta to keep it small."""
+
+    __slots__ = ("hard", "soft", "disk")
+
+    def __init__(self, hard: bool = False, soft: list | None = None, disk: DiskReplica | None = None):
+        self.hard = hard
+        self.soft = soft  # None or [deadline, ttl_s]
+        self.disk = disk
+
+
+class ObjectMeta:
+    """One complete object (~72 bytes + the offset int).
+
+    ``seg``/``off``: the memory replica's Segment and offset -- or tuples of them when there
+    are several replicas, or None (disk only). ``lease``: monotonic deadline of the latest
+    read lease (0 = never read). ``extra``: None or Extra (pins, disk replica)."""
+
+    __slots__ = ("size", "seg", "off", "lease", "extra")
+
+    def __init__(self, size: int, reps: list[tuple[Segment, int]], extra: Extra | None = None):
+        self.size = size
+        self.lease = 0
+        self.extra = extra
+        self.set_reps(reps)
+
+    def reps(self) -> list[tuple[Segment, int]]:
+        seg = self.seg
+        if seg is None:
+            return []
+        if type(seg) is tuple:
+            return list(zip(seg, self.off))
+        return [(seg, self.off)]
+
+    def set_reps(self, reps: list[tuple[Segment, int]]) -> None:
+        if not reps:
+            self.seg = self.off = None
+        elif len(reps) == 1:
+            self.seg, self.off = reps[0]
+        else:
+            self.seg = tuple(r[0] for r in reps)
+            self.off = tuple(r[1] for r in reps)
+
+    @property
+    def n_reps(self) -> int:
+        seg = self.seg
+        return 0 if seg is None else len(seg) if type(seg) is tuple else 1
+
+    @property
+    def hard(self) -> bool:
+        return self.extra is not None and self.extra.hard
+
+    @property
+    def soft(self) -> list | None:
+        return None if self.extra is None else self.extra.soft
+
+    @property
+    def disk(self) -> DiskReplica | None:
+        return None if self.extra is None else self.extra.disk
+
+    def set_disk(self, d: DiskReplica | None) -> None:
+        if self.extra is None:
+            if d is None:
+                return
+            self.extra = Extra()
+        self.extra.disk = d
+
+
+class PendingPut:
+    __slots__ = ("client_id", "size", "reps", "start", "upsert", "promote", "hard", "soft_ttl")
+
+    def __init__(self, client_id: str, size: int, reps: list, start: float, upsert: bool,
+                 promote: bool, hard: bool, soft_ttl: float | None):
+        self.client_id = client_id
+        self.size = size
+        self.reps = reps
+        self.start = start
+        self.upsert = upsert
+        self.promote = promote
+        self.hard = hard
+        self.soft_ttl = soft_ttl
+
+
+class ClientInfo:
+    __slots__ = ("client_id", "last_seen", "segments", "tasks")
+
+    def __init__(self, client_id: str, now: float):
+        self.client_id = client_id
+        self.last_seen = now
+        self.segments: set[str] = set()
+        self.tasks: list[OffloadTask] = []
+
+
+class Stats:
+    __slots__ = ("hits", "misses", "evictions", "lease_refusals", "offloads", "puts",
+                 "put_conflicts", "no_space", "disk_evictions", "expired_clients", "takeovers")
+
+    def __init__(self) -> None:
+        for s in self.__slots__:
+            setattr(self, s, 0)
+
+
+def _err(code: ErrorCode, msg: str) -> MooncakeError:
+    return MooncakeError(code, msg)
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise _err(ErrorCode.INVALID_PARAMS, f"key must be a non-empty string, got {key!r}")
+    return key
+
+
+class MasterState:
+    """All master decisions. Not thread-safe: the caller serialises calls."""
+
+    def __init__(self, config: MasterConfig | None = None, clock: Callable[[], float] = time.monotonic):
+        self.cfg = config or MasterConfig()
+        self.clock = clock
+        self.objects: dict[str, ObjectMeta] = {}
+        self.inflight: dict[str, PendingPut] = {}
+        self.segments: dict[str, Segment] = {}
+        self.segs_by_id: dict[int, Segment] = {}
+        self.clients: dict[str, ClientInfo] = {}
+        self.offloading: dict[str, float] = {}
+        self.disk_lru: dict[str, None] = {}
+        self.disk_used = 0
+        # ranges freed only once a reader's lease has run out: (deadline, seq, segment, off, size)
+        self.graveyard: list[tuple[float, int, Segment, int, int]] = []
+        self.pending_file_deletes: list[tuple[float, str]] = []  # (not_before, path under root_fs_dir)
+        self.stats = Stats()
+        self._next_seg_id = 1
+        self._seq = 0
+        self._sizes: dict[int, int] = {}
+        self._largest_seg: int | None = None  # cached size of the largest segment
+        # A new master does not know the leases its predecessor granted; holding allocations
+        # for a lease TTL guarantees no range under such a lease is handed out again.
+        self.hold_until = self.clock() + self.cfg.recovery_hold_s
+
+    def begin_leadership(self) -> None:
+        """Called when this master starts serving (process start, or elected HA leader)."""
+        self.hold_until = self.clock() + self.cfg.recovery_hold_s
+
+    # ================================================================ helpers
+    def _intern_size(self, size: int) -> int:
+        s = self._sizes.get(size)
+        if s is not None:
+            return s
+        if len(self._sizes) < 4096:
+            self._sizes[size] = size
+        return size
+
+    def _mounted(self, seg: Segment) -> bool:
+        return self.segments.get(seg.name) is seg
+
+    @staticmethod
+    def _desc(rep: Rep, size: int, status: str = "complete") -> ReplicaDesc:
+        seg, off = rep
+        return ReplicaDesc(seg.name, seg.base + off, size, "memory", "", status)
+
+    def _descs(self, meta: ObjectMeta) -> list[ReplicaDesc]:
+        size = meta.size
+        out = [self._desc(r, size) for r in meta.reps()]
+        d = meta.disk
+        if d is not None:
+            out.append(ReplicaDesc(d.segment_name, 0, d.size, "disk", d.path, "complete"))
+        return out
+
+    def _free(self, rep: Rep, size: int) -> None:
+        seg, off = rep
+        if self._mounted(seg):
+            seg.alloc.free(off, size)
+
+    def _release(self, reps: Iterable[Rep], size: int, not_before: float, now: float) -> None:
+        """Free memory replicas now, or once ``not_before`` (a lease deadline) has passed."""
+        for seg, off in reps:
+            if not_before > now:
+                self._seq += 1
+                heapq.heappush(self.graveyard, (not_before, self._seq, seg, off, size))
+            else:
+                self._free((seg, off), size)
+
+    def _drop_disk(self, key: str, meta: ObjectMeta, not_before: float) -> None:
+        d = meta.disk
+        if d is None:
+            return
+        meta.set_disk(None)
+        self.disk_used -= d.size
+        self.disk_lru.pop(key, None)
+        self.pending_file_deletes.append((not_before, d.path))
+
+    def _drop_object(self, key: str, meta: ObjectMeta, now: float) -> None:
+        """Remove a complete object; memory/file reuse waits for an active lease."""
+        del self.objects[key]
+        self.offloading.pop(key, None)
+        lease = meta.lease if meta.lease > now else 0
+        self._release(meta.reps(), meta.size, lease, now)
+        meta.set_reps([])
+        self._drop_disk(key, meta, lease)
+
+    @property
+    def capacity(self) -> int:
+        return sum(s.size for s in self.segments.values())
+
+    @property
+    def used(self) -> int:
+        return sum(s.alloc.used for s in self.segments.values())
+
+    def _touch_client(self, client_id: str, now: float) -> tuple[ClientInfo, bool]:
+        c = self.clients.get(client_id)
+        if c is None:
+            c = self.clients[client_id] = ClientInfo(client_id, now)
+            return c, True
+        c.last_seen = now
+        return c, False
+
+    # ================================================================ segments / clients
+    def mount_segment(self, client_id: str, segment_name: str, base: int, size: int) -> MountReply:
+        if not isinstance(client_id, str) or not client_id:
+            raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment: client_id must be a non-empty string, got {client_id!r}")
+        if not isinstance(segment_name, str) or not segment_name:
+            raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment: segment_name must be a non-empty string, got {segment_name!r}")
+        if not isinstance(base, int) or base < 0:
+            raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: base must be an int >= 0, got {base!r}")
+        if not isinstance(size, int) or size <= 0 or size > MAX_SEGMENT_SIZE:
+            raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: size must be an int in 1..2^56, got {size!r}")
+        now = self.clock()
+        client, _ = self._touch_client(client_id, now)
+        old = self.segments.get(segment_name)
+        if old is not None:
+            if old.client_id == client_id and old.base == base and old.size == size:
+                client.segments.add(segment_name)
+                return self._mount_reply()
+            log.warning("segment re-mounted with a different owner or range: dropping the old one",
+                        extra={"segment": segment_name, "old_client": old.client_id, "new_client": client_id})
+            self._unmount(old, now)
+        seg = Segment(self._next_seg_id, segment_name, client_id, base, size, self.cfg.alignment)
+        self._next_seg_id += 1
+        self.segments[segment_name] = seg
+        self.segs_by_id[seg.seg_id] = seg
+        self._largest_seg = None
+        client.segments.add(segment_name)
+        log.info("segment mounted", extra={"segment": segment_name, "client": client_id, "size": size})
+        return self._mount_reply()
+
+    def _mount_reply(self) -> MountReply:
+        return MountReply(self.cfg.enable_offload, self.cfg.root_fs_dir, float(self.cfg.client_ttl_s))
+
+    def unmount_segment(self, client_id: str, segment_name: str) -> None:
+        seg = self.segments.get(segment_name)
+        if seg is None:
+            raise _err(ErrorCode.SEGMENT_NOT_FOUND, f"unmount_segment: segment {segment_name!r} is not mounted")
+        if seg.client_id != client_id:
+            raise _err(ErrorCode.INVALID_PARAMS, f"unmount_segment: segment {segment_name!r} belongs to "
+                       f"client {seg.client_id!r}, not {client_id!r}")
+        self._unmount(seg, self.clock())
+
+    def _unmount(self, seg: Segment, now: float) -> int:
+        """Forget a segment and every replica on it. Returns how many objects were lost."""
+        del self.segments[seg.name]
+        del self.segs_by_id[seg.seg_id]
+        self._largest_seg = None
+        c = self.clients.get(seg.client_id)
+        if c is not None:
+            c.segments.discard(seg.name)
+        lost = 0
+        for key, meta in list(self.objects.items()):
+            s = meta.seg
+            if s is None or (s is not seg and (type(s) is not tuple or seg not in s)):
+                continue
+            meta.set_reps([r for r in meta.reps() if r[0] is not seg])
+            if meta.seg is None:
+                self.offloading.pop(key, None)
+                if meta.disk is None:
+                    del self.objects[key]
+                    lost += 1
+        for key, p in list(self.inflight.items()):
+            if any(r[0] is seg for r in p.reps):
+                for r in p.reps:
+                    self._free(r, p.size)
+                del self.inflight[key]
+        if any(g[2] is seg for g in self.graveyard):
+            self.graveyard = [g for g in self.graveyard if g[2] is not seg]
+            heapq.heapify(self.graveyard)
+        log.info("segment unmounted", extra={"segment": seg.name, "client": seg.client_id, "objects_lost": lost})
+        return lost
+
+    def heartbeat(self, client_id: str) -> HeartbeatReply:
+        if not isinstance(client_id, str) or not client_id:
+            raise _err(ErrorCode.INVALID_PARAMS, f"heartbeat: client_id must be a non-empty string, got {client_id!r}")
+        client, new = self._touch_client(client_id, self.clock())
+        tasks, client.tasks = client.tasks, []
+        return HeartbeatReply(need_remount=new, offload_tasks=tasks)
+
+    def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]]) -> int:
+        """Rebuild state from a client's complete objects (after need_remount).
+
+        A memory replica is only accepted on a segment this client mounted, inside it, and
+        when its range is still free here (the allocator then marks it used); anything else is
+        ignored (never trusted)."""
+        now = self.clock()
+        self._touch_client(client_id, now)
+        accepted = 0
+        for key, d in objects:
+            if not isinstance(key, str) or not key or key in self.inflight or d.size <= 0:
+                continue
+            meta = self.objects.get(key)
+            if meta is not None and meta.size != d.size:
+                continue
+            if d.kind == "disk":
+                if not self.cfg.enable_offload or not _safe_rel_path(d.path):
+                    continue
+                if meta is None:
+                    meta = self.objects[key] = ObjectMeta(self._intern_size(d.size), [])
+                if meta.disk is None:
+                    meta.set_disk(DiskReplica(d.segment_name, client_id, d.path, d.size))
+                    self.disk_used += d.size
+                    self.disk_lru[key] = None
+                    accepted += 1
+                continue
+            seg = self.segments.get(d.segment_name)
+            if seg is None or seg.client_id != client_id:
+                continue
+            off = d.addr - seg.base
+            if off < 0 or off + d.size > seg.size:
+                continue
+            if meta is not None and any(r[0] is seg for r in meta.reps()):
+                continue
+            try:
+                seg.alloc.reserve(off, d.size)
+            except ValueError:
+                continue
+            if meta is None:
+                self.objects[key] = ObjectMeta(self._intern_size(d.size), [(seg, off)])
+            else:
+                meta.set_reps(meta.reps() + [(seg, off)])
+            accepted += 1
+        if accepted:
+            log.info("objects re-reported", extra={"client": client_id, "accepted": accepted,
+                                                   "offered": len(objects)})
+        return accepted
+
+    # ================================================================ puts
+    def put_start(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg | None = None,
+                  *, upsert: bool = False) -> list[ReplicaDesc]:
+        _check_key(key)
+        cfg = cfg or ReplicateConfigMsg()
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise _err(ErrorCode.INVALID_PARAMS, f"put {key!r}: size must be an int > 0, got {size!r}")
+        if not isinstance(cfg.replica_num, int) or not 1 <= cfg.replica_num <= MAX_REPLICAS:
+            raise _err(ErrorCode.INVALID_PARAMS, f"put {key!r}: replica_num must be 1..{MAX_REPLICAS}, got {cfg.replica_num!r}")
+        now = self.clock()
+        promote = False
+        meta = self.objects.get(key)
+        if meta is not None and not upsert:
+            if meta.seg is None and meta.disk is not None and meta.size == size:
+                promote = True  # disk-only object: a put brings it back to memory
+            else:
+                self.stats.put_conflicts += 1
+                raise _err(ErrorCode.OBJECT_ALREADY_EXISTS, f"put {key!r}: object already exists")
+        p = self.inflight.get(key)
+        if p is not None:
+            if now - p.start < self.cfg.put_start_discard_timeout_s:
+                self.stats.put_conflicts += 1
+                raise _err(ErrorCode.OBJECT_ALREADY_EXISTS,
+                           f"put {key!r}: a put by client {p.client_id!r} is in progress")
+            log.warning("taking over a put never finished", extra={"key": key, "old_client": p.client_id,
+                                                                 "age_s": round(now - p.start, 1)})
+            self.stats.takeovers += 1
+            for r in p.reps:
+                self._free(r, p.size)
+            del self.inflight[key]
+        reps = self._allocate(key, size, cfg, now)
+        soft_ttl = None
+        if cfg.soft_pin:
+            ttl_ms = cfg.soft_pin_ttl_ms if cfg.soft_pin_ttl_ms is not None else self.cfg.default_kv_soft_pin_ttl_ms
+            soft_ttl = ttl_ms / 1000.0
+        self.inflight[key] = PendingPut(client_id, self._intern_size(size), reps, now, upsert, promote,
+                                        bool(cfg.with_hard_pin), soft_ttl)
+        return [self._desc(r, size, "processing") for r in reps]
+
+    def upsert_start(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
+        return self.put_start(client_id, key, size, cfg, upsert=True)
+
+    def _allocate(self, key: str, size: int, cfg: ReplicateConfigMsg, now: float) -> list[Rep]:
+        if now < self.hold_until:
+            self.stats.no_space += 1
+            raise _err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: master recovering after a restart/"
+                       f"failover; allocations resume in {self.hold_until - now:.1f}s (--recovery_hold_ms) "
+                       f"so that reads under leases of the previous master never see reused memory")
+        if not self.segments:
+            self.stats.no_space += 1
+            raise _err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no memory segment is mounted "
+                       f"(start a client with global_segment_size > 0)")
+        largest = self._largest_seg
+        if largest is None:
+            largest = self._largest_seg = max(s.size for s in self.segments.values())
+        if size > largest:
+            raise _err(ErrorCode.INVALID_PARAMS, f"put {key!r}: object of {size} bytes is larger than "
+                       f"any mounted segment (largest {largest} bytes)")
+        want = min(cfg.replica_num, len(self.segments))
+        for _ in range(64):
+            reps = self._place(size, want, cfg.preferred_segments)
+            if reps is not None:
+                return reps
+            if self._evict(size * want, now) == 0:
+                break
+        self.stats.no_space += 1
+        raise _err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no space for {want} replica(s) of "
+                   f"{size} bytes (used {self.used} of {self.capacity}; nothing evictable)")
+
+    def _place(self, size: int, want: int, preferred: list[str]) -> list[Rep] | None:
+        segs = self.segments
+        if want == 1 and not preferred and len(segs) == 1:
+            order = list(segs.values())
+        else:
+            order = []
+            for name in preferred or ():
+                s = segs.get(name)
+                if s is not None and s not in order:
+                    order.append(s)
+            rest = [s for s in segs.values() if s not in order]
+            rest.sort(key=lambda s: s.alloc.free_bytes, reverse=True)  # spread load
+            order.extend(rest)
+        got: list[Rep] = []
+        for seg in order:
+            if seg.alloc.largest_free < size:
+                continue
+            off = seg.alloc.allocate(size)
+            if off is not None:
+                got.append((seg, off))
+                if len(got) == want:
+                    return got
+        for r in got:
+            self._free(r, size)
+        return None
+
+    def put_end(self, client_id: str, key: str) -> None:
+        _check_key(key)
+        p = self.inflight.get(key)
+        if p is None:
+            if key in self.objects:
+                return  # already complete (idempotent retry)
+            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"put_end {key!r}: no put in progress for this key")
+        if p.client_id != client_id:
+            raise _err(ErrorCode.INVALID_PARAMS, f"put_end {key!r}: the put in progress belongs to client "
+                       f"{p.client_id!r}, not {client_id!r} (taken over after a timeout?)")
+        now = self.clock()
+        del self.inflight[key]
+        old = self.objects.get(key)
+        if old is not None:
+            if p.promote and old.seg is None:
+                old.set_reps(p.reps)
+                self.objects[key] = self.objects.pop(key)
+                return
+            if not p.upsert:  # raced with another writer / a re-report: keep the old value
+                for r in p.reps:
+                    self._free(r, p.size)
+                return
+            self._drop_object(key, old, now)
+        extra = None
+        if p.hard or p.soft_ttl is not None:
+            extra = Extra(p.hard, [now + p.soft_ttl, p.soft_ttl] if p.soft_ttl is not None else None)
+        self.objects[key] = ObjectMeta(p.size, p.reps, extra)
+        self.stats.puts += 1
+
+    def put_revoke(self, client_id: str, key: str) -> None:
+        _check_key(key)
+        p = self.inflight.get(key)
+        if p is None:
+            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"put_revoke {key!r}: no put in progress for this key")
+        if p.client_id != client_id:
+            raise _err(ErrorCode.INVALID_PARAMS, f"put_revoke {key!r}: the put in progress belongs to "
+                       f"client {p.client_id!r}, not {client_id!r}")
+        del self.inflight[key]
+        for r in p.reps:
+            self._free(r, p.size)
+
+    @staticmethod
+    def _batch(fn: Callable, keys: list, *args) -> list:
+        out = []
+        for i, k in enumerate(keys):
+            try:
+                r = fn(k, *(a[i] for a in args))
+                out.append(0 if r is None else r)
+            except MooncakeError as e:
+                out.append(e.code)
+        return out
+
+    def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int],
+                        cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> list:
+        if len(keys) != len(sizes):
+            raise _err(ErrorCode.INVALID_PARAMS, f"batch_put_start: {len(keys)} keys but {len(sizes)} sizes")
+        return self._batch(lambda k, s: self.put_start(client_id, k, s, cfg, upsert=upsert), keys, sizes)
+
+    def batch_put_end(self, client_id: str, keys: list[str]) -> list[int]:
+        return self._batch(lambda k: self.put_end(client_id, k), keys)
+
+    def batch_put_revoke(self, client_id: str, keys: list[str]) -> list[int]:
+        return self._batch(lambda k: self.put_revoke(client_id, k), keys)
+
+    # ================================================================ reads
+    def get_replica_list(self, key: str) -> GetReply:
+        _check_key(key)
+        meta = self.objects.get(key)
+        if meta is None:
+            self.stats.misses += 1
+            why = "put still in progress" if key in self.inflight else "no such object"
+            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"get {key!r}: {why}")
+        now = self.clock()
+        ttl_ms = self.cfg.default_kv_lease_ttl_ms
+        deadline = now + ttl_ms / 1000.0
+        if deadline > meta.lease:
+            meta.lease = deadline
+        soft = meta.soft
+        if soft is not None and now + soft[1] > soft[0]:
+            soft[0] = now + soft[1]
+        # LRU: move to the most-recently-used end
+        del self.objects[key]
+        self.objects[key] = meta
+        if meta.extra is not None and key in self.disk_lru:
+            del self.disk_lru[key]
+            self.disk_lru[key] = None
+        self.stats.hits += 1
+        return GetReply(self._descs(meta), ttl_ms)
+
+    def batch_get_replica_list(self, keys: list[str]) -> list:
+        return self._batch(self.get_replica_list, keys)
+
+    def exist_key(self, key: str) -> bool:
+        return key in self.objects
+
+    def batch_exist_key(self, keys: list[str]) -> list[bool]:
+        objs = self.objects
+        return [k in objs for k in keys]
+
+    def get_size(self, key: str) -> int:
+        meta = self.objects.get(key)
+        if meta is None:
+            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"get_size {key!r}: no such object")
+        return meta.size
+
+    # ================================================================ removal
+    def remove(self, key: str, force: bool = False) -> None:
+        _check_key(key)
+        meta = self.objects.get(key)
+        if meta is None:
+            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"remove {key!r}: no such object")
+        now = self.clock()
+        if meta.lease > now and not force:
+            self.stats.lease_refusals += 1
+            raise _err(ErrorCode.OBJECT_HAS_LEASE, f"remove {key!r}: object is leased to a reader for "
+                       f"{meta.lease - now:.1f}s more (use force=True)")
+        self._drop_object(key, meta, now)
+
+    def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
+        return self._batch(lambda k: self.remove(k, force), keys)
+
+    def remove_all(self) -> int:
+        now = self.clock()
+        n = 0
+        for key, meta in list(self.objects.items()):
+            if meta.lease > now:
+                continue
+            self._drop_object(key, meta, now)
+            n += 1
+        return n
+
+    def remove_by_regex(self, pattern: str) -> int:
+        try:
+            rx = re.compile(pattern)
+        except (re.error, TypeError) as e:
+            raise _err(ErrorCode.INVALID_PARAMS, f"remove_by_regex: bad pattern {pattern!r}: {e}") from None
+        now = self.clock()
+        n = 0
+        for key, meta in list(self.objects.items()):
+            if rx.search(key) and meta.lease <= now:
+                self._drop_object(key, meta, now)
+                n += 1
+        return n
+
+    # ================================================================ eviction
+    def _evictable(self, meta: ObjectMeta, key: str, now: float) -> bool:
+        return (meta.seg is not None and meta.lease <= now and not meta.hard
+                and key not in self.offloading)
+
+    def _evict(self, need: int, now: float) -> int:
+        """Evict LRU objects until ``max(need, eviction_ratio * capacity)`` bytes are freed
+        (or queued for offload). Returns the bytes freed immediately."""
+        target = max(need, int(self.cfg.eviction_ratio * self.capacity))
+        progress = 0
+        victims: list[tuple[str, ObjectMeta]] = []
+        soft: list[tuple[str, ObjectMeta]] = []
+        for key, meta in self.objects.items():  # oldest first: dict order is the LRU order
+            if progress >= target:
+                break
+            if not self._evictable(meta, key, now):
+                continue
+            sp = meta.soft
+            if sp is not None and sp[0] > now:
+                soft.append((key, meta))
+                continue
+            victims.append((key, meta))
+            progress += meta.size * meta.n_reps
+        if progress < target and self.cfg.allow_evict_soft_pinned_objects:
+            for key, meta in soft:  # soft-pinned objects go last
+                if progress >= target:
+                    break
+                victims.append((key, meta))
+                progress += meta.size * meta.n_reps
+        freed = 0
+        for key, meta in victims:
+            freed += self._evict_one(key, meta, now)[0]
+        return freed
+
+    def offloading_bytes(self) -> int:
+        n = 0
+        for key in self.offloading:
+            meta = self.objects.get(key)
+            if meta is not None:
+                n += meta.size * meta.n_reps
+        return n
+
+    def _evict_one(self, key: str, meta: ObjectMeta, now: float) -> tuple[int, int]:
+        """Evict one object's memory replicas. Returns (bytes freed, bytes queued for offload)."""
+        reps = meta.reps()
+        nbytes = meta.size * len(reps)
+        if self.cfg.enable_offload and meta.disk is None:
+            owner = self.clients.get(reps[0][0].client_id)
+            if owner is not None:
+                owner.tasks.append(OffloadTask(key, self._desc(reps[0], meta.size)))
+                self.offloading[key] = now
+                return 0, nbytes
+        for r in reps:
+            self._free(r, meta.size)
+        meta.set_reps([])
+        if meta.disk is None:
+            del self.objects[key]
+        self.stats.evictions += 1
+        return nbytes, 0
+
+    # ================================================================ SSD tier
+    def offload_done(self, client_id: str, key: str, path: str, size: int) -> None:
+        if not _safe_rel_path(path):
+            raise _err(ErrorCode.INVALID_PARAMS, f"offload_done {key!r}: path {path!r} must be relative "
+                       f"to root_fs_dir without '..'")
+        now = self.clock()
+        self.offloading.pop(key, None)
+        meta = self.objects.get(key)
+        if meta is None or meta.size != size:
+            self.pending_file_deletes.append((0, path))  # object gone meanwhile: drop the file
+            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"offload_done {key!r}: object no longer exists "
+                       f"(or size differs); the file will be deleted")
+        reps = meta.reps()
+        if meta.disk is None:
+            seg_name = reps[0][0].name if reps else ""
+            meta.set_disk(DiskReplica(seg_name, client_id, path, size))
+            self.disk_used += size
+            self.disk_lru[key] = None
+        elif meta.disk.path != path:
+            self.pending_file_deletes.append((0, path))
+        lease = meta.lease if meta.lease > now else 0
+        self._release(reps, meta.size, lease, now)
+        meta.set_reps([])
+        self.stats.offloads += 1
+        self._enforce_disk_quota(now)
+
+    def offload_failed(self, client_id: str, key: str) -> None:
+        """The owner could not write the file: evict the memory copy without a disk copy."""
+        now = self.clock()
+        self.offloading.pop(key, None)
+        meta = self.objects.get(key)
+        if meta is None or meta.seg is None or meta.lease > now or meta.hard:
+            return
+        for r in meta.reps():
+            self._free(r, meta.size)
+        meta.set_reps([])
+        if meta.disk is None:
+            del self.objects[key]
+        self.stats.evictions += 1
+
+    def _enforce_disk_quota(self, now: float) -> None:
+        quota = self.cfg.disk_quota_bytes
+        if quota <= 0 or self.disk_used <= quota:
+            return
+        for key in list(self.disk_lru):
+            if self.disk_used <= quota:
+                break
+            meta = self.objects.get(key)
+            if meta is None or meta.disk is None:
+                self.disk_lru.pop(key, None)
+                continue
+            if meta.lease > now or meta.hard:
+                continue
+            self._drop_disk(key, meta, 0)
+            if meta.seg is None:
+                del self.objects[key]
+            self.stats.disk_evictions += 1
+
+    # ================================================================ periodic work
+    def tick(self) -> None:
+        """Time-driven rules; the server calls this a few times per second."""
+        now = self.clock()
+        ttl = self.cfg.client_ttl_s
+        for cid, c in list(self.clients.items()):
+            if now - c.last_seen > ttl:
+                lost = 0
+                for name in list(c.segments):
+                    seg = self.segments.get(name)
+                    if seg is not None and seg.client_id == cid:
+                        lost += self._unmount(seg, now)
+                for key, p in list(self.inflight.items()):
+                    if p.client_id == cid:
+                        for r in p.reps:
+                            self._free(r, p.size)
+                        del self.inflight[key]
+                del self.clients[cid]
+                self.stats.expired_clients += 1
+                log.warning("client expired: no heartbeat within client_ttl",
+                            extra={"client": cid, "client_ttl_s": ttl, "objects_lost": lost})
+        while self.graveyard and self.graveyard[0][0] <= now:
+            _, _, seg, off, size = heapq.heappop(self.graveyard)
+            self._free((seg, off), size)
+        rel = self.cfg.put_start_release_timeout_s
+        for key, p in list(self.inflight.items()):
+            if now - p.start > rel:
+                for r in p.reps:
+                    self._free(r, p.size)
+                del self.inflight[key]
+        for key, t in list(self.offloading.items()):
+            if now - t > self.cfg.offload_timeout_s:
+                del self.offloading[key]
+        cap = self.capacity
+        if cap and self.used - self.offloading_bytes() >= self.cfg.eviction_high_watermark_ratio * cap:
+            self._evict(0, now)
+        self._enforce_disk_quota(now)
+
+    def take_file_deletes(self) -> list[str]:
+        """Paths (relative to root_fs_dir) whose files may be deleted now."""
+        if not self.pending_file_deletes:
+            return []
+        now = self.clock()
+        ready = [p for t, p in self.pending_file_deletes if t <= now]
+        self.pending_file_deletes = [(t, p) for t, p in self.pending_file_deletes if t > now]
+        return ready
+
+
+def _safe_rel_path(path: object) -> bool:
+    if not isinstance(path, str) or not path or os.path.isabs(path):
+        return False
+    return ".." not in path.replace("\\", "/").split("/")

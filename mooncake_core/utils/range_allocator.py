@@ -1,0 +1,226 @@
+"""Pure best-fit range allocator with coalescing (no I/O, no locking).
+
+Used by the store master (one allocator per mounted segment: offsets inside the segment)
+and by the Transfer Engine for managed buffers. Why best-fit over a bump/buddy allocator:
+KV-cache objects come in few distinct sizes and are freed in arbitrary order; best-fit with
+immediate coalescing of neighbours keeps fragmentation low without the 2x internal waste of
+a buddy system.
+
+Data structures (all O(log n) per operation via ``sortedcontainers``):
+
+* ``_free_by_off``: SortedDict offset -> size of each free block (find neighbours to merge).
+* ``_free_by_size``: SortedList of (size, offset) (best fit = first block with size >= n;
+  ties go to the lowest offset, which keeps allocations packed at the start).
+* ``_allocated``: dict offset -> size of live allocations (validates ``free``). With
+  ``track=False`` (used by the store master, which already records every replica's offset
+  and size) the dict is not kept -- it would cost ~80 bytes per object -- and ``free`` takes
+  the size; a double free is still detected (the range overlaps a free block).
+
+Every allocation is rounded up to ``alignment`` and starts at a multiple of ``alignment``.
+The class is not thread-safe; callers hold their own lock.
+"""
+
+from __future__ import annotations
+
+from sortedcontainers import SortedDict, SortedList
+
+__all__ = ["RangeAllocator"]
+
+
+class RangeAllocator:
+    """Allocate ``[offset, offset + size)`` ranges inside ``[0, capacity)``."""
+
+    __slots__ = ("_capacity", "_alignment", "_free_by_off", "_free_by_size", "_allocated", "_used",
+                 "_track", "_sizes")
+
+    def __init__(self, capacity: int, alignment: int = 64, *, track: bool = True) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
+            raise ValueError(f"RangeAllocator: capacity must be a non-negative int, got {capacity!r}")
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"RangeAllocator: alignment must be a power of two > 0, got {alignment!r}")
+        self._capacity = capacity
+        self._alignment = alignment
+        self._free_by_off: SortedDict = SortedDict()
+        self._free_by_size: SortedList = SortedList()
+        self._allocated: dict[int, int] = {}
+        self._used = 0
+        self._track = track
+        self._sizes: dict[int, int] = {}  # interned rounded sizes (few distinct ones in practice)
+        if capacity > 0:
+            self._add_free(0, capacity)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def alignment(self) -> int:
+        return self._alignment
+
+    @property
+    def used(self) -> int:
+        """Bytes held by live allocations (after rounding up to the alignment)."""
+        return self._used
+
+    @property
+    def free_bytes(self) -> int:
+        return self._capacity - self._used
+
+    @property
+    def largest_free(self) -> int:
+        """Size of the largest free block: the biggest request that can succeed now."""
+        if not self._free_by_size:
+            return 0
+        return self._free_by_size[-1][0]
+
+    @property
+    def num_allocations(self) -> int:
+        """Live allocations (only known with track=True)."""
+        return len(self._allocated)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_by_off)
+
+    def free_blocks(self) -> list[tuple[int, int]]:
+        """(offset, size) of every free block in address order (for tests/inspection)."""
+        return list(self._free_by_off.items())
+
+    def size_of(self, offset: int) -> int:
+        """Rounded size of the live allocation at ``offset`` (ValueError if none)."""
+        try:
+            return self._allocated[offset]
+        except KeyError:
+            raise ValueError(f"RangeAllocator: no allocation at offset {offset}") from None
+
+    # ------------------------------------------------------------------ internals
+    def _round(self, size: int) -> int:
+        a = self._alignment
+        r = (size + a - 1) & ~(a - 1)
+        got = self._sizes.get(r)
+        if got is not None:
+            return got
+        if len(self._sizes) < 1024:
+            self._sizes[r] = r
+        return r
+
+    def _record(self, off: int, size: int) -> None:
+        if self._track:
+            self._allocated[off] = size
+        self._used += size
+
+    def _add_free(self, off: int, size: int) -> None:
+        self._free_by_off[off] = size
+        self._free_by_size.add((size, off))
+
+    def _remove_free(self, off: int, size: int) -> None:
+        del self._free_by_off[off]
+        self._free_by_size.remove((size, off))
+
+    @staticmethod
+    def _check_size(size: int) -> None:
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise ValueError(f"RangeAllocator: size must be an int, got {type(size).__name__}")
+        if size <= 0:
+            raise ValueError(f"RangeAllocator: size must be > 0, got {size}")
+
+    # ------------------------------------------------------------------ API
+    def allocate(self, size: int) -> int | None:
+        """Best-fit allocate ``size`` bytes; returns the offset, or None when no free block
+        is large enough (the caller decides whether to evict and retry)."""
+        self._check_size(size)
+        need = self._round(size)
+        idx = self._free_by_size.bisect_left((need, -1))
+        if idx >= len(self._free_by_size):
+            # The tail block may be shorter than a rounded request yet still hold ``size``
+            # bytes (capacity not a multiple of the alignment): accept an exact tail fit.
+            if need != size and self._free_by_size:
+                for bsize, boff in reversed(self._free_by_size):
+                    if bsize < size:
+                        break
+                    if boff + bsize == self._capacity:
+                        self._remove_free(boff, bsize)
+                        self._record(boff, bsize)
+                        return boff
+            return None
+        bsize, boff = self._free_by_size[idx]
+        self._remove_free(boff, bsize)
+        if bsize > need:
+            self._add_free(boff + need, bsize - need)
+        else:
+            need = bsize
+        self._record(boff, need)
+        return boff
+
+    def reserve(self, offset: int, size: int) -> None:
+        """Mark ``[offset, offset+size)`` as allocated at a fixed place.
+
+        Used when a new master leader rebuilds its state from replicas that clients
+        re-report: those ranges hold live data and must never be handed out again.
+        Raises ValueError if any byte of the range is not free.
+        """
+        self._check_size(size)
+        if offset < 0 or offset % self._alignment:
+            raise ValueError(f"RangeAllocator: reserve offset {offset} is negative or not "
+                             f"{self._alignment}-aligned")
+        need = min(self._round(size), self._capacity - offset)
+        if need < size:
+            raise ValueError(f"RangeAllocator: reserve [{offset}, {offset + size}) exceeds "
+                             f"capacity {self._capacity}")
+        idx = self._free_by_off.bisect_right(offset) - 1
+        if idx < 0:
+            raise ValueError(f"RangeAllocator: range [{offset}, {offset + size}) is not free")
+        boff, bsize = self._free_by_off.peekitem(idx)
+        if offset + need > boff + bsize:
+            raise ValueError(f"RangeAllocator: range [{offset}, {offset + size}) is not free")
+        self._remove_free(boff, bsize)
+        if offset > boff:
+            self._add_free(boff, offset - boff)
+        tail = boff + bsize - (offset + need)
+        if tail > 0:
+            self._add_free(offset + need, tail)
+        self._record(offset, need)
+
+    def free(self, offset: int, size: int | None = None) -> None:
+        """Free the allocation starting at ``offset``, merging it with free neighbours.
+
+        ValueError on an unknown offset or a double free (never silently corrupts state).
+        With ``track=False`` the caller passes the ``size`` it allocated."""
+        if self._track:
+            size = self._allocated.pop(offset, None)
+            if size is None:
+                raise ValueError(f"RangeAllocator: free of offset {offset} that is not allocated "
+                                 f"(double free or wrong offset)")
+        else:
+            if size is None:
+                raise ValueError("RangeAllocator(track=False).free needs the allocated size")
+            if offset < 0 or offset % self._alignment or offset >= self._capacity:
+                raise ValueError(f"RangeAllocator: free of offset {offset} that is not allocated")
+            size = min(self._round(size), self._capacity - offset)
+            idx = self._free_by_off.bisect_right(offset + size - 1) - 1
+            if idx >= 0:
+                poff, psize = self._free_by_off.peekitem(idx)
+                if poff + psize > offset:
+                    raise ValueError(f"RangeAllocator: free of [{offset}, {offset + size}) that is "
+                                     f"(partly) free already (double free)")
+        self._used -= size
+        start, end = offset, offset + size
+        # merge with the following free block
+        nxt = self._free_by_off.get(end)
+        if nxt is not None:
+            self._remove_free(end, nxt)
+            end += nxt
+        # merge with the preceding free block
+        idx = self._free_by_off.bisect_left(start) - 1
+        if idx >= 0:
+            poff, psize = self._free_by_off.peekitem(idx)
+            if poff + psize == start:
+                self._remove_free(poff, psize)
+                start = poff
+        self._add_free(start, end - start)
+
+    def __repr__(self) -> str:
+        return (f"RangeAllocator(capacity={self._capacity}, used={self._used}, "
+                f"allocations={len(self._allocated)}, free_blocks={len(self._free_by_off)}, "
+                f"largest_free={self.largest_free})")

@@ -1,0 +1,79 @@
+"""Fixtures starting real ``mooncake_master`` processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Iterator
+
+import pytest
+
+from mooncake_core.errors import MooncakeError
+from mooncake_core.store.master_client import MasterClient
+from mooncake_core.utils.net import free_port
+
+
+class MasterProc:
+    """A running mooncake_master subprocess."""
+
+    def __init__(self, args: list[str], port: int, metrics_port: int, log_path: str):
+        self.args = args
+        self.port = port
+        self.metrics_port = metrics_port
+        self.addr = f"127.0.0.1:{port}"
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_core.store.master_main", *args],
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 20.0) -> "MasterProc":
+        deadline = time.monotonic() + timeout
+        with MasterClient(self.addr, timeout=1.0) as c:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"mooncake_master exited with {self.proc.returncode}:\n{self.log()}")
+                try:
+                    c.ping()
+                    return self
+                except MooncakeError:
+                    time.sleep(0.1)
+        raise TimeoutError(f"mooncake_master not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")[-4000:]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+@pytest.fixture
+def start_master() -> Iterator[Callable[..., MasterProc]]:
+    """start_master(*flags, port=None, wait=True) -> MasterProc (killed at teardown)."""
+    procs: list[MasterProc] = []
+    tmp = tempfile.mkdtemp(prefix="mc-master-test-")
+
+    def _start(*flags: str, port: int | None = None, wait: bool = True) -> MasterProc:
+        port = port or free_port()
+        mport = free_port()
+        args = [f"--port={port}", "--rpc_address=127.0.0.1", f"--metrics_port={mport}", *flags]
+        mp = MasterProc(args, port, mport, os.path.join(tmp, f"master-{port}-{len(procs)}.log"))
+        procs.append(mp)
+        return mp.wait_ready() if wait else mp
+
+    yield _start
+    for mp in procs:
+        mp.kill(signal.SIGTERM)
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,444 @@
+"""Unit tests of the master's pure decision logic (no sockets, injected clock)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mooncake_core.errors import ErrorCode, MooncakeError
+from mooncake_core.store.master_state import MasterConfig, MasterState
+from mooncake_core.store.protocol import ReplicaDesc, ReplicateConfigMsg as Cfg
+
+MiB = 1 << 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
+
+
+def make(n_segs: int = 2, seg_size: int = MiB, **cfg) -> tuple[MasterState, Clock]:
+    clock = Clock()
+    st = MasterState(MasterConfig(**cfg), clock=clock)
+    for i in range(n_segs):
+        st.mount_segment(f"c{i}", f"seg{i}", 0x10000000 * (i + 1), seg_size)
+    return st, clock
+
+
+def put(st: MasterState, key: str, size: int, cfg: Cfg | None = None, client: str = "c0") -> list[ReplicaDesc]:
+    reps = st.put_start(client, key, size, cfg)
+    st.put_end(client, key)
+    return reps
+
+
+def code_of(fn, *a, **kw) -> int:
+    with pytest.raises(MooncakeError) as ei:
+        fn(*a, **kw)
+    return ei.value.code
+
+
+# ---------------------------------------------------------------- put state machine
+def test_put_lifecycle_and_visibility() -> None:
+    st, _ = make()
+    reps = st.put_start("c0", "k", 1000)
+    assert len(reps) == 1 and reps[0].status == "processing" and reps[0].size == 1000
+    assert not st.exist_key("k"), "an in-flight put is not visible"
+    assert code_of(st.get_replica_list, "k") == ErrorCode.OBJECT_NOT_FOUND
+    st.put_end("c0", "k")
+    assert st.exist_key("k")
+    got = st.get_replica_list("k")
+    assert [(r.segment_name, r.addr) for r in got.replicas] == [(reps[0].segment_name, reps[0].addr)]
+    assert got.replicas[0].status == "complete"
+    assert st.get_size("k") == 1000
+
+
+def test_put_existing_key_is_705_and_keeps_old_value() -> None:
+    st, _ = make()
+    first = put(st, "k", 1000)
+    assert code_of(st.put_start, "c0", "k", 2000) == ErrorCode.OBJECT_ALREADY_EXISTS
+    assert st.get_size("k") == 1000
+    assert st.get_replica_list("k").replicas[0].addr == first[0].addr
+
+
+def test_put_revoke_frees_space() -> None:
+    st, _ = make(n_segs=1)
+    st.put_start("c0", "k", 4096)
+    assert st.used == 4096
+    st.put_revoke("c0", "k")
+    assert st.used == 0 and not st.exist_key("k")
+    assert code_of(st.put_revoke, "c0", "k") == ErrorCode.OBJECT_NOT_FOUND
+    assert code_of(st.put_end, "c0", "k") == ErrorCode.OBJECT_NOT_FOUND
+
+
+def test_concurrent_put_in_progress_and_takeover_after_30s() -> None:
+    st, clock = make()
+    st.put_start("c0", "k", 1000)
+    assert code_of(st.put_start, "c1", "k", 1000) == ErrorCode.OBJECT_ALREADY_EXISTS
+    clock.advance(29)
+    assert code_of(st.put_start, "c1", "k", 1000) == ErrorCode.OBJECT_ALREADY_EXISTS
+    clock.advance(2)
+    st.put_start("c1", "k", 1000)  # taken over
+    assert st.stats.takeovers == 1
+    # the stale writer cannot complete the new put
+    assert code_of(st.put_end, "c0", "k") == ErrorCode.INVALID_PARAMS
+    st.put_end("c1", "k")
+    assert st.exist_key("k")
+    assert st.used == 1024, "the stale put's space was freed on takeover"
+
+
+def test_upsert_replaces_and_old_stays_readable_until_end() -> None:
+    st, _ = make(n_segs=1)
+    old = put(st, "k", 1000)
+    new = st.upsert_start("c0", "k", 3000)
+    assert st.get_size("k") == 1000, "old value visible while the upsert is in flight"
+    assert new[0].addr != old[0].addr
+    st.put_end("c0", "k")
+    assert st.get_size("k") == 3000
+    assert st.used == 3008  # 3000 rounded to 64; old space freed (no lease held it)
+
+
+def test_upsert_of_leased_object_defers_free_until_lease_ends() -> None:
+    st, clock = make(n_segs=1, default_kv_lease_ttl_ms=5000)
+    old = put(st, "k", 1024)
+    st.get_replica_list("k")  # reader holds a lease
+    st.upsert_start("c0", "k", 1024)
+    st.put_end("c0", "k")
+    assert st.used == 2048, "old range must not be reused while a reader may still read it"
+    clock.advance(4)
+    st.tick()
+    assert st.used == 2048
+    clock.advance(2)
+    st.tick()
+    assert st.used == 1024
+    # the old range is reusable now
+    r = put(st, "k2", 1024)
+    assert r[0].addr == old[0].addr
+
+
+def test_bad_arguments_are_600() -> None:
+    st, _ = make()
+    assert code_of(st.put_start, "c0", "", 10) == ErrorCode.INVALID_PARAMS
+    assert code_of(st.put_start, "c0", "k", 0) == ErrorCode.INVALID_PARAMS
+    assert code_of(st.put_start, "c0", "k", -5) == ErrorCode.INVALID_PARAMS
+    assert code_of(st.put_start, "c0", "k", 10, Cfg(replica_num=0)) == ErrorCode.INVALID_PARAMS
+    e = pytest.raises(MooncakeError, st.put_start, "c0", "big", 10 * MiB).value
+    assert e.code == ErrorCode.INVALID_PARAMS and "larger than any mounted segment" in e.message
+    assert code_of(st.remove_by_regex, "([") == ErrorCode.INVALID_PARAMS
+    assert code_of(st.mount_segment, "c9", "x", 0, 0) == ErrorCode.INVALID_PARAMS
+
+
+def test_no_segment_is_200() -> None:
+    st = MasterState(MasterConfig(), clock=Clock())
+    assert code_of(st.put_start, "c", "k", 10) == ErrorCode.NO_AVAILABLE_HANDLE
+
+
+# ---------------------------------------------------------------- placement
+def test_replicas_on_distinct_segments_and_preferred_first() -> None:
+    st, _ = make(n_segs=3)
+    reps = put(st, "k", 1000, Cfg(replica_num=3))
+    assert len({r.segment_name for r in reps}) == 3
+    for _ in range(5):
+        r = put(st, f"p{_}", 1000, Cfg(preferred_segments=["seg2"]))
+        assert r[0].segment_name == "seg2"
+    # more replicas than segments: one per segment
+    reps = put(st, "k4", 1000, Cfg(replica_num=5))
+    assert len(reps) == 3 and len({r.segment_name for r in reps}) == 3
+
+
+def test_preferred_segment_full_falls_back() -> None:
+    st, _ = make(n_segs=2, seg_size=4096, eviction_high_watermark_ratio=1.0)
+    for i in range(4):
+        assert put(st, f"a{i}", 1024, Cfg(preferred_segments=["seg0"], with_hard_pin=True))[0].segment_name == "seg0"
+    assert put(st, "b", 1024, Cfg(preferred_segments=["seg0"]))[0].segment_name == "seg1"
+
+
+def test_addresses_are_inside_segments_and_never_overlap() -> None:
+    st, _ = make(n_segs=2, seg_size=256 * 1024)
+    rng = random.Random(7)
+    spans = []
+    for i in range(100):
+        for r in st.put_start("c0", f"k{i}", rng.randint(1, 2000), Cfg(replica_num=2)):
+            seg = st.segments[r.segment_name]
+            assert seg.base <= r.addr and r.addr + r.size <= seg.base + seg.size
+            spans.append((r.addr, r.addr + r.size))
+        st.put_end("c0", f"k{i}")
+    spans.sort()
+    for (s1, e1), (s2, _) in zip(spans, spans[1:]):
+        assert e1 <= s2
+
+
+# ---------------------------------------------------------------- leases / remove
+def test_lease_blocks_remove_unless_force() -> None:
+    st, clock = make(default_kv_lease_ttl_ms=2000)
+    put(st, "k", 100)
+    assert st.get_replica_list("k").lease_ttl_ms == 2000
+    assert code_of(st.remove, "k") == ErrorCode.OBJECT_HAS_LEASE
+    assert st.stats.lease_refusals == 1
+    clock.advance(2.5)
+    st.remove("k")
+    assert not st.exist_key("k")
+    assert code_of(st.remove, "k") == ErrorCode.OBJECT_NOT_FOUND
+
+
+def test_force_remove_of_leased_object_defers_memory_reuse() -> None:
+    st, clock = make(n_segs=1, default_kv_lease_ttl_ms=2000)
+    put(st, "k", 1024)
+    st.get_replica_list("k")
+    st.remove("k", force=True)
+    assert not st.exist_key("k")
+    assert st.used == 1024
+    clock.advance(3)
+    st.tick()
+    assert st.used == 0
+
+
+def test_remove_all_regex_and_batch() -> None:
+    st, _ = make()
+    for k in ("a1", "a2", "b1", "b2", "c1"):
+        put(st, k, 100)
+    assert st.remove_by_regex("^a") == 2
+    assert st.batch_remove(["b1", "zz"]) == [0, ErrorCode.OBJECT_NOT_FOUND]
+    st.get_replica_list("c1")  # leased: remove_all skips it
+    assert st.remove_all() == 1
+    assert st.batch_exist_key(["b2", "c1"]) == [False, True]
+
+
+# ---------------------------------------------------------------- eviction
+def test_eviction_lru_order_skips_leased_and_hard_pinned() -> None:
+    # one segment of 100 KiB; objects of 10 KiB; ratio 0.2 -> 20 KiB per round
+    st, clock = make(n_segs=1, seg_size=100 * 1024, eviction_ratio=0.2,
+                     eviction_high_watermark_ratio=1.0, default_kv_lease_ttl_ms=60_000)
+    put(st, "hard", 10 * 1024, Cfg(with_hard_pin=True))
+    st.put_start("c0", "inflight", 10 * 1024, None)  # incomplete puts are never evicted
+    for i in range(8):
+        put(st, f"k{i}", 10 * 1024)
+    st.get_replica_list("k0")  # k0 leased and most recently used
+    assert st.used == 100 * 1024
+    # full: the next put evicts the two least recently used evictable objects (k1, k2)
+    put(st, "new", 10 * 1024)
+    assert st.exist_key("hard") and st.exist_key("k0")
+    assert not st.exist_key("k1") and not st.exist_key("k2")
+    assert st.exist_key("k3")
+    assert st.stats.evictions == 2
+
+
+def test_soft_pinned_evicted_last_and_pin_expires() -> None:
+    st, clock = make(n_segs=1, seg_size=40 * 1024, eviction_ratio=0.25,
+                     eviction_high_watermark_ratio=1.0)
+    put(st, "soft", 10 * 1024, Cfg(soft_pin=True, soft_pin_ttl_ms=5000))
+    put(st, "a", 10 * 1024)
+    put(st, "b", 10 * 1024)
+    put(st, "c", 10 * 1024)
+    put(st, "d", 10 * 1024)  # evicts 'a' (oldest not soft-pinned), not 'soft'
+    assert st.exist_key("soft") and not st.exist_key("a")
+    clock.advance(6)  # soft pin expired: now plain LRU
+    put(st, "e", 10 * 1024)
+    assert not st.exist_key("soft")
+
+
+def test_soft_pinned_taken_when_nothing_else() -> None:
+    st, _ = make(n_segs=1, seg_size=20 * 1024, eviction_ratio=0.5, eviction_high_watermark_ratio=1.0)
+    put(st, "s1", 10 * 1024, Cfg(soft_pin=True))
+    put(st, "s2", 10 * 1024, Cfg(soft_pin=True))
+    put(st, "x", 10 * 1024)
+    assert not st.exist_key("s1") and st.exist_key("s2")
+    st2, _ = make(n_segs=1, seg_size=20 * 1024, eviction_ratio=0.5, eviction_high_watermark_ratio=1.0,
+                  allow_evict_soft_pinned_objects=False)
+    put(st2, "s1", 10 * 1024, Cfg(soft_pin=True))
+    put(st2, "s2", 10 * 1024, Cfg(soft_pin=True))
+    assert code_of(st2.put_start, "c0", "x", 10 * 1024) == ErrorCode.NO_AVAILABLE_HANDLE
+
+
+def test_full_and_nothing_evictable_is_200_then_retry_succeeds() -> None:
+    st, clock = make(n_segs=1, seg_size=20 * 1024, default_kv_lease_ttl_ms=1000,
+                     eviction_high_watermark_ratio=1.0)
+    put(st, "a", 10 * 1024)
+    put(st, "b", 10 * 1024)
+    st.get_replica_list("a")
+    st.get_replica_list("b")
+    assert code_of(st.put_start, "c0", "c", 10 * 1024) == ErrorCode.NO_AVAILABLE_HANDLE
+    assert st.stats.no_space == 1
+    clock.advance(1.5)  # leases over
+    put(st, "c", 10 * 1024)
+    assert st.exist_key("c")
+
+
+def test_hit_refreshes_lru_position() -> None:
+    st, _ = make(n_segs=1, seg_size=30 * 1024, eviction_ratio=0.3, eviction_high_watermark_ratio=1.0,
+                 default_kv_lease_ttl_ms=1)
+    put(st, "a", 10 * 1024)
+    put(st, "b", 10 * 1024)
+    put(st, "c", 10 * 1024)
+    st.get_replica_list("a")  # a becomes most recent (lease of 1 ms ...)
+    st.clock.advance(0.01)  # ... already over
+    put(st, "d", 10 * 1024)
+    assert st.exist_key("a") and not st.exist_key("b")
+
+
+def test_watermark_tick_evicts_ratio() -> None:
+    st, _ = make(n_segs=1, seg_size=100 * 1024, eviction_high_watermark_ratio=0.9, eviction_ratio=0.2)
+    for i in range(8):
+        put(st, f"k{i}", 10 * 1024)
+    st.tick()
+    assert len(st.objects) == 8, "below the watermark nothing is evicted"
+    put(st, "k8", 10 * 1024)  # 90%: watermark reached
+    st.tick()
+    assert len(st.objects) == 7 and not st.exist_key("k0") and not st.exist_key("k1")
+
+
+# ---------------------------------------------------------------- clients
+def test_client_ttl_unmounts_and_drops_replicas() -> None:
+    st, clock = make(n_segs=2, client_ttl_s=10)
+    put(st, "only0", 100, Cfg(preferred_segments=["seg0"]))
+    put(st, "both", 100, Cfg(replica_num=2))
+    st.put_start("c0", "inflight0", 100, Cfg(preferred_segments=["seg0"]))
+    clock.advance(8)
+    st.heartbeat("c1")
+    st.tick()
+    assert "seg0" in st.segments
+    clock.advance(3)  # c0 silent for 11 s, c1 for 3 s
+    st.tick()
+    assert "seg0" not in st.segments and "seg1" in st.segments
+    assert not st.exist_key("only0")
+    assert code_of(st.get_replica_list, "only0") == ErrorCode.OBJECT_NOT_FOUND
+    assert [r.segment_name for r in st.get_replica_list("both").replicas] == ["seg1"]
+    assert "inflight0" not in st.inflight
+    assert st.stats.expired_clients == 1
+    # the dead client comes back: it is told to remount
+    assert st.heartbeat("c0").need_remount is True
+    assert st.heartbeat("c0").need_remount is False
+
+
+def test_remount_same_name_new_owner_drops_old_objects() -> None:
+    st, _ = make(n_segs=1)
+    put(st, "k", 100)
+    st.mount_segment("c0", "seg0", 0x10000000, MiB)  # identical: idempotent
+    assert st.exist_key("k")
+    st.mount_segment("c-new", "seg0", 0x50000000, MiB)  # a new process took that name
+    assert not st.exist_key("k")
+
+
+def test_unmount_checks_owner() -> None:
+    st, _ = make()
+    assert code_of(st.unmount_segment, "c1", "seg0") == ErrorCode.INVALID_PARAMS
+    assert code_of(st.unmount_segment, "c0", "nope") == ErrorCode.SEGMENT_NOT_FOUND
+    put(st, "k", 10, Cfg(preferred_segments=["seg0"]))
+    st.unmount_segment("c0", "seg0")
+    assert not st.exist_key("k")
+
+
+# ---------------------------------------------------------------- recovery (new leader)
+def test_report_objects_rebuilds_state_and_reserves_ranges() -> None:
+    st, _ = make(n_segs=1)
+    reps = {f"k{i}": put(st, f"k{i}", 1000 + i)[0] for i in range(10)}
+    # a new master: empty; the client re-mounts and re-reports
+    st2 = MasterState(MasterConfig(), clock=Clock())
+    assert st2.heartbeat("c0").need_remount
+    st2.mount_segment("c0", "seg0", 0x10000000, MiB)
+    bogus = [("evil", ReplicaDesc("seg0", 0x10000000 + MiB - 10, 100)),       # outside segment
+             ("other", ReplicaDesc("segX", 0x10000000, 100)),                 # not its segment
+             ("dup", ReplicaDesc("seg0", reps["k0"].addr, 10))]               # overlaps k0
+    n = st2.report_objects("c0", list(reps.items()) + bogus)
+    assert n == 10
+    for k, r in reps.items():
+        assert st2.get_replica_list(k).replicas[0].addr == r.addr
+    # new allocations never overlap re-reported ranges
+    spans = sorted((r.addr, r.addr + r.size) for r in reps.values())
+    for i in range(50):
+        r = put(st2, f"n{i}", 1000)[0]
+        assert all(r.addr + r.size <= s or r.addr >= e for s, e in spans)
+    # another client cannot claim ranges in c0's segment
+    assert st2.report_objects("c1", [("x", ReplicaDesc("seg0", 0x10000000 + 900_000, 10))]) == 0
+
+
+# ---------------------------------------------------------------- SSD tier
+def test_offload_flow() -> None:
+    st, clock = make(n_segs=1, seg_size=20 * 1024, enable_offload=True, root_fs_dir="/tmp/x",
+                     eviction_high_watermark_ratio=1.0, eviction_ratio=0.5, default_kv_lease_ttl_ms=1000)
+    put(st, "a", 10 * 1024)
+    put(st, "b", 10 * 1024)
+    # full: eviction asks the owner to offload 'a' instead of dropping it -> no space yet
+    assert code_of(st.put_start, "c0", "c", 10 * 1024) == ErrorCode.NO_AVAILABLE_HANDLE
+    hb = st.heartbeat("c0")
+    assert [t.key for t in hb.offload_tasks] == ["a"]
+    assert hb.offload_tasks[0].replica.kind == "memory"
+    assert st.heartbeat("c0").offload_tasks == [], "a task is handed out once"
+    st.offload_done("c0", "a", "ab/cdef", 10 * 1024)
+    assert st.used == 10 * 1024
+    got = st.get_replica_list("a")
+    assert [(r.kind, r.path) for r in got.replicas] == [("disk", "ab/cdef")]
+    # promotion: a put of a disk-only object brings it back to memory, keeping the disk copy
+    st.put_start("c0", "a", 10 * 1024)
+    st.put_end("c0", "a")
+    kinds = sorted(r.kind for r in st.get_replica_list("a").replicas)
+    assert kinds == ["disk", "memory"]
+    # evicting an object that already has a disk copy just drops its memory copy at once
+    clock.advance(2)  # the lease from the get above is over
+    st.get_replica_list("b")  # b: most recently used (and leased)
+    st.put_start("c0", "c", 10 * 1024)
+    assert [r.kind for r in st.get_replica_list("a").replicas] == ["disk"]
+    assert st.heartbeat("c0").offload_tasks == []
+    with pytest.raises(MooncakeError):
+        st.offload_done("c0", "zz", "../etc/passwd", 1)
+
+
+def test_offload_failed_evicts_without_disk_and_dead_owner_drops() -> None:
+    st, clock = make(n_segs=1, seg_size=20 * 1024, enable_offload=True, root_fs_dir="/tmp/x",
+                     eviction_high_watermark_ratio=1.0, eviction_ratio=0.5)
+    put(st, "a", 10 * 1024)
+    put(st, "b", 10 * 1024)
+    code_of(st.put_start, "c0", "c", 10 * 1024)
+    st.offload_failed("c0", "a")
+    assert not st.exist_key("a")
+    put(st, "c", 10 * 1024)
+
+
+def test_disk_quota_evicts_lru_files() -> None:
+    st, clock = make(n_segs=1, seg_size=40 * 1024, enable_offload=True, root_fs_dir="/tmp/x",
+                     disk_quota_bytes=25 * 1024, default_kv_lease_ttl_ms=1)
+    for k in ("a", "b", "c"):
+        put(st, k, 10 * 1024)
+        st.offloading[k] = clock()
+        st.offload_done("c0", k, f"f/{k}", 10 * 1024)
+    assert st.disk_used == 20 * 1024
+    assert not st.exist_key("a") and st.exist_key("b") and st.exist_key("c")
+    assert "f/a" in st.take_file_deletes()
+    assert st.stats.disk_evictions == 1
+
+
+def test_memory_per_object_is_small() -> None:
+    import tracemalloc
+
+    st, _ = make(n_segs=4, seg_size=1 << 40)
+    keys = [f"key-{i:08d}" for i in range(20000)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for k in keys:
+        st.put_start("c0", k, 4096)
+        st.put_end("c0", k)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    per = (after - before) / len(keys)
+    assert per < 300, f"{per:.0f} bytes per object"
+
+
+def test_recovery_hold_blocks_allocation_but_not_reads() -> None:
+    clock = Clock()
+    st = MasterState(MasterConfig(recovery_hold_s=10.0), clock=clock)
+    st.mount_segment("c0", "seg0", 0x1000, MiB)
+    # a re-reported object is readable at once
+    assert st.report_objects("c0", [("old", ReplicaDesc("seg0", 0x1000, 100))]) == 1
+    assert st.get_replica_list("old").replicas[0].addr == 0x1000
+    e = pytest.raises(MooncakeError, st.put_start, "c0", "new", 100).value
+    assert e.code == ErrorCode.NO_AVAILABLE_HANDLE and "recovering" in e.message
+    clock.advance(10.1)
+    put(st, "new", 100)
+    st.begin_leadership()  # e.g. elected HA leader later: the hold starts again
+    assert code_of(st.put_start, "c0", "new2", 100) == ErrorCode.NO_AVAILABLE_HANDLE
