@@ -1,0 +1,69 @@
+"""In-process transport: memmove when the target segment lives in this very process.
+
+Why: DESIGN §1 "never loop through TCP to yourself". Engines in one process find each
+other through a process-wide registry keyed by segment name; the target's own region
+table is consulted, so a local write is bounds-checked exactly like a remote one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+from mooncake_core.transfer.base import (Transport, TransferError, TransferOpcode, TransferRequest,
+                                         register_transport)
+from mooncake_core.transfer.descriptor import SegmentDescriptor
+from mooncake_core.transfer.memory import RegionTable, memcopy
+
+_LOCAL: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+_LOCK = threading.Lock()
+
+
+def publish_local(name: str, owner: object) -> None:
+    """Make ``owner`` (an object with a ``regions: RegionTable``) reachable in-process."""
+    with _LOCK:
+        _LOCAL[name] = owner
+
+
+def unpublish_local(name: str, owner: object) -> None:
+    with _LOCK:
+        if _LOCAL.get(name) is owner:
+            del _LOCAL[name]
+
+
+def local_engine(name: str) -> object | None:
+    """The object published under ``name`` in this process, if any."""
+    with _LOCK:
+        return _LOCAL.get(name)
+
+
+def local_regions(name: str) -> RegionTable | None:
+    with _LOCK:
+        o = _LOCAL.get(name)
+    return getattr(o, "regions", None) if o is not None else None
+
+
+@register_transport("local")
+class LocalTransport(Transport):
+    name = "local"
+
+    def __init__(self, **_: object):
+        pass
+
+    def can_reach(self, desc: SegmentDescriptor) -> bool:
+        return desc.pid == os.getpid() and local_regions(desc.name) is not None
+
+    def transfer(self, desc: SegmentDescriptor, reqs: list[TransferRequest], deadline: float) -> None:
+        table = local_regions(desc.name)
+        if table is None:
+            raise TransferError(f"segment {desc.name!r} is no longer open in this process")
+        for r in reqs:
+            if not table.contains(r.remote_addr, r.length):
+                raise TransferError(f"{r.opcode.name.lower()} of {r.length} bytes at {r.remote_addr:#x} is "
+                                    f"outside every region registered by segment {desc.name!r}")
+        for r in reqs:
+            if r.opcode == TransferOpcode.WRITE:
+                memcopy(r.remote_addr, r.local_addr, r.length)
+            else:
+                memcopy(r.local_addr, r.remote_addr, r.length)

@@ -1,0 +1,202 @@
+"""The engine's rpc/data listener: serves peers' WRITE/READ and control requests.
+
+Safety rules (the point of this module):
+* every request is validated against the registered regions *before* memory is touched;
+  an out-of-bounds WRITE has its payload drained into a scratch buffer, never into memory,
+  and the initiator gets an error reply; the violation is logged here at the target;
+* garbage (bad magic, absurd lengths) or a truncated message closes that connection only;
+  the listener and every other connection keep serving;
+* a peer speaking another wire version gets a reply naming both versions, then is closed.
+Each connection is served by its own thread doing blocking, GIL-releasing socket I/O
+straight into / out of registered memory (zero copy).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from typing import Callable
+
+from mooncake_core.transfer import metrics
+from mooncake_core.transfer.memory import RegionTable, memview
+from mooncake_core.transfer.sockio import (PeerClosed, drain, is_timeout, recv_exact, recv_into_exact,
+                                           sendmsg_all, set_kernel_timeouts)
+from mooncake_core.transfer.wire import (MAGIC, REQ, RESP, WIRE_VERSION, Op, Response, Status, WireError,
+                                         unpack_request, version_mismatch_message)
+from mooncake_core.utils.log import get_logger
+from mooncake_core.utils.net import bind_listener
+
+log = get_logger("mooncake.te.server")
+
+SCRATCH = 1 << 20
+IDLE_TIMEOUT = 600.0  # an idle peer connection is closed after this many seconds
+
+
+class TcpServer:
+    def __init__(self, host: str, port: int, regions: RegionTable,
+                 descriptor: Callable[[], dict], on_notify: Callable[[str, str], None],
+                 segment_name: Callable[[], str]):
+        self.regions = regions
+        self._descriptor = descriptor
+        self._on_notify = on_notify
+        self._segment_name = segment_name
+        self.sock = bind_listener(host, port, what="transfer engine rpc port (MC_TCP_BIND_ADDRESS / local_hostname)")
+        self.host, self.port = self.sock.getsockname()[:2]
+        self._stop = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept_loop, name=f"te-accept-{self.port}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, addr = self.sock.accept()
+            except OSError:
+                if self._stop.is_set():
+                    return
+                continue
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            set_kernel_timeouts(conn, IDLE_TIMEOUT)
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
+                             name=f"te-conn-{addr[1]}").start()
+
+    # ------------------------------------------------------------------ per connection
+    def _serve(self, conn: socket.socket, addr) -> None:
+        scratch = memoryview(bytearray(SCRATCH))
+        hdr = bytearray(REQ.size)
+        hview = memoryview(hdr)
+        peer = f"{addr[0]}:{addr[1]}"
+        unpack = REQ.unpack
+        contains = self.regions.contains
+        rpack = RESP.pack
+        served = metrics._served
+        try:
+            while not self._stop.is_set():
+                try:
+                    first = conn.recv_into(hview, REQ.size)
+                except OSError as e:
+                    if is_timeout(e):
+                        log.info("closing idle peer connection", extra={"peer": peer})
+                        return
+                    raise
+                if first == 0:
+                    return
+                if first < REQ.size:
+                    recv_into_exact(conn, hview[first:])
+                magic, ver, op, _flags, rid, raddr, length, aux_len, _ = unpack(hdr)
+                # hot path: data ops of the current version, validated before memory is touched
+                if magic == MAGIC and ver == WIRE_VERSION and aux_len == 0 and op in (Op.WRITE, Op.READ):
+                    if length == 0 or contains(raddr, length):
+                        if op == Op.WRITE:
+                            if length:
+                                recv_into_exact(conn, memview(raddr, length))
+                            conn.sendall(rpack(MAGIC, WIRE_VERSION, op, 0, rid, 0, 0, 0))
+                            served["write"] += length
+                        else:
+                            bufs = [rpack(MAGIC, WIRE_VERSION, op, 0, rid, 0, 0, length)]
+                            if length:
+                                bufs.append(memview(raddr, length, writable=False))
+                            sendmsg_all(conn, bufs)
+                            served["read"] += length
+                        continue
+                req = unpack_request(hdr)  # slow path: raises WireError on garbage
+                if req.version != WIRE_VERSION:
+                    msg = version_mismatch_message(req.version)
+                    log.warning("refusing peer", extra={"peer": peer, "reason": msg})
+                    metrics.refused("version")
+                    aux = msg.encode()
+                    sendmsg_all(conn, [Response(req.op, req.req_id, Status.VERSION_MISMATCH,
+                                                len(aux)).pack(), aux])
+                    return
+                self._handle(conn, req, peer, scratch)
+        except WireError as e:
+            metrics.refused("garbage")
+            log.warning("dropping connection: malformed message", extra={"peer": peer, "error": str(e)})
+        except (PeerClosed, ConnectionError, socket.timeout) as e:
+            log.debug("peer connection ended", extra={"peer": peer, "error": str(e)})
+        except OSError as e:
+            if not self._stop.is_set():
+                log.debug("peer connection error", extra={"peer": peer, "error": str(e)})
+        except Exception:  # never let one connection kill the server
+            log.exception("unexpected error serving peer", extra={"peer": peer})
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def _reply(self, conn: socket.socket, op: int, req_id: int, status: int, aux: bytes = b"",
+               payload: memoryview | None = None) -> None:
+        bufs = [Response(op, req_id, status, len(aux), len(payload) if payload is not None else 0).pack()]
+        if aux:
+            bufs.append(aux)
+        if payload is not None:
+            bufs.append(payload)
+        sendmsg_all(conn, bufs)
+
+    def _oob(self, peer: str, op: str, addr: int, length: int) -> bytes:
+        metrics.refused("out_of_bounds")
+        msg = (f"{op} of {length} bytes at {addr:#x} is outside every region registered by segment "
+               f"{self._segment_name()!r}")
+        log.warning("refused out-of-bounds request", extra={"peer": peer, "op": op, "addr": hex(addr),
+                                                            "length": length})
+        return msg.encode()
+
+    def _handle(self, conn: socket.socket, req, peer: str, scratch: memoryview) -> None:
+        aux = bytes(recv_exact(conn, req.aux_len)) if req.aux_len else b""
+        op = req.op
+        if op == Op.WRITE:
+            if req.length == 0 or self.regions.contains(req.addr, req.length):
+                if req.length:
+                    recv_into_exact(conn, memview(req.addr, req.length))
+                metrics.served("write", req.length)
+                self._reply(conn, op, req.req_id, Status.OK)
+            else:
+                drain(conn, req.length, scratch)
+                self._reply(conn, op, req.req_id, Status.OUT_OF_BOUNDS,
+                            self._oob(peer, "write", req.addr, req.length))
+        elif op == Op.READ:
+            if req.length == 0 or self.regions.contains(req.addr, req.length):
+                payload = memview(req.addr, req.length, writable=False) if req.length else None
+                self._reply(conn, op, req.req_id, Status.OK, payload=payload)
+                metrics.served("read", req.length)
+            else:
+                self._reply(conn, op, req.req_id, Status.OUT_OF_BOUNDS,
+                            self._oob(peer, "read", req.addr, req.length))
+        elif op == Op.GET_DESC:
+            self._reply(conn, op, req.req_id, Status.OK, json.dumps(self._descriptor()).encode())
+        elif op == Op.PROBE:
+            self._reply(conn, op, req.req_id, Status.OK, self._segment_name().encode())
+        elif op == Op.NOTIFY:
+            try:
+                d = json.loads(aux)
+                name, msg = str(d["name"]), str(d["msg"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise WireError(f"bad notify payload: {e}") from None
+            self._on_notify(name, msg)
+            self._reply(conn, op, req.req_id, Status.OK)
+        else:  # unreachable: unpack_request rejects unknown ops
+            raise WireError(f"unknown op {op}")

@@ -1,0 +1,47 @@
+"""The console scripts: mooncake_demo (main job) and transfer_engine_bench."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_demo_runs_and_verifies(python_exe):
+    r = subprocess.run([python_exe, "-m", "mooncake_core.cli.demo", "--size", "8MiB", "--batch", "16"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED" in r.stdout and "cma" in r.stdout and "tcp" in r.stdout
+    assert r.stdout.count(" ok") == 8
+
+
+@pytest.mark.parametrize("mod", ["mooncake_core.cli.demo", "mooncake_core.cli.transfer_engine_bench"])
+def test_help(python_exe, mod):
+    r = subprocess.run([python_exe, "-m", mod, "--help"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "usage" in r.stdout
+
+
+def test_transfer_engine_bench_target_and_initiator(python_exe):
+    tgt = subprocess.Popen([python_exe, "-m", "mooncake_core.cli.transfer_engine_bench", "--mode", "target",
+                            "--buffer_size", "16MB"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = tgt.stdout.readline()
+        assert line.startswith("segment_id="), line
+        seg = line.strip().split("=", 1)[1]
+        for op, hint in (("write", "tcp"), ("read", "")):
+            r = subprocess.run([python_exe, "-m", "mooncake_core.cli.transfer_engine_bench", "--segment_id", seg,
+                                "--operation", op, "--block_size", "256KB", "--batch_size", "8",
+                                "--buffer_size", "16MB", "--duration", "1", "--transport_hint", hint],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            assert "throughput" in r.stdout
+        r = subprocess.run([python_exe, "-m", "mooncake_core.cli.transfer_engine_bench", "--segment_id",
+                            "127.0.0.1:1", "--duration", "1", "--buffer_size", "1MB", "--batch_size", "2"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "cannot open segment" in r.stderr
+    finally:
+        tgt.send_signal(signal.SIGTERM)
+        tgt.wait(10)
