@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Mooncake Store benchmark: this project vs the original Mooncake, in the same run.
+
+For each implementation it starts a master (with its embedded HTTP metadata server), a
+*holder* process that contributes memory, and a *runner* process without memory that puts
+into / gets from the holder's segment (so every byte crosses processes). Both runners execute
+the identical workload script ``bench/ref_mooncake_store.py`` through the public
+``mooncake.store`` API (ours via ``mooncake_core.compat``). Printed: GB/s (QPS for is_exist)
+per row and the ratio ours / original (>= 1.0 is the target; is_exist >= 20k QPS).
+
+The original is measured when ``/work/venvs/mooncake-ref`` (PyPI
+``mooncake-transfer-engine-non-cuda``, with its own ``mooncake_master``) exists; override with
+``--ref-venv``. One command:
+
+    python bench/bench_store.py              # ~1-2 minutes on 2 cores
+    python bench/bench_store.py --quick      # fewer repetitions
+    python bench/bench_store.py --force-tcp  # ours without the same-host (process_vm_*) path
+
+By default same-host peers use our process_vm_readv/writev transport (picked automatically,
+as DESIGN asks), while the original is driven with protocol "tcp" over loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKLOAD = os.path.join(ROOT, "bench", "ref_mooncake_store.py")
+sys.path.insert(0, ROOT)
+
+from mooncake_core.utils.net import free_port
+
+
+def _wait_port(port: int, timeout: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited early with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.3):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str:
+    r, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not r:
+        raise TimeoutError(f"no output from {proc.args} within {timeout}s")
+    return proc.stdout.readline()
+
+
+def run_impl(impl: str, python: str, master_cmd: list[str], args, logdir: str) -> dict:
+    """Start master + holder, run the workload, return its JSON."""
+    port, http, metrics = free_port(), free_port(), free_port()
+    mlog = open(os.path.join(logdir, f"{impl}-master.log"), "w")
+    master = subprocess.Popen(master_cmd + [
+        f"--port={port}", f"--metrics_port={metrics}", "--rpc_address=127.0.0.1",
+        "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+        f"--http_metadata_server_port={http}", "--default_kv_lease_ttl=2000",
+    ], stdout=mlog, stderr=subprocess.STDOUT)
+    procs = [master]
+    try:
+        _wait_port(port, 30, master)
+        _wait_port(http, 30, master)
+        common = ["--impl", impl, "--master", f"127.0.0.1:{port}", "--meta", f"http://127.0.0.1:{http}/metadata"]
+        hlog = open(os.path.join(logdir, f"{impl}-holder.log"), "w")
+        holder = subprocess.Popen([python, WORKLOAD, "holder", *common, "--segment", str(args.segment)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=hlog, text=True)
+        procs.append(holder)
+        line = _readline(holder, 60)
+        if "ready" not in line:
+            raise RuntimeError(f"{impl} holder failed: {line!r} (see {hlog.name})")
+        rlog = open(os.path.join(logdir, f"{impl}-runner.log"), "w")
+        runner = subprocess.Popen([python, WORKLOAD, "run", *common, "--reps", str(args.reps),
+                                   "--thread-ops", str(args.thread_ops), "--qps-seconds", str(args.qps_seconds)],
+                                  stdout=subprocess.PIPE, stderr=rlog, text=True)
+        procs.append(runner)
+        out, _ = runner.communicate(timeout=args.timeout)
+        if runner.returncode != 0:
+            raise RuntimeError(f"{impl} runner failed with {runner.returncode} (see {rlog.name})")
+        last = [ln for ln in out.splitlines() if ln.startswith("{")][-1]
+        return json.loads(last)
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                if p.stdin:
+                    try:
+                        p.stdin.close()
+                    except OSError:
+                        pass
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ref-venv", default="/work/venvs/mooncake-ref",
+                    help="venv with the original Mooncake (skipped when absent)")
+    ap.add_argument("--no-ref", action="store_true", help="measure only this project")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per row (op counts scale with it)")
+    ap.add_argument("--thread-ops", type=int, default=100, help="ops per thread in the 8-thread rows")
+    ap.add_argument("--qps-seconds", type=float, default=2.0, help="duration of the is_exist row")
+    ap.add_argument("--segment", type=int, default=2 << 30, help="bytes the holder process contributes")
+    ap.add_argument("--timeout", type=float, default=600, help="limit for one implementation's run (s)")
+    ap.add_argument("--quick", action="store_true", help="reps=1, 40 ops per thread, 1 s of is_exist")
+    ap.add_argument("--force-tcp", action="store_true",
+                    help="run ours with MC_FORCE_TCP=1 (no same-host shortcut), like the original's tcp")
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+    if args.quick:
+        args.reps, args.thread_ops, args.qps_seconds = 1, 40, 1.0
+    logdir = tempfile.mkdtemp(prefix="mc-bench-store-")
+
+    if args.force_tcp:
+        os.environ["MC_FORCE_TCP"] = "1"  # inherited by our holder/runner only (the original ignores it)
+    ours_master = [sys.executable, "-m", "mooncake_core.store.master_main"]
+    print(f"measuring this project (logs in {logdir}) ...", flush=True)
+    ours = run_impl("ours", sys.executable, ours_master, args, logdir)
+    ref = None
+    ref_py = os.path.join(args.ref_venv, "bin", "python")
+    ref_master = os.path.join(args.ref_venv, "bin", "mooncake_master")
+    os.environ.pop("MC_FORCE_TCP", None) if args.force_tcp else None
+    if not args.no_ref and os.path.exists(ref_py) and os.path.exists(ref_master):
+        print("measuring the original Mooncake ...", flush=True)
+        try:
+            ref = run_impl("ref", ref_py, [ref_master], args, logdir)
+        except Exception as e:  # noqa: BLE001 - report, still print ours
+            print(f"reference run failed: {e}", flush=True)
+    elif not args.no_ref:
+        print(f"reference venv {args.ref_venv} not found: printing this project only", flush=True)
+
+    rows = list(ours["results"])
+    print()
+    print(f"{'row':34s} {'ours':>12s} {'original':>12s} {'ratio':>7s}")
+    print("-" * 68)
+    for row in rows:
+        unit = "QPS" if "QPS" in row else "GB/s"
+        o = ours["results"][row]
+        r = ref["results"].get(row) if ref else None
+        fmt = (lambda v: f"{v:12.0f}") if unit == "QPS" else (lambda v: f"{v:7.2f} GB/s")
+        ratio = f"{o / r:6.2f}x" if r else "   n/a"
+        print(f"{row:34s} {fmt(o):>12s} {fmt(r) if r else '':>12s} {ratio:>7s}")
+    for name, res in (("ours", ours), ("original", ref)):
+        if res and res.get("errors"):
+            print(f"{name} reported errors: {res['errors']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ours": ours, "original": ref}, f, indent=2)
+    shutil.rmtree(logdir, ignore_errors=True) if not (ours.get("errors") or (ref or {}).get("errors")) else None
+    return 1 if ours.get("errors") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""``mooncake_store_demo``: a whole single-node Mooncake Store in one command.
+
+Starts ``mooncake_master --enable_http_metadata_server`` (a subprocess on free ports), sets
+up a store client that contributes memory, then puts and gets bytes, a batch, and zero-copy
+buffers, verifying every byte and printing what it did with the throughput. Exit code 0 when
+every check passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from mooncake_core.utils.net import free_port
+from mooncake_core.utils.sizes import format_size, parse_size
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mooncake_master exited early with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.3):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"mooncake_master not listening on 127.0.0.1:{port} after {timeout}s")
+
+
+def _rate(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / max(seconds, 1e-9) / 1e9:.2f} GB/s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mooncake_store_demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--segment-size", default="512MB",
+                    help="memory this client contributes to the pool (e.g. '512MB'; default %(default)s)")
+    ap.add_argument("--value-size", default="4MB", help="size of each demo object (default %(default)s)")
+    ap.add_argument("--count", type=int, default=16, help="objects in the batch step (default %(default)s)")
+    ap.add_argument("--master", default="",
+                    help="use an already running master host:port (with --metadata) instead of starting one")
+    ap.add_argument("--metadata", default="", help="metadata server URL when --master is given")
+    args = ap.parse_args(argv)
+    try:
+        seg = parse_size(args.segment_size, name="--segment-size")
+        size = parse_size(args.value_size, name="--value-size")
+    except ValueError as e:
+        ap.error(str(e))
+    if size <= 0 or size * max(args.count, 1) > seg:
+        ap.error(f"--value-size x --count ({format_size(size * args.count)}) must fit in --segment-size "
+                 f"({format_size(seg)})")
+
+    from mooncake_core.store import MooncakeDistributedStore
+
+    master_proc = None
+    logf = None
+    if args.master:
+        if not args.metadata:
+            ap.error("--master needs --metadata (e.g. http://127.0.0.1:8080/metadata)")
+        master_addr, metadata = args.master, args.metadata
+    else:
+        port, http, metrics = free_port(), free_port(), free_port()
+        logf = tempfile.NamedTemporaryFile("w", prefix="mooncake-master-", suffix=".log", delete=False)
+        master_proc = subprocess.Popen(
+            [sys.executable, "-m", "mooncake_core.store.master_main", f"--port={port}",
+             "--rpc_address=127.0.0.1", f"--metrics_port={metrics}", "--enable_http_metadata_server=true",
+             "--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={http}"],
+            stdout=logf, stderr=subprocess.STDOUT)
+        master_addr, metadata = f"127.0.0.1:{port}", f"http://127.0.0.1:{http}/metadata"
+        print(f"started mooncake_master at {master_addr} (metadata {metadata}, metrics "
+              f"http://127.0.0.1:{metrics}/metrics, log {logf.name})")
+    failures = 0
+
+    def check(ok: bool, what: str) -> None:
+        nonlocal failures
+        print(f"  {'ok  ' if ok else 'FAIL'} {what}")
+        failures += 0 if ok else 1
+
+    store = MooncakeDistributedStore()
+    try:
+        if master_proc is not None:
+            _wait_port(int(master_addr.rsplit(":", 1)[1]), master_proc)
+            _wait_port(int(metadata.rsplit(":", 1)[1].split("/")[0]), master_proc)
+        rc = store.setup("127.0.0.1", metadata, seg, 0, "tcp", "", master_addr)
+        if rc != 0:
+            print(f"store setup failed with {rc}")
+            return 1
+        print(f"client {store.get_hostname()} contributes {format_size(seg)} to the pool")
+        rng = np.random.default_rng(int(time.time()))
+
+        value = rng.bytes(size)
+        t0 = time.perf_counter()
+        rc = store.put("demo/hello", value)
+        t1 = time.perf_counter()
+        got = store.get("demo/hello")
+        t2 = time.perf_counter()
+        check(rc == 0 and got == value, f"put/get {format_size(size)}: put {_rate(size, t1 - t0)}, "
+                                        f"get {_rate(size, t2 - t1)}")
+        check(store.is_exist("demo/hello") == 1 and store.get_size("demo/hello") == size,
+              "is_exist / get_size")
+        check(store.put("demo/hello", b"other") == 0 and store.get("demo/hello") == value,
+              "objects are immutable: a second put keeps the first value")
+        check(store.get("demo/missing") == b"" and store.get_size("demo/missing") == -704,
+              "a missing key gives b'' / -704")
+
+        keys = [f"demo/batch/{i}" for i in range(args.count)]
+        vals = [rng.bytes(size) for _ in keys]
+        t0 = time.perf_counter()
+        rc = store.put_batch(keys, vals)
+        t1 = time.perf_counter()
+        got = store.get_batch(keys)
+        t2 = time.perf_counter()
+        total = size * len(keys)
+        check(rc == 0 and got == vals, f"put_batch/get_batch {len(keys)} x {format_size(size)}: "
+                                       f"put {_rate(total, t1 - t0)}, get {_rate(total, t2 - t1)}")
+
+        src = np.frombuffer(rng.bytes(size), dtype=np.uint8).copy()
+        dst = np.zeros_like(src)
+        check(store.register_buffer(int(src.ctypes.data), src.nbytes) == 0
+              and store.register_buffer(int(dst.ctypes.data), dst.nbytes) == 0, "register_buffer")
+        t0 = time.perf_counter()
+        rc = store.put_from("demo/zero-copy", int(src.ctypes.data), src.nbytes)
+        t1 = time.perf_counter()
+        n = store.get_into("demo/zero-copy", int(dst.ctypes.data), dst.nbytes)
+        t2 = time.perf_counter()
+        check(rc == 0 and n == size and np.array_equal(src, dst),
+              f"put_from/get_into {format_size(size)}: put {_rate(size, t1 - t0)}, get {_rate(size, t2 - t1)}")
+        store.unregister_buffer(int(src.ctypes.data))
+        store.unregister_buffer(int(dst.ctypes.data))
+        rcs = store.batch_remove(["demo/hello", "demo/zero-copy", *keys], force=True)
+        check(rcs == [0] * len(rcs), f"batch_remove(force=True) of {len(rcs)} objects")
+        check(store.get("demo/hello") == b"", "removed objects miss")
+    finally:
+        store.close()
+        if master_proc is not None:
+            master_proc.terminate()
+            try:
+                master_proc.wait(10)
+            except subprocess.TimeoutExpired:
+                master_proc.kill()
+        if logf is not None:
+            logf.close()
+            if failures == 0:
+                os.unlink(logf.name)
+    print("all checks passed" if failures == 0 else f"{failures} check(s) FAILED")
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Fixtures for store client tests (see helpers.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .helpers import Master, Worker, make_client
+
+
+@pytest.fixture
+def master_factory(python_exe, tmp_path) -> Iterator[Any]:
+    started: list[Master] = []
+
+    def start(**flags: Any) -> Master:
+        m = Master(python_exe, str(tmp_path), **flags).start()
+        started.append(m)
+        return m
+
+    yield start
+    for m in started:
+        m.stop()
+
+
+@pytest.fixture
+def worker_factory(python_exe) -> Iterator[Any]:
+    started: list[Worker] = []
+
+    def start(master: Master, segment: int = 32 << 20, offload_dir: str = "") -> Worker:
+        w = Worker(python_exe, master, segment, offload_dir)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.close()
+
+
+@pytest.fixture
+def client_factory() -> Iterator[Any]:
+    made: list[Any] = []
+
+    def make(master: Master, segment: int = 0, **extra: Any):
+        c = make_client(master, segment, **extra)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+

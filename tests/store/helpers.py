@@ -1,0 +1,182 @@
+"""Helpers for the store client tests: a real ``mooncake_master`` process (with its embedded
+HTTP metadata server) and real client processes (``store_worker.py``) driven over pipes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from typing import Any
+
+import numpy as np
+
+from mooncake_core.utils.net import free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "store_worker.py")
+
+
+def payload(seed: int, size: int) -> bytes:
+    """The bytes a worker generates for (seed, size): random, never zeros."""
+    return np.random.default_rng(seed).bytes(size)
+
+
+def sha(b: Any) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited early with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.3):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+class Master:
+    """A ``mooncake_master`` subprocess on fixed ports (so it can be restarted in place)."""
+
+    def __init__(self, python_exe: str, tmpdir: str, *, http: bool = True, **flags: Any):
+        self.python_exe = python_exe
+        self.http = http
+        self.port = free_port()
+        self.http_port = free_port()
+        self.metrics_port = free_port()
+        self.flags = flags
+        self.log_path = os.path.join(tmpdir, f"master-{self.port}.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def meta(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/metadata"
+
+    def start(self) -> Master:
+        args = [self.python_exe, "-m", "mooncake_core.store.master_main",
+                f"--port={self.port}", "--rpc_address=127.0.0.1",
+                f"--metrics_port={self.metrics_port}"]
+        if self.http:
+            args += ["--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+                     f"--http_metadata_server_port={self.http_port}"]
+        for k, v in self.flags.items():
+            args.append(f"--{k}={str(v).lower() if isinstance(v, bool) else v}")
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        if not self.flags.get("enable_ha"):
+            wait_port(self.port, 30, self.proc)
+            self.wait_ready(30)
+        if self.http:
+            wait_port(self.http_port, 30, self.proc)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until the master answers a ping (a bound port is not yet a serving master)."""
+        from mooncake_core.errors import MooncakeError
+        from mooncake_core.store.master_client import MasterClient
+
+        deadline = time.monotonic() + timeout
+        with MasterClient(self.addr, timeout=1.0) as c:
+            while True:
+                try:
+                    c.ping()
+                    return
+                except MooncakeError:
+                    if time.monotonic() > deadline or (self.proc and self.proc.poll() is not None):
+                        raise TimeoutError(f"master {self.addr} not answering:\n{self.log_tail()}")
+                    time.sleep(0.1)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def log_tail(self) -> str:
+        try:
+            with open(self.log_path) as f:
+                return f.read()[-3000:]
+        except OSError:
+            return ""
+
+
+class Worker:
+    """A store client process with its own segment, answering JSON-line commands."""
+
+    def __init__(self, python_exe: str, master: Any, segment: int, offload_dir: str = ""):
+        """``master``: a Master, or any object with ``addr`` and ``meta`` (e.g. etcd:// ones)."""
+        args = [python_exe, WORKER, master.addr, master.meta, str(segment)]
+        if offload_dir:
+            args.append(offload_dir)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     bufsize=1, env=env)
+        ready = self._read(60)
+        assert ready.get("rc") == 0, f"worker setup failed: {ready}"
+        self.hostname: str = ready["ready"]
+
+    def _read(self, timeout: float) -> dict:
+        assert self.proc.stdout is not None
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not r:
+            raise TimeoutError(f"worker {self.proc.pid} gave no answer within {timeout}s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.proc.pid} exited (code {self.proc.poll()})")
+        return json.loads(line)
+
+    def cmd(self, timeout: float = 60, **cmd: Any) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read(timeout)
+
+    def call(self, method: str, *args: Any) -> Any:
+        return self.cmd(op="call", method=method, args=list(args))["result"]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.cmd(op="close", timeout=20)
+            except (TimeoutError, RuntimeError, BrokenPipeError, OSError):
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def make_client(master: Master, segment: int = 0, **extra: Any):
+    """A store client inside the test process (the 'client without a segment' by default)."""
+    from mooncake_core.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    cfg = {"local_hostname": "127.0.0.1", "metadata_server": master.meta,
+           "global_segment_size": segment, "local_buffer_size": 0, "protocol": "tcp",
+           "master_server_addr": master.addr, **extra}
+    rc = s.setup(cfg)
+    assert rc == 0, f"setup failed with {rc}; master log:\n{master.log_tail()}"
+    return s

@@ -1,0 +1,71 @@
+"""``mooncake_core.compat``: ``import mooncake.store`` / ``mooncake.engine`` resolve to ours.
+
+Each case runs in a fresh interpreter so sys.modules of the test process stays clean.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+
+
+def _run(python_exe: str, code: str, env: dict | None = None) -> str:
+    e = dict(os.environ)
+    e.pop("MOONCAKE_CORE_COMPAT", None)
+    e.update(env or {})
+    out = subprocess.run([python_exe, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         timeout=60, env=e)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_alias_store_and_engine(python_exe) -> None:
+    out = _run(python_exe, """
+        import importlib.util, sys
+        assert importlib.util.find_spec("mooncake") is None, "original Mooncake installed here?"
+        from mooncake_core import compat
+        assert compat.install() is True
+        assert compat.install() is True  # idempotent
+        assert sum(type(f).__name__ == "_AliasFinder" for f in sys.meta_path) == 1
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
+        import mooncake_core.store as ours
+        assert MooncakeDistributedStore is ours.MooncakeDistributedStore
+        import mooncake.store
+        assert mooncake.store is ours and ours.__spec__.name == "mooncake_core.store"
+        from mooncake.mooncake_config import MooncakeConfig
+        import mooncake.engine
+        from mooncake.engine import TransferEngine
+        import mooncake_core.engine
+        assert TransferEngine is mooncake_core.engine.TransferEngine
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_not_installed_without_import(python_exe) -> None:
+    out = _run(python_exe, """
+        try:
+            import mooncake.store
+        except ImportError:
+            print("absent")
+    """)
+    assert out.strip() == "absent"
+
+
+def test_respects_original_unless_forced(python_exe, tmp_path) -> None:
+    pkg = tmp_path / "mooncake"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("ORIGINAL = True\n")
+    (pkg / "store.py").write_text("WHO = 'original'\n")
+    code = """
+        from mooncake_core import compat
+        print(compat.install())
+        import mooncake.store
+        print(getattr(mooncake.store, "WHO", "ours"))
+    """
+    env = {"PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    assert _run(python_exe, code, env).split() == ["False", "original"]
+    assert _run(python_exe, code, {**env, "MOONCAKE_CORE_COMPAT": "1"}).split() == ["True", "ours"]
+    forced = code.replace("compat.install()", "compat.install(force=True)")
+    assert _run(python_exe, forced, env).split() == ["True", "ours"]

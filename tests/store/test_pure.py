@@ -1,0 +1,171 @@
+"""Pure helpers of the store client: ReplicateConfig, tensor format, SSD-tier files, API
+argument checking before any network use (milliseconds, no sockets)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+from mooncake_core.errors import MooncakeError
+from mooncake_core.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
+from mooncake_core.store import tensor as T
+from mooncake_core.store.offload import OffloadFiles, mem_view, offload_relpath
+
+RNG = np.random.default_rng(1234)
+
+
+def test_replicate_config_defaults_and_msg() -> None:
+    c = ReplicateConfig()
+    assert (c.replica_num, c.soft_pin_action, c.soft_pin_ttl_ms, c.with_hard_pin, c.preferred_segment,
+            c.preferred_segments) == (1, SoftPinAction.PRESERVE, None, False, "", [])
+    c.replica_num = 2
+    c.soft_pin_action = SoftPinAction.ENABLE
+    c.soft_pin_ttl_ms = 5000
+    c.preferred_segment = "h:1"
+    c.preferred_segments = ["h:2"]
+    m = c.to_msg()
+    assert (m.replica_num, m.soft_pin, m.soft_pin_ttl_ms, m.preferred_segments) == (2, True, 5000, ["h:1", "h:2"])
+    with pytest.raises(AttributeError):
+        c.replicas = 3  # type: ignore[attr-defined]
+    c.replica_num = 0
+    with pytest.raises(ValueError, match="replica_num"):
+        c.validate()
+    c.replica_num = "2"  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="replica_num"):
+        c.validate()
+    d = ReplicateConfig()
+    d.soft_pin_ttl_ms = 10
+    with pytest.raises(ValueError, match="ENABLE"):
+        d.validate()
+    d.with_soft_pin = True
+    assert d.soft_pin_action == SoftPinAction.ENABLE
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "uint8", "bool"])
+def test_tensor_roundtrip(dtype) -> None:
+    torch = pytest.importorskip("torch")
+    t = (torch.randn(3, 5, 7) * 100).to(getattr(torch, dtype))
+    header, payload, keep = T.tensor_payload(t)
+    blob = bytearray(header) + bytearray(payload)
+    out = T.tensor_from_buffer(blob)
+    assert out.dtype == t.dtype and tuple(out.shape) == (3, 5, 7)
+    assert torch.equal(out, t)
+
+
+def test_tensor_noncontiguous_scalar_empty_and_bad() -> None:
+    torch = pytest.importorskip("torch")
+    t = torch.randn(6, 4).t()  # non-contiguous
+    h, p, k = T.tensor_payload(t)
+    assert torch.equal(T.tensor_from_buffer(bytearray(h) + bytearray(p)), t)
+    s = torch.tensor(3.5)
+    h, p, k = T.tensor_payload(s)
+    assert T.tensor_from_buffer(bytearray(h) + bytearray(p)).item() == 3.5
+    e = torch.empty(0, 3)
+    h, p, k = T.tensor_payload(e)
+    assert tuple(T.tensor_from_buffer(bytearray(h)).shape) == (0, 3)
+    with pytest.raises(T.TensorFormatError, match="magic"):
+        T.tensor_from_buffer(bytearray(b"XXXX" + bytes(40)))
+    h, p, k = T.tensor_payload(torch.randn(4))
+    with pytest.raises(T.TensorFormatError, match="payload"):
+        T.tensor_from_buffer(bytearray(h) + bytearray(p)[:-1])
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        T.tensor_payload([1, 2, 3])
+
+
+def test_offload_files_roundtrip(tmp_path) -> None:
+    files = OffloadFiles(str(tmp_path))
+    src = RNG.integers(0, 256, 100_000, dtype=np.uint8)
+    rel = offload_relpath("key/../with odd chars ✓")
+    assert ".." not in rel and rel.count("/") == 1
+    assert files.write_from(rel, int(src.ctypes.data), src.nbytes) == src.nbytes
+    dst = np.empty_like(src)
+    files.read_into(rel, mem_view(int(dst.ctypes.data), dst.nbytes), dst.nbytes)
+    assert np.array_equal(src, dst)
+    with pytest.raises(MooncakeError) as ei:
+        files.read_into(rel, mem_view(int(dst.ctypes.data), dst.nbytes), dst.nbytes - 1)
+    assert ei.value.code == -704
+    with pytest.raises(MooncakeError):
+        files.abspath("../../etc/passwd")
+    assert files.delete(rel) and not files.delete(rel)
+    with pytest.raises(MooncakeError) as ei:
+        files.read_into(rel, mem_view(int(dst.ctypes.data), dst.nbytes), dst.nbytes)
+    assert ei.value.code == -704
+    assert not [f for f in os.listdir(os.path.join(str(tmp_path), rel.split("/")[0])) if f.startswith(".tmp")]
+
+
+def test_mem_view_aliases_memory() -> None:
+    buf = (ctypes.c_char * 16)()
+    mv = mem_view(ctypes.addressof(buf), 16)
+    mv[3] = 77
+    assert buf.raw[3] == 77
+
+
+def test_api_argument_errors_before_setup() -> None:
+    s = MooncakeDistributedStore()
+    with pytest.raises(TypeError, match="key must be str"):
+        s.put(123, b"x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="bytes-like"):
+        s.put("k", 12345)
+    with pytest.raises(TypeError, match="ReplicateConfig"):
+        s.put("k", b"x", {"replica_num": 2})  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        s.put("k", b"x", replicas=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="buffer_ptr"):
+        s.get_into("k", "0x1234", 10)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must match"):
+        s.batch_get_into(["a", "b"], [1], [1])
+    with pytest.raises(ValueError, match="2 keys but 1 values"):
+        s.put_batch(["a", "b"], [b"x"])
+    with pytest.raises(TypeError, match="keys must be a list"):
+        s.get_batch("abc")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="50%"):
+        s.setup("127.0.0.1", "P2PHANDSHAKE", "50%", 0, "tcp", "", "127.0.0.1:1")
+    with pytest.raises(TypeError):
+        s.setup("127.0.0.1", "P2PHANDSHAKE", global_segment=1)  # type: ignore[call-arg]
+    # not set up: runtime calls return codes, never raise or hang
+    assert s.get("k") == b""
+    assert s.put("k", b"x") == -600
+    assert s.is_exist("k") == -1
+    assert s.get_size("k") == -600
+    assert s.remove("k") == -600
+    assert s.close() == 0
+
+
+def test_owned_index_drops_overlapped_entries() -> None:
+    from mooncake_core.store.client import OwnedIndex
+    from mooncake_core.store.protocol import ReplicaDesc
+
+    idx = OwnedIndex()
+    r = lambda addr, size: ReplicaDesc("seg", addr, size)
+    idx.add("a", r(1000, 100), b"fa")
+    idx.add("b", r(1100, 100), b"fb")  # adjacent, no overlap
+    idx.add("c", r(2000, 50), b"fc")
+    assert len(idx) == 3
+    idx.add("d", r(1050, 100), b"fd")  # overlaps a and b: both were evicted meanwhile
+    assert [e.key for e in idx.newest_first()] == ["d", "c"]
+    idx.add("c", r(3000, 10), b"fc2")  # re-put of a key moves it
+    assert [(e.key, e.replica.addr) for e in idx.newest_first()] == [("c", 3000), ("d", 1050)]
+    idx.add("e", r(2000, 10), b"fe")  # the old range of c is free again: no stale entry there
+    assert len(idx) == 3
+    idx.discard(["d", "missing"])
+    idx.discard_if(lambda k: k == "e")
+    assert [e.key for e in idx.newest_first()] == ["c"]
+    # bounded: many objects cycling through the same small range keep one entry
+    for i in range(1000):
+        idx.add(f"k{i}", r(5000 + (i % 3) * 10, 25), b"x")
+    assert len(idx) <= 4
+    idx.clear()
+    assert len(idx) == 0
+
+
+def test_spans_map_object_bytes_onto_parts() -> None:
+    from mooncake_core.store.client import _spans
+
+    assert _spans([(100, 10)], 5000, 10) == [(100, 5000, 10)]
+    # object of 25 bytes over parts 10 + 10 + 10: the last part is used for 5 bytes only
+    assert _spans([(100, 10), (300, 10), (500, 10)], 0, 25) == [(100, 0, 10), (300, 10, 10), (500, 20, 5)]
+    assert _spans([(100, 0), (200, 4)], 7, 4) == [(200, 7, 4)]  # empty parts are skipped
+    assert _spans([(100, 4)], 0, 0) == []
