@@ -6,7 +6,8 @@ the automatically chosen transport (same host: cross-memory attach) and over tcp
 every byte (sha256 computed inside the target process) and prints throughput. Exits 0
 when everything matched, 1 otherwise.
 
-The store engineer extends the demo by calling :func:`run_transfer_demo` from their part.
+Then (unless ``--only transfer``) it runs the Store demo: ``mooncake_master
+--enable_http_metadata_server`` plus a client that puts and gets (``mooncake_store_demo``).
 """
 
 from __future__ import annotations
@@ -184,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use this metadata connection string (http://h:p/metadata, etcd://h:p, redis://h:p, "
                         "P2PHANDSHAKE) instead of starting the embedded HTTP server")
     p.add_argument("--log-level", default="WARNING", help="log level (DEBUG, INFO, WARNING, ERROR)")
+    p.add_argument("--only", choices=("all", "transfer", "store"), default="all",
+                   help="which part of the main job to run: the Transfer Engine demo, the Store demo "
+                        "(mooncake_master --enable_http_metadata_server + a client that puts and gets), "
+                        "or both (default)")
     p.add_argument("--_target", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -201,7 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     if size <= 0 or a.batch <= 0 or size < a.batch:
         print("mooncake_demo: --size must be >= --batch > 0", file=sys.stderr)
         return 2
-    return 0 if run_transfer_demo(size, a.batch, a.metadata).ok else 1
+    if a.only in ("all", "transfer") and not run_transfer_demo(size, a.batch, a.metadata).ok:
+        return 1
+    if a.only in ("all", "store"):
+        from mooncake_core.cli import store_demo
+
+        print("[demo] store: mooncake_master --enable_http_metadata_server + a client", flush=True)
+        return store_demo.main([])
+    return 0
 
 
 if __name__ == "__main__":
