@@ -1,1 +1,8 @@
-"""Mooncake connector for sglang. Empty until the sglang connector issue is done; all logic lives in mooncake_core."""
+"""Mooncake connector for SGLang: SGLang's own Mooncake backends running on ``mooncake_core``.
+
+``plugin.register`` is SGLang's ``sglang.srt.plugins`` entry point (see docs/sglang.md).
+"""
+
+from mooncake_connectors.sglang.plugin import register
+
+__all__ = ["register"]
