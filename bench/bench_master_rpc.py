@@ -27,6 +27,7 @@ from mooncake_core.errors import MooncakeError
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.store.protocol import ReplicateConfigMsg
 from mooncake_core.utils.net import free_port
+from mooncake_core.utils.proc import stop_process
 
 ORIGINAL_IS_EXIST_QPS = 27_000  # DESIGN.md §4, original Mooncake 0.3.13 master, same machine kind
 TARGET_QPS = 20_000
@@ -71,11 +72,7 @@ def store_is_exist(impl: str, python: str, master_cmd: list[str], seconds: float
             raise RuntimeError(out.stderr[-2000:])
         return float(out.stdout.strip().splitlines()[-1])
     finally:
-        master.terminate()
-        try:
-            master.wait(10)
-        except subprocess.TimeoutExpired:
-            master.kill()
+        stop_process(master)
 
 
 ECHO_SERVER = r"""

@@ -97,19 +97,6 @@ def spawn(args, pattern: str, timeout: float = 30):
     raise RuntimeError(f"{args} failed to start:\n{''.join(out)}")
 
 
-def wait_port(port: int, timeout: float = 30) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listening on port {port} after {timeout}s")
-
-
 def free_port() -> int:
     from mooncake_core.utils.net import free_port as fp
 
@@ -190,7 +177,9 @@ def main() -> int:
         toy_port = free_port()
         toy, tport = spawn([os.path.abspath(__file__), "--serve-toy", str(toy_port), purl, durl], "toy_fastapi")
         procs.append(toy)
-        wait_port(tport)  # uvicorn prints before it binds
+        from mooncake_core.utils.net import wait_for_port
+
+        wait_for_port("127.0.0.1", tport, 30, toy)  # uvicorn prints before it binds
         targets = {"direct": durl, "mooncake_proxy": f"http://127.0.0.1:{xport}",
                    "toy_fastapi": f"http://127.0.0.1:{tport}"}
         res = {}

@@ -27,30 +27,16 @@ import json
 import os
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOAD = os.path.join(ROOT, "bench", "ref_mooncake_store.py")
 sys.path.insert(0, ROOT)
 
-from mooncake_core.utils.net import free_port
-
-
-def _wait_port(port: int, timeout: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited early with code {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.3):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+from mooncake_core.utils.net import free_port, wait_for_port
+from mooncake_core.utils.proc import stop_process
 
 
 def _readline(proc: subprocess.Popen, timeout: float) -> str:
@@ -71,8 +57,8 @@ def run_impl(impl: str, python: str, master_cmd: list[str], args, logdir: str) -
     ], stdout=mlog, stderr=subprocess.STDOUT)
     procs = [master]
     try:
-        _wait_port(port, 30, master)
-        _wait_port(http, 30, master)
+        wait_for_port("127.0.0.1", port, 30, master)
+        wait_for_port("127.0.0.1", http, 30, master)
         common = ["--impl", impl, "--master", f"127.0.0.1:{port}", "--meta", f"http://127.0.0.1:{http}/metadata"]
         hlog = open(os.path.join(logdir, f"{impl}-holder.log"), "w")
         holder = subprocess.Popen([python, WORKLOAD, "holder", *common, "--segment", str(args.segment)],
@@ -99,11 +85,7 @@ def run_impl(impl: str, python: str, master_cmd: list[str], args, logdir: str) -
                         p.stdin.close()
                     except OSError:
                         pass
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+                stop_process(p)
 
 
 def main() -> int:

@@ -6,7 +6,7 @@ integer return codes (0 ok, negative on failure; ``transfer_check_status`` 1 don
 / -1 failed / -2 timeout; ``allocate_managed_buffer`` 0 on failure).
 
 How it works (see docs/transfer-engine.md):
-* ``initialize`` binds the rpc/data port (MC_TCP_BIND_ADDRESS, default 127.0.0.1), publishes
+* ``initialize`` binds the rpc/data port (MC_TCP_BIND_ADDRESS, default the host of local_hostname), publishes
   this process's segment descriptor (``mooncake/ram/<segment>``) and rpc endpoint
   (``mooncake/rpc_meta/<segment>``) to the metadata service -- or, with P2PHANDSHAKE, serves
   the descriptor on the rpc port itself;
@@ -103,6 +103,27 @@ class _Peer:
     dispatch: ThreadPoolExecutor  # async batches to this peer only (per-peer isolation)
 
 
+def _default_bind(host: str) -> str:
+    """Where to listen when ``MC_TCP_BIND_ADDRESS`` is unset: the address peers are told to
+    connect to (the host of ``local_hostname``), so a segment named ``10.0.0.1:port`` is
+    reachable on 10.0.0.1 and nowhere else; loopback for "localhost" or an unresolvable name."""
+    import ipaddress
+    import socket
+
+    h = host.strip().strip("[]")
+    if not h or h == "localhost":
+        return "127.0.0.1"
+    try:
+        ipaddress.ip_address(h)
+        return h
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(h)
+    except OSError:
+        return "127.0.0.1"
+
+
 class TransferEngine:
     """Mooncake-compatible Transfer Engine (see module docstring)."""
 
@@ -184,7 +205,7 @@ class TransferEngine:
         p2p = self._meta is None
 
         host, port = parse_host_port(local_hostname, 0, what="local_hostname")
-        bind = os.environ.get("MC_TCP_BIND_ADDRESS", "127.0.0.1").strip() or "127.0.0.1"
+        bind = os.environ.get("MC_TCP_BIND_ADDRESS", "").strip() or _default_bind(host)
         try:
             self._server = TcpServer(bind, port, self.regions, self._descriptor_json, self._on_notify,
                                      lambda: self._segment)
@@ -224,6 +245,11 @@ class TransferEngine:
 
     def get_rpc_port(self) -> int:
         return self._server.port if self._server else -1
+
+    def get_engine(self) -> "TransferEngine":
+        """The engine object itself: SGLang's wrapper hands it to ``store.setup`` so a
+        HiCache store shares this engine, as with Mooncake's ``get_engine()``."""
+        return self
 
     def get_local_segment_name(self) -> str:
         """This engine's segment name (``host:rpc_port`` under P2PHANDSHAKE)."""
@@ -785,13 +811,13 @@ class TransferEngine:
         if self._managed is not None:
             try:
                 self._managed.close()
-            except Exception:
-                pass
+            except Exception as e:
+                log.debug("could not stop the embedded metadata server on close", extra={"error": str(e)})
         if self._meta is not None:
             try:
                 self._meta.close()
-            except Exception:
-                pass
+            except Exception as e:
+                log.debug("could not close the metadata client on close", extra={"error": str(e)})
 
     shutdown = close
 

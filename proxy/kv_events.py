@@ -246,8 +246,10 @@ class KvEventsSubscriber:
         for t in self._tasks:
             try:
                 await t
-            except (asyncio.CancelledError, Exception):
+            except asyncio.CancelledError:
                 pass
+            except Exception as e:  # a subscriber that died earlier: say so, then keep stopping
+                log.warning("kv event task ended with an error", extra={"error": repr(e)})
         self._tasks.clear()
         if self._ctx is not None:
             self._ctx.term()

@@ -8,31 +8,29 @@ with a message naming it -- except under CI (CI=true), where that is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Iterator
 
 import pytest
 
-from mooncake_core.utils.net import free_port
+from mooncake_core.utils.net import free_port, wait_for_port
+from mooncake_core.utils.proc import stop_process
 
 
-def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"service exited early with code {proc.returncode}")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+@contextlib.contextmanager
+def _serving(proc: subprocess.Popen, port: int, data: str) -> Iterator[str]:
+    """'127.0.0.1:PORT' once ``proc`` listens; stops it and removes its data dir afterwards."""
+    try:
+        wait_for_port("127.0.0.1", port, 30, proc)
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_process(proc)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def _missing(binary: str) -> None:
@@ -64,16 +62,8 @@ def etcd_endpoint() -> Iterator[str]:
          "--initial-cluster", f"mc-test=http://127.0.0.1:{peer}"],
         stdout=log, stderr=subprocess.STDOUT,
     )
-    try:
-        _wait_port("127.0.0.1", port, 30, proc)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(data, ignore_errors=True)
+    with _serving(proc, port, data) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="session")
@@ -93,16 +83,8 @@ def redis_endpoint() -> Iterator[str]:
          "--dir", data],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    try:
-        _wait_port("127.0.0.1", port, 30, proc)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(data, ignore_errors=True)
+    with _serving(proc, port, data) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

@@ -27,28 +27,6 @@ log = get_logger("mooncake.sglang")
 _state: dict[str, bool] = {}
 
 
-def _bridge_engine_gaps() -> list[str]:
-    """Add, only where the core still lacks them, the engine methods SGLang calls.
-
-    ``MooncakeTransferEngine.get_engine()`` in SGLang returns ``self.engine.get_engine()``; the
-    original returns the native engine handle, which HiCache's ``MooncakeStore`` passes to
-    ``store.setup(..., transfer_engine)`` to share one engine. Our store accepts our engine
-    object itself, so the handle is the engine. Reported to the core owners; this shim is a
-    no-op once ``mooncake_core.engine.TransferEngine.get_engine`` exists.
-    """
-    from mooncake_core.engine import TransferEngine
-
-    added = []
-    if not hasattr(TransferEngine, "get_engine"):
-        def get_engine(self):
-            """The engine handle other Mooncake objects accept (here: the engine itself)."""
-            return self
-
-        TransferEngine.get_engine = get_engine  # type: ignore[attr-defined]
-        added.append("get_engine")
-    return added
-
-
 def register() -> bool:
     """Install the ``mooncake`` import alias; returns True when ``mooncake.*`` resolves to ours.
 
@@ -66,12 +44,8 @@ def register() -> bool:
         log.info("sglang plugin: original mooncake package present; leaving it in place "
                  "(set MOONCAKE_CORE_COMPAT=1 to use mooncake_core)")
         return False
-    added = _bridge_engine_gaps()
-    # SGLang advertises its engine as <local ip>:<rpc port> (SGLANG_HOST_IP, or the NIC's IP);
-    # our engine listens on MC_TCP_BIND_ADDRESS (default 127.0.0.1), so unless the user chose
-    # an address, listen where SGLang tells peers to connect -- as the original engine does.
-    if not os.environ.get("MC_TCP_BIND_ADDRESS"):
-        os.environ["MC_TCP_BIND_ADDRESS"] = "0.0.0.0"
+    # SGLang advertises its engine as <local ip>:<rpc port>; our engine listens on the host of
+    # its local_hostname by default (MC_TCP_BIND_ADDRESS overrides), so peers reach it there.
     log.info("sglang plugin: mooncake.* -> mooncake_core", extra={
-        "pid": os.getpid(), "shimmed": added, "bind": os.environ["MC_TCP_BIND_ADDRESS"]})
+        "pid": os.getpid()})
     return True

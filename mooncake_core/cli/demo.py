@@ -25,6 +25,7 @@ import numpy as np
 
 from mooncake_core.utils.log import get_logger, setup_logging
 from mooncake_core.utils.net import free_port
+from mooncake_core.utils.proc import close_piped
 from mooncake_core.utils.sizes import format_size, parse_size
 
 log = get_logger("mooncake.demo")
@@ -84,13 +85,7 @@ class _Target:
         return self.proc.stdout.readline().strip()
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("exit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
+        close_piped(self.proc)
 
 
 # ----------------------------------------------------------------------------- the demo

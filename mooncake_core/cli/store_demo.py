@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,21 +17,9 @@ import time
 
 import numpy as np
 
-from mooncake_core.utils.net import free_port
+from mooncake_core.utils.net import free_port, wait_for_port
+from mooncake_core.utils.proc import stop_process
 from mooncake_core.utils.sizes import format_size, parse_size
-
-
-def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mooncake_master exited early with code {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.3):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"mooncake_master not listening on 127.0.0.1:{port} after {timeout}s")
 
 
 def _rate(nbytes: int, seconds: float) -> str:
@@ -88,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     store = MooncakeDistributedStore()
     try:
         if master_proc is not None:
-            _wait_port(int(master_addr.rsplit(":", 1)[1]), master_proc)
-            _wait_port(int(metadata.rsplit(":", 1)[1].split("/")[0]), master_proc)
+            wait_for_port("127.0.0.1", int(master_addr.rsplit(":", 1)[1]), 30.0, master_proc)
+            wait_for_port("127.0.0.1", int(metadata.rsplit(":", 1)[1].split("/")[0]), 30.0, master_proc)
         rc = store.setup("127.0.0.1", metadata, seg, 0, "tcp", "", master_addr)
         if rc != 0:
             print(f"store setup failed with {rc}")
@@ -142,11 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         store.close()
         if master_proc is not None:
-            master_proc.terminate()
-            try:
-                master_proc.wait(10)
-            except subprocess.TimeoutExpired:
-                master_proc.kill()
+            stop_process(master_proc)
         if logf is not None:
             logf.close()
             if failures == 0:

@@ -111,24 +111,30 @@ def parse_conn_string(conn: str, env: Mapping[str, str] | None = None) -> Metada
     raise _bad(conn, f"unknown scheme {scheme!r}")
 
 
-def _parse_http(conn: str, text: str, scheme: str) -> MetadataSpec:
-    u = urllib.parse.urlsplit(text)
+def _url_host_port(conn: str, u: urllib.parse.SplitResult, example: str) -> tuple[str, int]:
+    """Host and server port of a parsed URL; one place for the errors http:// and redis:// share."""
     if not u.hostname:
         raise _bad(conn, "missing host")
     try:
         port = u.port
     except ValueError:
-        raise _bad(conn, f"port in {u.netloc!r} is not a number in 1..65535") from None
+        # rpartition: never echo a redis password (user:pass@host) in the message
+        raise _bad(conn, f"port in {u.netloc.rpartition('@')[2]!r} is not a number in 1..65535") from None
     if port is None:
-        raise _bad(conn, "missing port (e.g. http://127.0.0.1:8080/metadata)")
+        raise _bad(conn, f"missing port (e.g. {example})")
     if port == 0:
         raise _bad(conn, "port 0 is not a server port")
+    return u.hostname, port
+
+
+def _parse_http(conn: str, text: str, scheme: str) -> MetadataSpec:
+    u = urllib.parse.urlsplit(text)
+    host, port = _url_host_port(conn, u, "http://127.0.0.1:8080/metadata")
     if u.query or u.fragment:
         raise _bad(conn, "the URL must not carry a query or fragment (?key= is added per request)")
     # Mooncake uses the URL verbatim; a bare http://host:port is served at /metadata by our
     # server, so fill that in rather than send requests to "/".
     path = u.path if u.path not in ("", "/") else "/metadata"
-    host = u.hostname
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return MetadataSpec(kind="http", scheme=scheme, endpoints=((host, port),),
                         url=f"{scheme}://{netloc}{path}")
@@ -136,16 +142,7 @@ def _parse_http(conn: str, text: str, scheme: str) -> MetadataSpec:
 
 def _parse_redis(conn: str, text: str, env: Mapping[str, str]) -> MetadataSpec:
     u = urllib.parse.urlsplit(text)
-    if not u.hostname:
-        raise _bad(conn, "missing host")
-    try:
-        port = u.port
-    except ValueError:
-        raise _bad(conn, f"port in {u.netloc.rpartition('@')[2]!r} is not a number in 1..65535") from None
-    if port is None:
-        raise _bad(conn, "missing port (e.g. redis://127.0.0.1:6379)")
-    if port == 0:
-        raise _bad(conn, "port 0 is not a server port")
+    host, port = _url_host_port(conn, u, "redis://127.0.0.1:6379")
     db_text = u.path.strip("/")
     if db_text:
         if not db_text.isdigit():
@@ -164,5 +161,5 @@ def _parse_redis(conn: str, text: str, env: Mapping[str, str]) -> MetadataSpec:
         password = env.get("MC_REDIS_PASSWORD") or None
         if username is None:
             username = env.get("MC_REDIS_USERNAME") or None
-    return MetadataSpec(kind="redis", endpoints=((u.hostname, port),), db=db,
+    return MetadataSpec(kind="redis", endpoints=((host, port),), db=db,
                         username=username, password=password)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import tempfile
+
+from mooncake_core.utils.fileio import atomic_write
 
 FORMAT = "mooncake-http-metadata"
 VERSION = 1
@@ -67,27 +67,5 @@ def load(path: str) -> dict[str, bytes]:
 
 
 def save(path: str, data: dict[str, bytes]) -> None:
-    """Atomically replace ``path`` with a snapshot of ``data``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".mc-meta-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode_snapshot(data))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass  # directory fsync is best effort (not supported everywhere)
+    """Atomically (and durably: fsync file and directory) replace ``path`` with a snapshot of ``data``."""
+    atomic_write(path, encode_snapshot(data), durable=True, prefix=".mc-meta-", suffix=".tmp")

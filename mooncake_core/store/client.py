@@ -816,7 +816,7 @@ class MooncakeDistributedStore:
                     self._queue_offload(tasks)
             except MooncakeError as e:
                 log.warning("heartbeat follow-up failed: %s", e)
-            except Exception as e:
+            except Exception:
                 log.exception("heartbeat follow-up error")
 
     def _remount(self) -> None:
@@ -873,7 +873,7 @@ class MooncakeDistributedStore:
                     self._run_offload(task)
             except MooncakeError as e:
                 log.warning("offload of %r: %s", task.key, e)
-            except Exception as e:
+            except Exception:
                 log.exception("offload of %r failed", task.key)
             finally:
                 self._offload_pending.discard(task.key)
@@ -1489,6 +1489,8 @@ class MooncakeDistributedStore:
         """Number of objects removed, or negative."""
         if not isinstance(regex_pattern, str):
             raise TypeError(f"remove_by_regex: regex_pattern must be str, got {type(regex_pattern).__name__}")
+        if not isinstance(force, bool):
+            raise TypeError(f"remove_by_regex: force must be bool, got {type(force).__name__}")
         import re
 
         try:
@@ -1497,28 +1499,21 @@ class MooncakeDistributedStore:
             raise ValueError(f"remove_by_regex: invalid regular expression {regex_pattern!r}: {e}") from None
 
         def run() -> int:
-            n = int(self._call_master_opt_force("remove_by_regex", regex_pattern, force))
+            n = int(self._master.remove_by_regex(regex_pattern, force))
             self._owned.discard_if(lambda k: compiled.search(k) is not None)
             return n
         return self._call(run, need_ready="remove_by_regex")
 
     def remove_all(self, force: bool = False) -> int:
         """Number of objects removed, or negative."""
+        if not isinstance(force, bool):
+            raise TypeError(f"remove_all: force must be bool, got {type(force).__name__}")
+
         def run() -> int:
-            n = int(self._call_master_opt_force("remove_all", None, force))
+            n = int(self._master.remove_all(force))
             self._owned.clear()
             return n
         return self._call(run, need_ready="remove_all")
-
-    def _call_master_opt_force(self, name: str, arg: Any, force: bool) -> Any:
-        fn = getattr(self._master, name)
-        args = () if arg is None else (arg,)
-        if force:
-            try:
-                return fn(*args, force=True)
-            except TypeError:
-                pass
-        return fn(*args)
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
         """One code per key: 0, -704, -706."""

@@ -112,8 +112,8 @@ class LeaderElection:
         if self.is_leader and self._lease is not None:
             try:  # hand leadership over at once instead of waiting for the lease to expire
                 self._lease.revoke()
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as e:  # noqa: BLE001 - it then expires after ttl_s
+                log.warning("could not revoke the leader lease on stop", extra={"error": str(e)})
 
     # -------------------------------------------------------------- internals
     def _connect(self):
@@ -187,8 +187,8 @@ class LeaderElection:
                 try:  # another endpoint may still answer: refresh the same lease through it
                     self._client = self._connect()
                     self._lease.client = self._client
-                except Exception:  # noqa: BLE001
-                    pass
+                except Exception as e2:  # noqa: BLE001 - retried on the next refresh
+                    log.debug("reconnect to etcd for lease refresh failed", extra={"error": str(e2)})
             if time.monotonic() > self.valid_until - interval:
                 break
         if self._stop.is_set():

@@ -360,11 +360,11 @@ class MasterClient:
     def remove(self, key: str, force: bool = False) -> None:
         self._call(P.RemoveReq(key, bool(force)))
 
-    def remove_all(self) -> int:
-        return self._call(P.RemoveAllReq())
+    def remove_all(self, force: bool = False) -> int:
+        return self._call(P.RemoveAllReq(bool(force)))
 
-    def remove_by_regex(self, pattern: str) -> int:
-        return self._call(P.RemoveByRegexReq(pattern))
+    def remove_by_regex(self, pattern: str, force: bool = False) -> int:
+        return self._call(P.RemoveByRegexReq(pattern, bool(force)))
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
         return self._call(P.BatchRemoveReq(list(keys), bool(force)))

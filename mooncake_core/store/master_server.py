@@ -57,8 +57,8 @@ def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, C
         P.BatchExistKeyReq: lambda r: st.batch_exist_key(r.keys),
         P.GetSizeReq: lambda r: st.get_size(r.key),
         P.RemoveReq: lambda r: st.remove(r.key, r.force),
-        P.RemoveAllReq: lambda r: st.remove_all(),
-        P.RemoveByRegexReq: lambda r: st.remove_by_regex(r.pattern),
+        P.RemoveAllReq: lambda r: st.remove_all(r.force),
+        P.RemoveByRegexReq: lambda r: st.remove_by_regex(r.pattern, r.force),
         P.BatchRemoveReq: lambda r: st.batch_remove(r.keys, r.force),
         P.OffloadDoneReq: lambda r: st.offload_done(r.client_id, r.key, r.path, r.size),
         P.OffloadFailedReq: lambda r: st.offload_failed(r.client_id, r.key),
@@ -82,6 +82,14 @@ class _Latency:
     def observe(self, seconds: float) -> None:
         self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.total += seconds
+
+
+def _gauges(*specs: tuple[str, str, float]):
+    """One unlabelled GaugeMetricFamily per (name, help, value)."""
+    for name, help_, value in specs:
+        g = GaugeMetricFamily(name, help_)
+        g.add_metric([], value)
+        yield g
 
 
 class _StateCollector:
@@ -108,21 +116,14 @@ class _StateCollector:
                 buckets.append(("+Inf" if le == float("inf") else repr(le), cum))
             h.add_metric([method], buckets, total)
         yield h
-        g = GaugeMetricFamily("mooncake_master_is_leader", "1 when this master serves requests (HA leader or no HA)")
-        g.add_metric([], 1 if self.server.is_leader else 0)
-        yield g
-        g = GaugeMetricFamily("mooncake_master_keys", "Complete objects known to the master")
-        g.add_metric([], n_keys)
-        yield g
-        g = GaugeMetricFamily("mooncake_master_puts_in_flight", "Puts started and not yet ended/revoked")
-        g.add_metric([], n_inflight)
-        yield g
-        g = GaugeMetricFamily("mooncake_master_active_clients", "Clients with a recent heartbeat")
-        g.add_metric([], n_clients)
-        yield g
-        g = GaugeMetricFamily("mooncake_master_segments", "Mounted memory segments")
-        g.add_metric([], len(segs))
-        yield g
+        yield from _gauges(
+            ("mooncake_master_is_leader", "1 when this master serves requests (HA leader or no HA)",
+             1 if self.server.is_leader else 0),
+            ("mooncake_master_keys", "Complete objects known to the master", n_keys),
+            ("mooncake_master_puts_in_flight", "Puts started and not yet ended/revoked", n_inflight),
+            ("mooncake_master_active_clients", "Clients with a recent heartbeat", n_clients),
+            ("mooncake_master_segments", "Mounted memory segments", len(segs)),
+        )
         used = GaugeMetricFamily("mooncake_master_segment_used_bytes", "Bytes allocated in a segment", labels=["segment"])
         cap = GaugeMetricFamily("mooncake_master_segment_capacity_bytes", "Size of a segment", labels=["segment"])
         for name, u, c in segs:
@@ -130,18 +131,12 @@ class _StateCollector:
             cap.add_metric([name], c)
         yield used
         yield cap
-        g = GaugeMetricFamily("mooncake_master_used_bytes", "Bytes allocated in all segments")
-        g.add_metric([], sum(u for _, u, _ in segs))
-        yield g
-        g = GaugeMetricFamily("mooncake_master_capacity_bytes", "Total size of all segments")
-        g.add_metric([], sum(c for _, _, c in segs))
-        yield g
-        g = GaugeMetricFamily("mooncake_master_disk_used_bytes", "Bytes in the SSD tier")
-        g.add_metric([], disk_used)
-        yield g
-        g = GaugeMetricFamily("mooncake_master_offloads_in_flight", "Objects being written to the SSD tier")
-        g.add_metric([], n_offloading)
-        yield g
+        yield from _gauges(
+            ("mooncake_master_used_bytes", "Bytes allocated in all segments", sum(u for _, u, _ in segs)),
+            ("mooncake_master_capacity_bytes", "Total size of all segments", sum(c for _, _, c in segs)),
+            ("mooncake_master_disk_used_bytes", "Bytes in the SSD tier", disk_used),
+            ("mooncake_master_offloads_in_flight", "Objects being written to the SSD tier", n_offloading),
+        )
         for key, help_ in (("hits", "GetReplicaList calls that found the object"),
                            ("misses", "GetReplicaList calls for missing/incomplete objects"),
                            ("evictions", "Objects whose memory replicas were evicted"),

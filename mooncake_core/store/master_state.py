@@ -660,17 +660,19 @@ class MasterState:
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
         return self._batch(lambda k: self.remove(k, force), keys)
 
-    def remove_all(self) -> int:
+    def remove_all(self, force: bool = False) -> int:
+        """Drop every object; leased ones are skipped unless ``force`` (as :meth:`remove`)."""
         now = self.clock()
         n = 0
         for key, meta in list(self.objects.items()):
-            if meta.lease > now:
+            if meta.lease > now and not force:
                 continue
             self._drop_object(key, meta, now)
             n += 1
         return n
 
-    def remove_by_regex(self, pattern: str) -> int:
+    def remove_by_regex(self, pattern: str, force: bool = False) -> int:
+        """Drop objects whose key matches ``pattern`` (re.search); leased ones only with ``force``."""
         try:
             rx = re.compile(pattern)
         except (re.error, TypeError) as e:
@@ -678,7 +680,7 @@ class MasterState:
         now = self.clock()
         n = 0
         for key, meta in list(self.objects.items()):
-            if rx.search(key) and meta.lease <= now:
+            if rx.search(key) and (force or meta.lease <= now):
                 self._drop_object(key, meta, now)
                 n += 1
         return n

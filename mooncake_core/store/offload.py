@@ -14,9 +14,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import tempfile
 
 from mooncake_core.errors import ErrorCode, MooncakeError
+from mooncake_core.utils.fileio import atomic_write
 
 __all__ = ["OffloadFiles", "mem_view", "offload_relpath"]
 
@@ -56,38 +56,11 @@ class OffloadFiles:
 
     def write_from(self, relpath: str, addr: int, size: int) -> int:
         """Write ``size`` bytes at ``addr`` to ``relpath`` atomically; return bytes written."""
-        full = self.abspath(relpath)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(full), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(mem_view(addr, size))
-            os.replace(tmp, full)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return size
+        return atomic_write(self.abspath(relpath), mem_view(addr, size))
 
     def write_bytes(self, relpath: str, data: bytes | memoryview) -> int:
         """Like ``write_from`` for data already in a Python buffer."""
-        mv = memoryview(data).cast("B")
-        full = self.abspath(relpath)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(full), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(mv)
-            os.replace(tmp, full)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return len(mv)
+        return atomic_write(self.abspath(relpath), data)
 
     def read_into(self, relpath: str, dest: memoryview, size: int) -> int:
         """Read the whole file (which must be exactly ``size`` bytes) into ``dest``."""

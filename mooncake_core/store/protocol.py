@@ -258,11 +258,13 @@ class RemoveReq(_Req, tag="remove"):
 
 
 class RemoveAllReq(_Req, tag="remove_all"):
-    pass
+    # trailing field with a default: older peers that omit it decode as force=False
+    force: bool = False
 
 
 class RemoveByRegexReq(_Req, tag="remove_by_regex"):
     pattern: str
+    force: bool = False
 
 
 class BatchRemoveReq(_Req, tag="batch_remove"):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 
 
 def parse_host_port(value: str, default_port: int | None = None, *, what: str = "address") -> tuple[str, int]:
@@ -53,6 +55,33 @@ def bind_listener(host: str, port: int, *, what: str, backlog: int = 512) -> soc
                                f"(is another process using it? choose another port, or 0 for any)") from None
     s.listen(backlog)
     return s
+
+
+def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until something accepts TCP connections on ``host:port``.
+
+    Used wherever we start a service as a subprocess and must not talk to it before it
+    listens. Polling (rather than reading a "ready" line) works for any binary, ours or not.
+    When ``proc`` is given and exits first, fail at once with its return code instead of
+    waiting out the timeout -- a crashed service is the common case and should be loud.
+
+    Raises TimeoutError naming ``host:port`` after ``timeout`` seconds, RuntimeError when
+    ``proc`` exited early.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited early with code {proc.returncode} "
+                               f"before listening on {host}:{port}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            with socket.create_connection((host, port), timeout=min(0.5, max(left, 0.05))):
+                return
+        except OSError:
+            time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
 
 
 def local_ip() -> str:

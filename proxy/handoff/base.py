@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ class InstanceAddr:
     bootstrap_port: int | None = None
 
 
-class HandoffProtocol:
+class HandoffProtocol(abc.ABC):
     """Builds the prefill and decode payloads for one request.
 
     ``concurrent`` says whether the server sends both at once (Mooncake-vLLM, SGLang: the decode
@@ -38,13 +39,15 @@ class HandoffProtocol:
         """Per-request values shared by both payloads (transfer id, bootstrap room...)."""
         return {}
 
+    @abc.abstractmethod
     def prefill_payload(self, body: dict[str, Any], route: str, prefill: InstanceAddr,
                         ctx: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
+        """JSON body sent to the prefill instance."""
 
+    @abc.abstractmethod
     def decode_payload(self, body: dict[str, Any], route: str, prefill: InstanceAddr,
                        ctx: dict[str, Any], prefill_response: dict[str, Any] | None) -> dict[str, Any]:
-        raise NotImplementedError
+        """JSON body sent to the decode instance (``prefill_response`` is None when concurrent)."""
 
 
 def one_token_prefill(body: dict[str, Any], route: str) -> dict[str, Any]:
@@ -59,4 +62,12 @@ def one_token_prefill(body: dict[str, Any], route: str) -> dict[str, Any]:
     if route.endswith("/chat/completions") or "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
     out.pop("stream_options", None)
+    return out
+
+
+def remote_decode_prefill(body: dict[str, Any], route: str, **params: Any) -> dict[str, Any]:
+    """:func:`one_token_prefill` plus vLLM's ``kv_transfer_params`` for "prefill here, decode
+    elsewhere" (``do_remote_decode``), extended by the protocol's own ``params``."""
+    out = one_token_prefill(body, route)
+    out["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False, **params}
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import HandoffProtocol, InstanceAddr, one_token_prefill
+from .base import HandoffProtocol, InstanceAddr, remote_decode_prefill
 
 DEFAULT_BOOTSTRAP_PORT = 8998  # VLLM_MOONCAKE_BOOTSTRAP_PORT default
 
@@ -36,13 +36,7 @@ class MooncakeHandoff(HandoffProtocol):
 
     def prefill_payload(self, body: dict[str, Any], route: str, prefill: InstanceAddr,
                         ctx: dict[str, Any]) -> dict[str, Any]:
-        out = one_token_prefill(body, route)
-        out["kv_transfer_params"] = {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "transfer_id": ctx["transfer_id"],
-        }
-        return out
+        return remote_decode_prefill(body, route, transfer_id=ctx["transfer_id"])
 
     def decode_payload(self, body: dict[str, Any], route: str, prefill: InstanceAddr,
                        ctx: dict[str, Any], prefill_response: dict[str, Any] | None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import HandoffProtocol, InstanceAddr, one_token_prefill
+from .base import HandoffProtocol, InstanceAddr, remote_decode_prefill
 
 
 class VllmHandoff(HandoffProtocol):
@@ -18,16 +18,8 @@ class VllmHandoff(HandoffProtocol):
 
     def prefill_payload(self, body: dict[str, Any], route: str, prefill: InstanceAddr,
                         ctx: dict[str, Any]) -> dict[str, Any]:
-        out = one_token_prefill(body, route)
-        out["kv_transfer_params"] = {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_host": None,
-            "remote_port": None,
-        }
-        return out
+        return remote_decode_prefill(body, route, remote_engine_id=None, remote_block_ids=None,
+                                     remote_host=None, remote_port=None)
 
     def decode_payload(self, body: dict[str, Any], route: str, prefill: InstanceAddr,
                        ctx: dict[str, Any], prefill_response: dict[str, Any] | None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ only round-robin cursors, the random generator and hotness counters advance.
 
 from __future__ import annotations
 
+import abc
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class PrefillPlan:
     remote_blocks: int = 0
 
 
-class Scheduler:
+class Scheduler(abc.ABC):
     """Base class: estimation helpers, decode choice and SLO checks. Subclasses implement
     :meth:`choose_prefill` (and may override :meth:`choose_decode`)."""
 
@@ -99,8 +100,9 @@ class Scheduler:
                         self.replicate_blocks(req, plan))
 
     # ------------------------------------------------------------------ policy hooks
+    @abc.abstractmethod
     def choose_prefill(self, req: RequestInfo, prefills: Sequence[InstanceInfo], now: float) -> PrefillPlan:
-        raise NotImplementedError
+        """Pick the prefill instance (and what it reuses) for ``req``; the policy's core."""
 
     def choose_decode(self, req: RequestInfo, decodes: Sequence[InstanceInfo], now: float,
                       est_ttft_s: float) -> tuple[str, float] | None:

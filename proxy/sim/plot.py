@@ -22,6 +22,17 @@ def _plt():
     return plt
 
 
+def _finish(plt, fig, ax, path: str | Path) -> Path:
+    """Shared look (log grid, legend) and save-then-close, so figures never leak memory."""
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_ttft_cdf(results: Mapping[str, SimResult], path: str | Path, title: str = "") -> Path:
     """TTFT CDF, one line per policy (completed requests)."""
     plt = _plt()
@@ -34,13 +45,7 @@ def plot_ttft_cdf(results: Mapping[str, SimResult], path: str | Path, title: str
     ax.set_xlabel("TTFT (s, log scale)")
     ax.set_ylabel("fraction of requests")
     ax.set_title(title or "TTFT CDF by scheduling policy")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path)
 
 
 def plot_hit_ratio_curve(curve: Sequence[HitStats], path: str | Path, title: str = "") -> Path:
@@ -57,10 +62,4 @@ def plot_hit_ratio_curve(curve: Sequence[HitStats], path: str | Path, title: str
     ax.set_xlabel("cache capacity (512-token blocks)")
     ax.set_ylabel("prefix hit ratio (% of prompt tokens)")
     ax.set_title(title or "Prefix cache hit ratio vs capacity")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path)

@@ -14,7 +14,8 @@ from typing import Iterator
 import pytest
 
 from mooncake_core.metadata import HttpMetadataServer, MetadataError, open_metadata
-from mooncake_core.utils.net import free_port
+from mooncake_core.utils.net import free_port, wait_for_port
+from mooncake_core.utils.proc import stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -163,19 +164,10 @@ def redis_with_password() -> Iterator[tuple[str, str]]:
                              "--appendonly", "no", "--dir", data, "--requirepass", password],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("password redis-server did not start")
-                time.sleep(0.05)
+        wait_for_port("127.0.0.1", port, 30, proc)
         yield f"127.0.0.1:{port}", password
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)
         shutil.rmtree(data, ignore_errors=True)
 
 

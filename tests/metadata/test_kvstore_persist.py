@@ -75,7 +75,7 @@ def test_failed_save_keeps_old_file(tmp_path, monkeypatch) -> None:
 
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(persist.os, "replace", boom)
+    monkeypatch.setattr(os, "replace", boom)  # the atomic-write helper persist.save uses
     with pytest.raises(OSError):
         persist.save(path, {"a": b"new"})
     monkeypatch.undo()

@@ -29,7 +29,7 @@ PROBE = textwrap.dedent("""
                    plugin_file=os.path.realpath(plugin.__file__),
                    engine_file=os.path.realpath(sys.modules["mooncake_core.engine"].__file__),
                    get_engine_is_self=te.get_engine() is te,
-                   bind=os.environ.get("MC_TCP_BIND_ADDRESS"))
+                   bind_env=os.environ.get("MC_TCP_BIND_ADDRESS"))
     except ImportError as e:
         out["import_error"] = str(e)
     print(json.dumps(out))
@@ -51,7 +51,7 @@ def test_entry_point_found_by_sglang_loader(sglang_python):
     assert out["plugin_file"] == os.path.join(REPO, "connectors", "sglang", "plugin.py"), out
     assert out["engine_file"] == os.path.join(REPO, "mooncake_core", "engine.py"), out
     assert out["get_engine_is_self"] is True  # SGLang's MooncakeTransferEngine.get_engine() works
-    assert out["bind"] == "0.0.0.0"  # listen where SGLang advertises the engine (its host IP)
+    assert out["bind_env"] is None  # the plugin leaves the bind address to the engine (local_hostname's host)
 
 
 def test_sglang_plugins_whitelist_excludes_it(sglang_python):

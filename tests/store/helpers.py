@@ -8,14 +8,14 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import time
 from typing import Any
 
 import numpy as np
 
-from mooncake_core.utils.net import free_port
+from mooncake_core.utils.net import free_port, wait_for_port
+from mooncake_core.utils.proc import stop_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "store_worker.py")
@@ -28,19 +28,6 @@ def payload(seed: int, size: int) -> bytes:
 
 def sha(b: Any) -> str:
     return hashlib.sha256(b).hexdigest()
-
-
-def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited early with code {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.3):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
 class Master:
@@ -77,10 +64,10 @@ class Master:
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         if not self.flags.get("enable_ha"):
-            wait_port(self.port, 30, self.proc)
+            wait_for_port("127.0.0.1", self.port, 30, self.proc)
             self.wait_ready(30)
         if self.http:
-            wait_port(self.http_port, 30, self.proc)
+            wait_for_port("127.0.0.1", self.http_port, 30, self.proc)
         return self
 
     def wait_ready(self, timeout: float) -> None:
@@ -96,17 +83,12 @@ class Master:
                     return
                 except MooncakeError:
                     if time.monotonic() > deadline or (self.proc and self.proc.poll() is not None):
-                        raise TimeoutError(f"master {self.addr} not answering:\n{self.log_tail()}")
+                        raise TimeoutError(f"master {self.addr} not answering:\n{self.log_tail()}") from None
                     time.sleep(0.1)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            stop_process(self.proc, 10, sig)
         self.proc = None
 
     def log_tail(self) -> str:

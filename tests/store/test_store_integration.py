@@ -157,6 +157,28 @@ def test_api_semantics_across_processes(master_factory, worker_factory, client_f
     assert torch.equal(c.get_tensor_with_tp("tp", tp_rank=1, tp_size=2, split_dim=1), t.chunk(2, dim=1)[1])
 
 
+@pytest.mark.integration
+def test_remove_all_and_regex_force_through_client(master_factory, worker_factory, client_factory) -> None:
+    """force=True reaches the master over RPC: leased objects go only when forced."""
+    m = master_factory(default_kv_lease_ttl=60_000)  # leases outlive the test
+    worker_factory(m, 8 * MiB)
+    c = client_factory(m)
+    vals = {k: payload(40 + i, 10_000 + i) for i, k in enumerate(["fa-1", "fa-2", "fb-1", "fb-2"])}
+    for k, v in vals.items():
+        assert c.put(k, v) == 0
+    assert c.get("fa-1") == vals["fa-1"] and c.get("fb-1") == vals["fb-1"]  # now leased
+    with pytest.raises(TypeError, match="force must be bool"):
+        c.remove_all(force="yes")  # type: ignore[arg-type]
+    assert c.remove_by_regex("^fa-") == 1
+    assert c.is_exist("fa-1") == 1 and c.is_exist("fa-2") == 0
+    assert c.remove_by_regex("^fa-", force=True) == 1
+    assert c.is_exist("fa-1") == 0
+    assert c.remove_all() == 1
+    assert c.is_exist("fb-1") == 1 and c.get("fb-1") == vals["fb-1"]
+    assert c.remove_all(force=True) == 1
+    assert c.is_exist("fb-1") == 0 and c.get("fb-1") == b""
+
+
 def test_bad_input_gives_clear_errors(master_factory, worker_factory, client_factory) -> None:
     m = master_factory()
     worker_factory(m, 4 * MiB)

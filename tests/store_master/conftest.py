@@ -16,6 +16,7 @@ import pytest
 from mooncake_core.errors import MooncakeError
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.utils.net import free_port
+from mooncake_core.utils.proc import stop_process
 
 
 class MasterProc:
@@ -49,13 +50,7 @@ class MasterProc:
             return f.read().decode(errors="replace")[-4000:]
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 10, sig)
         self._log.close()
 
 

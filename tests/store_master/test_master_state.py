@@ -210,6 +210,27 @@ def test_remove_all_regex_and_batch() -> None:
     assert st.batch_exist_key(["b2", "c1"]) == [False, True]
 
 
+def test_remove_all_and_regex_force_removes_leased() -> None:
+    st, clock = make(default_kv_lease_ttl_ms=10_000)
+    for k in ("a1", "a2", "b1", "b2"):
+        put(st, k, 100)
+    for k in ("a1", "b1"):
+        st.get_replica_list(k)  # a reader now holds a lease on a1 and b1
+    assert st.remove_by_regex("^a") == 1, "without force the leased a1 stays"
+    assert st.batch_exist_key(["a1", "a2"]) == [True, False]
+    assert st.remove_by_regex("^a", force=True) == 1
+    assert not st.exist_key("a1")
+    assert st.remove_all() == 1, "without force the leased b1 stays"
+    assert st.exist_key("b1")
+    assert st.remove_all(force=True) == 1
+    assert not st.exist_key("b1")
+    assert st.used > 0, "forced-out leased memory waits in the graveyard until the lease ends"
+    clock.advance(20)
+    st.tick()
+    assert st.used == 0
+    assert st.remove_all(force=True) == 0
+
+
 # ---------------------------------------------------------------- eviction
 def test_eviction_lru_order_skips_leased_and_hard_pinned() -> None:
     # one segment of 100 KiB; objects of 10 KiB; ratio 0.2 -> 20 KiB per round

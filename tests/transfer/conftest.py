@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from mooncake_core.utils.proc import close_piped
+
 PEER = os.path.join(os.path.dirname(__file__), "te_peer.py")
 
 
@@ -38,14 +40,7 @@ class Peer:
         return np.random.default_rng(self.seed).integers(0, 256, self.size, dtype=np.uint8)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("exit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        close_piped(self.proc)
 
 
 @pytest.fixture

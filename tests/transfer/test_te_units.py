@@ -83,3 +83,13 @@ def test_batch_states():
     a.finish(None)
     b.finish("boom")
     assert a.status_code(now=500) == 1 and b.status_code() == -1 and b.error == "boom"
+
+
+def test_default_bind_follows_local_hostname():
+    from mooncake_core.engine import _default_bind
+
+    assert _default_bind("127.0.0.1") == "127.0.0.1"
+    assert _default_bind("localhost") == "127.0.0.1"
+    assert _default_bind("10.1.2.3") == "10.1.2.3"       # listen where peers are told to connect
+    assert _default_bind("[::1]") == "::1"
+    assert _default_bind("no-such-host.invalid") == "127.0.0.1"

@@ -1,0 +1,43 @@
+"""Stopping child processes (services, and peers driven over a stdin/stdout line protocol)
+without ever hanging the caller or leaving zombies."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+
+def close_piped(proc: subprocess.Popen, command: str = "exit", timeout: float = 10.0) -> int | None:
+    """Ask a line-driven child to exit by writing ``command``; kill it if it does not.
+
+    A polite exit lets the child unregister its segment/metadata; killing is the fallback so a
+    wedged child can never hang the caller. Always reaps the process (no zombies) and returns
+    its return code (None only if even a SIGKILL'd child did not go away within ``timeout``).
+    """
+    if proc.poll() is None:
+        try:
+            proc.stdin.write(command + "\n")
+            proc.stdin.flush()
+            proc.wait(timeout)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            proc.kill()
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int | None:
+    """Send ``sig`` (default SIGTERM) so the child can shut down cleanly; SIGKILL it after
+    ``timeout`` seconds. Always reaps it; returns its return code (None if even SIGKILL
+    did not end it within ``timeout``). A no-op apart from reaping for an exited child."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(sig)
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None

@@ -1,0 +1,87 @@
+"""wait_for_port and close_piped: the helpers every process-starting test and CLI relies on."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from mooncake_core.utils.net import free_port, wait_for_port
+from mooncake_core.utils.proc import close_piped, stop_process
+
+
+def test_wait_for_port_returns_once_listening() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        t0 = time.monotonic()
+        wait_for_port("127.0.0.1", s.getsockname()[1], 5)
+        assert time.monotonic() - t0 < 2
+
+
+def test_wait_for_port_waits_for_late_listener() -> None:
+    port = free_port()
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def late() -> None:
+        time.sleep(0.3)
+        srv.bind(("127.0.0.1", port))
+        srv.listen(1)
+
+    th = threading.Thread(target=late)
+    th.start()
+    try:
+        t0 = time.monotonic()
+        wait_for_port("127.0.0.1", port, 10)
+        assert time.monotonic() - t0 >= 0.25
+    finally:
+        th.join()
+        srv.close()
+
+
+def test_wait_for_port_timeout_names_address() -> None:
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"127.0.0.1:{port}"):
+        wait_for_port("127.0.0.1", port, 0.3)
+    assert time.monotonic() - t0 < 3
+
+
+def test_wait_for_port_reports_early_exit_code() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    proc.wait(10)
+    with pytest.raises(RuntimeError, match="code 3"):
+        wait_for_port("127.0.0.1", free_port(), 30, proc)
+
+
+def test_close_piped_polite_and_forced() -> None:
+    polite = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); sys.exit(5)"],
+                              stdin=subprocess.PIPE, text=True)
+    assert close_piped(polite, timeout=10) == 5
+    deaf = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            stdin=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    rc = close_piped(deaf, timeout=0.5)
+    assert rc is not None and rc < 0  # killed by a signal
+    assert time.monotonic() - t0 < 5
+
+
+def test_stop_process_terminates_then_kills() -> None:
+    soft = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert stop_process(soft, timeout=10) == -15  # SIGTERM ended it
+    stubborn = subprocess.Popen([sys.executable, "-c",
+                                 "import signal, sys, time\n"
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                 "print('ready', flush=True)\n"
+                                 "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert stubborn.stdout.readline().strip() == "ready"  # SIGTERM handler is installed
+    t0 = time.monotonic()
+    assert stop_process(stubborn, timeout=0.5) == -9
+    assert time.monotonic() - t0 < 5
+    stubborn.stdout.close()
+    assert stop_process(stubborn) == -9, "an exited child: just its return code"
