@@ -25,7 +25,7 @@ import numpy as np
 
 from mooncake_core.utils.log import get_logger, setup_logging
 from mooncake_core.utils.net import free_port
-from mooncake_core.utils.proc import close_piped
+from mooncake_core.utils.proc import close_piped, readline_timeout
 from mooncake_core.utils.sizes import format_size, parse_size
 
 log = get_logger("mooncake.demo")
@@ -71,7 +71,7 @@ class _Target:
         self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_core.cli.demo", "--_target", "--metadata",
                                       metadata, "--size", str(size)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
+        line = readline_timeout(self.proc, 60, what="demo target process")
         if not line:
             raise RuntimeError(f"target process exited early (rc={self.proc.wait()})")
         info = json.loads(line)
@@ -82,7 +82,7 @@ class _Target:
     def sha(self, off: int, n: int) -> str:
         self.proc.stdin.write(f"sha {off} {n}\n")
         self.proc.stdin.flush()
-        return self.proc.stdout.readline().strip()
+        return readline_timeout(self.proc, 120, what="demo target process").strip()
 
     def close(self) -> None:
         close_piped(self.proc)

@@ -41,3 +41,23 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0, sig: int = signa
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
         return None
+
+
+def readline_timeout(proc: subprocess.Popen, timeout: float, *, what: str = "child process") -> str:
+    """One line from ``proc.stdout`` within ``timeout`` seconds.
+
+    A blocking ``readline`` on a wedged child would hang the caller forever; here the read runs
+    in a helper thread, and on timeout the child is killed (which also ends the read) and a
+    TimeoutError naming ``what`` is raised. Returns '' at end of stream, like ``readline``.
+    """
+    import threading
+
+    out: list[str] = []
+    t = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        proc.kill()
+        t.join(5)
+        raise TimeoutError(f"{what} (pid {proc.pid}) sent no answer within {timeout:.0f}s; killed it")
+    return out[0] if out else ""

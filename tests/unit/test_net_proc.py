@@ -85,3 +85,22 @@ def test_stop_process_terminates_then_kills() -> None:
     assert time.monotonic() - t0 < 5
     stubborn.stdout.close()
     assert stop_process(stubborn) == -9, "an exited child: just its return code"
+
+
+def test_readline_timeout_kills_wedged_child():
+    import subprocess
+    import sys
+    import time
+
+    import pytest
+
+    from mooncake_core.utils.proc import readline_timeout
+
+    p = subprocess.Popen([sys.executable, "-c", "import sys,time; print('hello', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True)
+    assert readline_timeout(p, 10, what="sleeper") == "hello\n"
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="sleeper"):
+        readline_timeout(p, 0.5, what="sleeper")
+    assert time.monotonic() - t0 < 5
+    assert p.wait(5) != 0  # killed
