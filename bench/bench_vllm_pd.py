@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""TTFT and end-to-end latency of 1P1D vLLM (CPU, tiny model) with our connector vs NixlConnector
+vs no disaggregation -- all measured in the same run, same prompts.
+
+    python bench/bench_vllm_pd.py                 # 32 x 400-token prompts, 32 output tokens
+    python bench/bench_vllm_pd.py --requests 8 --modes ours nodisagg   # quick
+
+Modes (each starts its own servers, runs the prompts one at a time, stops them):
+  nodisagg  one vLLM instance (core 0), requests sent to it directly
+  ours      prefill (core 0) + decode (core 1) with MooncakeCoreConnector, through mooncake_proxy
+  nixl      same with vLLM's NixlConnector (needs ``pip install --no-deps nixl-cu12==1.5.1
+            nixl==1.5.1`` in the vLLM venv: ``scripts/install_vllm.sh --with-nixl``), UCX over tcp
+  builtin   same with vLLM's built-in MooncakeConnector running on our engine via the alias
+
+TTFT = time to the first streamed token at the client; E2E = time to the last. Prints p50/mean
+per mode, the ratio of ours to nixl and to nodisagg, and the KV bytes our decode pulled per
+request next to the bytes of the blocks the prompt needs. Needs the vLLM venv
+(scripts/install_vllm.sh); the tiny model is built on the fly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "vllm"))
+
+from vllm_harness import (VllmServer, free_port, http_json, make_tiny_model, p2p_config,  # noqa: E402
+                          start_all, vllm_python)
+
+try:
+    from tqdm import tqdm
+except ImportError:  # pragma: no cover
+    tqdm = None
+
+
+def stream_request(url: str, prompt: list[int], max_tokens: int, timeout: float = 300.0) -> tuple[float, float, int]:
+    """(ttft_s, e2e_s, tokens) of one streamed completion (tokens from the final usage chunk: the
+    server may coalesce several tokens into one chunk)."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    t0 = time.perf_counter()
+    ttft = None
+    n = 0
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for raw in r:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices") and chunk["choices"][0].get("text") and ttft is None:
+                ttft = time.perf_counter() - t0
+            if chunk.get("usage"):
+                n = int(chunk["usage"].get("completion_tokens") or 0)
+    return (ttft if ttft is not None else float("nan")), time.perf_counter() - t0, n
+
+
+def start_proxy(p: VllmServer, d: VllmServer, handoff: str, log: Path, bootstrap: int | None = None):
+    port = free_port()
+    if handoff == "mooncake":
+        inst = ["--prefill", p.url, str(bootstrap), "--decode", d.url]
+    else:
+        inst = ["--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(p.port),
+                "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(d.port)]
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", str(port),
+                             *inst, "--handoff", handoff], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            http_json(url + "/v1/models", timeout=5)
+            return proc, url
+        except Exception:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"proxy did not start; see {log}")
+            time.sleep(0.5)
+
+
+def servers_for(mode: str, py: str, model: Path, logs: Path) -> tuple[list[VllmServer], dict]:
+    if mode == "nodisagg":
+        return [VllmServer(py, model, free_port(), 0, logs / "single.log")], {}
+    if mode == "ours":
+        return [VllmServer(py, model, free_port(), 0, logs / "ours_p.log", p2p_config("kv_producer")),
+                VllmServer(py, model, free_port(), 1, logs / "ours_d.log", p2p_config("kv_consumer"))], {}
+    if mode == "nixl":
+        env = {"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp,self,sm", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
+
+        def cfg(role: str) -> dict:
+            return {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
+
+        return [VllmServer(py, model, free_port(), 0, logs / "nixl_p.log", cfg("kv_producer"),
+                           env=dict(env, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))),
+                VllmServer(py, model, free_port(), 1, logs / "nixl_d.log", cfg("kv_consumer"),
+                           env=dict(env, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port())))], {}
+    if mode == "builtin":
+        b = free_port()
+        env = {"MOONCAKE_VLLM_CPU_SHIM": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(b)}
+
+        def cfg(role: str) -> dict:
+            return {"kv_connector": "MooncakeConnector", "kv_role": role,
+                    "kv_connector_extra_config": {"mooncake_protocol": "tcp"}}
+
+        return [VllmServer(py, model, free_port(), 0, logs / "builtin_p.log", cfg("kv_producer"), env=env),
+                VllmServer(py, model, free_port(), 1, logs / "builtin_d.log", cfg("kv_consumer"), env=env)], \
+            {"bootstrap": b}
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int]], max_tokens: int) -> dict:
+    servers, extra = servers_for(mode, py, model, logs)
+    proxy = None
+    try:
+        start_all(servers)
+        if mode == "nodisagg":
+            url = servers[0].url
+        else:
+            proxy, url = start_proxy(servers[0], servers[1], "mooncake" if mode == "builtin" else "vllm",
+                                     logs / f"{mode}_proxy.log", extra.get("bootstrap"))
+        stream_request(url, [5] * 64, 2)  # warm-up (first request compiles / connects)
+        ttfts, e2es = [], []
+        error = ""
+        it = tqdm(prompts, desc=mode, unit="req") if tqdm else prompts
+        for p in it:
+            try:
+                t, e, n = stream_request(url, p, max_tokens)
+                if n != max_tokens:
+                    raise RuntimeError(f"got {n} tokens, expected {max_tokens}")
+            except Exception as ex:  # keep what was measured; report the failure next to it
+                error = f"request {len(ttfts) + 1} failed: {ex}"
+                print(f"[{mode}] {error}", file=sys.stderr)
+                break
+            ttfts.append(t)
+            e2es.append(e)
+        if not ttfts:
+            raise RuntimeError(error or "no request completed")
+        out = {"ttft_p50": statistics.median(ttfts), "ttft_mean": statistics.fmean(ttfts),
+               "e2e_p50": statistics.median(e2es), "e2e_mean": statistics.fmean(e2es), "n": len(ttfts),
+               "error": error}
+        if mode == "ours":
+            pulled = [int(b) for b in re.findall(r"kv pulled request=\S+ transfer=\S+ blocks=\d+ bytes=(\d+)",
+                                                 servers[1].log_text())]
+            out["kv_bytes_per_req"] = statistics.fmean(pulled[1:]) if len(pulled) > 1 else float("nan")
+        return out
+    finally:
+        if proxy is not None:
+            proxy.terminate()
+            try:
+                proxy.wait(10)
+            except subprocess.TimeoutExpired:
+                proxy.kill()
+        for s in servers:
+            s.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=32, help="prompts per mode (default 32)")
+    ap.add_argument("--prompt-len", type=int, default=400, help="tokens per prompt (default 400)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (default 32)")
+    ap.add_argument("--modes", nargs="+", default=["nodisagg", "ours", "nixl"],
+                    choices=["nodisagg", "ours", "nixl", "builtin"], help="modes to run, in order")
+    ap.add_argument("--seed", type=int, default=0, help="prompt RNG seed")
+    ap.add_argument("--logs", default=None, help="directory for server logs (default: a temp dir)")
+    a = ap.parse_args(argv)
+    py = vllm_python()
+    if py is None:
+        print("vLLM venv not found: run scripts/install_vllm.sh (or set VLLM_VENV)", file=sys.stderr)
+        return 2
+    logs = Path(a.logs or tempfile.mkdtemp(prefix="bench-vllm-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    model = make_tiny_model(py, logs / "tiny-llama")
+    rng = random.Random(a.seed)
+    prompts = [[rng.randrange(3, 300) for _ in range(a.prompt_len)] for _ in range(a.requests)]
+    res: dict[str, dict] = {}
+    for m in a.modes:
+        try:
+            res[m] = run_mode(m, py, model, logs, prompts, a.max_tokens)
+        except Exception as e:
+            print(f"[{m}] failed: {e}", file=sys.stderr)
+    print(f"\n{a.requests} requests x {a.prompt_len} prompt tokens, {a.max_tokens} output tokens, "
+          f"one at a time; logs in {logs}")
+    print(f"{'mode':10} {'TTFT p50 ms':>12} {'TTFT mean':>10} {'E2E p50 ms':>11} {'E2E mean':>9} {'done':>5}")
+    for m, r in res.items():
+        print(f"{m:10} {r['ttft_p50'] * 1e3:12.1f} {r['ttft_mean'] * 1e3:10.1f} {r['e2e_p50'] * 1e3:11.1f} "
+              f"{r['e2e_mean'] * 1e3:9.1f} {r['n']:5d}" + (f"  ({r['error']})" if r["error"] else ""))
+    if "ours" in res:
+        for ref in ("nixl", "nodisagg", "builtin"):
+            if ref in res:
+                print(f"ours / {ref}: TTFT p50 {res['ours']['ttft_p50'] / res[ref]['ttft_p50']:.2f}x, "
+                      f"E2E p50 {res['ours']['e2e_p50'] / res[ref]['e2e_p50']:.2f}x")
+        need = -(-a.prompt_len // 32) * 16384 * 2  # blocks x bytes/block/layer x layers (tiny model)
+        print(f"ours: KV bytes pulled per request {res['ours'].get('kv_bytes_per_req', float('nan')):.0f} "
+              f"(blocks the prompt needs: {need})")
+    return 0 if len(res) == len(a.modes) and not any(r["error"] for r in res.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

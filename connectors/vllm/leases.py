@@ -1,0 +1,61 @@
+"""Prefill-side bookkeeping of KV blocks held for a decode instance (pure logic, clock injected).
+
+Why: a prefill keeps a finished request's blocks until the decode confirms it has read them.
+If the decode dies, or the proxy never sends the decode request, the blocks must not leak
+(vLLM #35943): each held request has a lease; when it expires the blocks are freed anyway.
+Confirmations may arrive before the worker learns of the request (the scheduler tells the
+worker one step later), so early confirmations are remembered for a while.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SendTracker:
+    """Maps transfer ids to vLLM request ids and decides when each request's blocks can be freed."""
+
+    early_ttl_s: float = 600.0
+    _by_tid: dict[str, str] = field(default_factory=dict)  # transfer id -> request id
+    _expiry: dict[str, float] = field(default_factory=dict)  # request id -> lease expiry (monotonic)
+    _early: dict[str, float] = field(default_factory=dict)  # transfer id -> time confirmed before known
+    expired_total: int = 0
+    confirmed_total: int = 0
+
+    def hold(self, request_id: str, transfer_id: str, expiry: float, now: float) -> bool:
+        """Start holding; returns True if the decode already confirmed (free right away)."""
+        if transfer_id in self._early:
+            del self._early[transfer_id]
+            self.confirmed_total += 1
+            return True
+        self._by_tid[transfer_id] = request_id
+        self._expiry[request_id] = expiry
+        return False
+
+    def confirm(self, transfer_id: str, now: float) -> str | None:
+        """A decode confirmed reading ``transfer_id``; returns the request id to free, if known."""
+        rid = self._by_tid.pop(transfer_id, None)
+        if rid is None:
+            self._early[transfer_id] = now
+            return None
+        if self._expiry.pop(rid, None) is None:
+            return None
+        self.confirmed_total += 1
+        return rid
+
+    def expire(self, now: float) -> list[str]:
+        """Request ids whose lease ran out (freed without confirmation); also forgets stale early ones."""
+        out = [rid for rid, t in self._expiry.items() if t <= now]
+        if out:
+            gone = set(out)
+            for rid in out:
+                del self._expiry[rid]
+            self._by_tid = {t: r for t, r in self._by_tid.items() if r not in gone}
+            self.expired_total += len(out)
+        for tid in [t for t, at in self._early.items() if now - at > self.early_ttl_s]:
+            del self._early[tid]
+        return out
+
+    def held(self) -> int:
+        return len(self._expiry)

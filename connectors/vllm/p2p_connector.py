@@ -1,0 +1,519 @@
+"""``MooncakeCoreConnector``: vLLM KV connector (V1 API, vLLM 0.32) for disaggregated prefill/decode.
+
+Targets ``vllm/distributed/kv_transfer/kv_connector/v1/base.py`` of vLLM 0.32.0
+(``KVConnectorBase_V1``, constructor ``(vllm_config, role, kv_cache_config)``).
+
+How a request flows (pull model, like vLLM's NixlConnector, on our Transfer Engine):
+
+1. The proxy sends the prompt to the **prefill** instance with ``max_tokens=1`` and
+   ``kv_transfer_params={"do_remote_decode": true}``. When it finishes, the prefill's
+   scheduler-side ``request_finished`` keeps the request's KV blocks alive (returns True) and
+   returns ``kv_transfer_params``: the prefill worker's Transfer Engine segment, the block ids,
+   a fresh ``mooncake_transfer_id`` and a lease expiry (``params.RemotePrefill``).
+2. The proxy sends the original request plus those params to the **decode** instance. Its
+   scheduler-side ``get_num_new_matched_tokens`` reports the prompt tokens it lacks as loadable
+   asynchronously; ``update_state_after_alloc`` records which fresh local blocks receive them;
+   ``build_connector_meta`` hands that to the worker.
+3. The decode worker's ``start_load_kv`` submits one asynchronous READ batch per request
+   through the Transfer Engine (same-host peers: cross-memory attach; otherwise tcp), block
+   granular, contiguous runs merged. ``get_transfer_results`` polls the batches; a finished
+   request is reported in ``finished_recving`` and the prefill is notified (TE notification
+   named by the transfer id). A failed one is also reported in ``failed_recving`` and its
+   blocks in ``get_block_ids_with_load_errors`` so vLLM's ``kv_load_failure_policy``
+   (``fail`` -> the client gets an error; ``recompute`` -> decode recomputes) applies.
+4. The prefill worker's ``get_transfer_results`` drains notifications and reports the request
+   in ``finished_sending`` (vLLM frees its blocks) -- or does so when the lease expires, so a
+   vanished decode never leaks blocks. A decode refuses to read after the lease expiry.
+
+Scheduler-side methods (run in the scheduler of each instance): ``get_num_new_matched_tokens``,
+``update_state_after_alloc``, ``build_connector_meta``, ``request_finished``,
+``set_xfer_handshake_metadata``. Worker-side methods (run in each worker): ``register_kv_caches``,
+``get_handshake_metadata``, ``start_load_kv``, ``wait_for_layer_load``, ``save_kv_layer``,
+``wait_for_save``, ``get_finished`` / ``get_transfer_results``, ``get_block_ids_with_load_errors``,
+``shutdown``. They talk only through ``MooncakeConnectorMetadata`` (scheduler -> worker each step)
+and the handshake metadata (worker -> scheduler once at start).
+
+Configuration (``--kv-transfer-config`` ``kv_connector_extra_config``): ``local_hostname``
+(default env ``MOONCAKE_LOCAL_HOSTNAME`` or 127.0.0.1: the address peers use to reach this
+worker), ``metadata_server`` (default ``P2PHANDSHAKE``: no metadata service needed),
+``protocol`` (tcp), ``kv_lease_s`` (default 30: how long a prefill holds blocks for a decode).
+Test-only env ``MOONCAKE_VLLM_TEST_CORRUPT_KV``: ``1`` overwrites every received block with
+noise, ``on_request`` only those of requests whose params carry ``"mooncake_test_corrupt": true``
+(the negative control proving decode uses the transferred KV; never set it in production). Tensor parallelism: 1 only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorHandshakeMetadata,
+                                                                KVConnectorMetadata, KVConnectorRole,
+                                                                KVConnectorTransferResults)
+from vllm.logger import init_logger
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from mooncake_connectors.vllm.layout import (Slab, coalesce, pair_blocks, plan, remote_slabs_from_regions,
+                                             slabs_of)
+from mooncake_connectors.vllm.leases import SendTracker
+from mooncake_connectors.vllm.params import (ParamsError, RemotePrefill, new_transfer_id, wants_remote_decode,
+                                             wants_remote_prefill)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+# Under the "vllm" logger so records go to vLLM's handlers (same format and level as the server's own).
+logger = init_logger("vllm.mooncake_core.p2p_connector")
+
+#: A decode does not start a read this close to the prefill's lease expiry (the blocks may be
+#: freed and reused mid-read); it recomputes or fails per policy instead.
+LEASE_MARGIN_S = 2.0
+
+
+def _extra(vllm_config: "VllmConfig", key: str, default: Any) -> Any:
+    return vllm_config.kv_transfer_config.get_from_extra_config(key, default)
+
+
+# =====================================================================================  messages
+@dataclass
+class MooncakeHandshake(KVConnectorHandshakeMetadata):
+    """Worker -> scheduler, once at start: where this worker's KV lives."""
+
+    segment: str
+    block_bytes: int
+    num_slabs: int
+
+
+@dataclass
+class RecvReq:
+    """Decode: pull ``remote`` into ``local_block_ids`` (after ``local_hit_blocks`` cached blocks)."""
+
+    request_id: str
+    remote: RemotePrefill
+    local_block_ids: list[int]
+    local_hit_blocks: int
+
+
+@dataclass
+class MooncakeConnectorMetadata(KVConnectorMetadata):
+    """Scheduler -> worker, every step."""
+
+    reqs_to_recv: list[RecvReq] = field(default_factory=list)
+    # prefill: request id -> (transfer id, lease expiry unix time)
+    reqs_to_send: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # decode: (prefill segment, transfer id) whose blocks it will not read (local hit / abort)
+    releases: list[tuple[str, str]] = field(default_factory=list)
+
+
+# =====================================================================================  connector
+class MooncakeCoreConnector(KVConnectorBase_V1):
+    """vLLM KV connector V1 moving KV blocks between instances over the Mooncake Transfer Engine."""
+
+    _cache_hit_source = CacheHitSource.P2P
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig | None" = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        if tp != 1:
+            raise ValueError(f"MooncakeCoreConnector supports tensor_parallel_size 1 only (got {tp})")
+        self.engine_id: str = vllm_config.kv_transfer_config.engine_id or "mooncake"
+        if role == KVConnectorRole.SCHEDULER:
+            self._sched: _Scheduler | None = _Scheduler(vllm_config, self.engine_id)
+            self._worker: _Worker | None = None
+        else:
+            self._sched = None
+            self._worker = _Worker(vllm_config, self.engine_id, kv_cache_config)
+
+    # ---------------------------------------------------------------- scheduler side
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
+        assert self._sched is not None
+        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
+        assert self._sched is not None
+        self._sched.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        assert self._sched is not None
+        return self._sched.build_connector_meta()
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._sched is not None
+        return self._sched.request_finished(request, block_ids)
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
+        if self._sched is not None:
+            self._sched.set_handshake(metadata)
+
+    def get_loaded_kv_cache_group_ids(self, request: "Request") -> tuple[int, ...]:
+        # We transfer the request's own blocks, so every group is restored.
+        return tuple(range(len(self._kv_cache_config.kv_cache_groups)))
+
+    # ---------------------------------------------------------------- worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        assert self._worker is not None
+        self._worker.register_kv_caches(kv_caches)
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        return self._worker.handshake() if self._worker is not None else None
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        assert self._worker is not None
+        self._worker.start_load(self._get_connector_metadata())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are whole-request and asynchronous (the request waits in WAITING_FOR_REMOTE_KVS)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: "AttentionMetadata",
+                      **kwargs: Any) -> None:
+        return  # pull model: the KV stays in the prefill's paged cache until the decode reads it
+
+    def wait_for_save(self):
+        return
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        r = self.get_transfer_results(finished_req_ids)
+        return r.finished_sending or None, r.finished_recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        assert self._worker is not None
+        return self._worker.poll()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_load_errors() if self._worker is not None else set()
+
+    def shutdown(self):
+        if self._worker is not None:
+            self._worker.shutdown()
+
+
+# =====================================================================================  scheduler
+class _Scheduler:
+    """Scheduler-side state of one instance (both roles: an instance may prefill and decode)."""
+
+    def __init__(self, vllm_config: "VllmConfig", engine_id: str):
+        self.engine_id = engine_id
+        self.block_size = vllm_config.cache_config.block_size
+        self.lease_s = float(_extra(vllm_config, "kv_lease_s", 30.0))
+        self.hs: MooncakeHandshake | None = None
+        self._recv: list[RecvReq] = []
+        self._send: dict[str, tuple[str, float]] = {}
+        self._releases: list[tuple[str, str]] = []
+
+    def set_handshake(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
+        hs = metadata.get(0)
+        if not isinstance(hs, MooncakeHandshake):
+            raise ValueError(f"MooncakeCoreConnector: expected worker handshake metadata for rank 0, got {metadata!r}")
+        self.hs = hs
+        logger.info("MooncakeCoreConnector scheduler: worker segment=%s block_bytes=%d slabs=%d",
+                    hs.segment, hs.block_bytes, hs.num_slabs)
+
+    def _parse(self, request: "Request") -> RemotePrefill | None:
+        try:
+            rp = RemotePrefill.from_params(request.kv_transfer_params)
+        except ParamsError as e:
+            logger.error("MooncakeCoreConnector: request %s: %s; computing the prompt locally instead",
+                         request.request_id, e)
+            return None
+        if rp.block_size != self.block_size:
+            logger.error("MooncakeCoreConnector: request %s: prefill block size %d != decode block size %d; "
+                         "computing locally", request.request_id, rp.block_size, self.block_size)
+            return None
+        if self.hs is not None and (rp.block_bytes, rp.num_slabs) != (self.hs.block_bytes, self.hs.num_slabs):
+            logger.error("MooncakeCoreConnector: request %s: prefill KV layout (%d bytes/block, %d slabs) differs "
+                         "from this decode's (%d, %d); computing locally", request.request_id, rp.block_bytes,
+                         rp.num_slabs, self.hs.block_bytes, self.hs.num_slabs)
+            return None
+        return rp
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
+        params = request.kv_transfer_params
+        if not wants_remote_prefill(params):
+            return 0, False
+        rp = self._parse(request)
+        if rp is None:
+            return 0, False
+        if time.time() > rp.lease_expiry_unix - LEASE_MARGIN_S:
+            logger.warning("MooncakeCoreConnector: request %s: the prefill's lease on transfer %s has expired; "
+                           "computing locally", request.request_id, rp.transfer_id)
+            return 0, False
+        n = min(len(request.prompt_token_ids or ()), rp.num_tokens) - num_computed_tokens
+        return (n, True) if n > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
+        params = request.kv_transfer_params
+        if not wants_remote_prefill(params):
+            return
+        rp = self._parse(request)
+        if rp is not None:
+            if num_external_tokens > 0:
+                groups = blocks.blocks
+                hashed = sum(1 for b in groups[0] if b.block_hash is not None)
+                self._recv.append(RecvReq(request.request_id, rp, blocks.get_unhashed_block_ids(), hashed))
+            else:  # full local prefix hit (or lease gone): tell the prefill to free its blocks
+                self._releases.append((rp.segment, rp.transfer_id))
+        params["do_remote_prefill"] = False  # exactly one transfer per request
+
+    def build_connector_meta(self) -> MooncakeConnectorMetadata:
+        meta = MooncakeConnectorMetadata(reqs_to_recv=self._recv, reqs_to_send=self._send,
+                                         releases=self._releases)
+        self._recv, self._send, self._releases = [], {}, []
+        return meta
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        from vllm.v1.request import RequestStatus
+
+        params = request.kv_transfer_params
+        if wants_remote_prefill(params):
+            # Decode request finished (aborted) before its blocks were allocated: release the prefill.
+            try:
+                rp = RemotePrefill.from_params(params)
+                self._releases.append((rp.segment, rp.transfer_id))
+            except ParamsError:
+                pass
+            params["do_remote_prefill"] = False
+            return False, None
+        if not wants_remote_decode(params):
+            return False, None
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
+            return False, None  # aborted prefill: nothing to hand off
+        if not block_ids:
+            return False, None
+        if self.hs is None:
+            logger.error("MooncakeCoreConnector: no worker handshake yet; cannot hand off request %s",
+                         request.request_id)
+            return False, None
+        tid = new_transfer_id(self.engine_id, request.request_id)
+        expiry = time.time() + self.lease_s
+        self._send[request.request_id] = (tid, expiry)
+        rp = RemotePrefill(transfer_id=tid, segment=self.hs.segment, engine_id=self.engine_id,
+                           request_id=request.request_id, block_ids=list(block_ids),
+                           num_tokens=request.num_computed_tokens, block_size=self.block_size,
+                           block_bytes=self.hs.block_bytes, num_slabs=self.hs.num_slabs, lease_expiry_unix=expiry)
+        return True, rp.to_params()
+
+
+# =====================================================================================  worker
+@dataclass
+class _Pull:
+    req: RecvReq
+    batch_id: int
+    nbytes: int
+    nblocks: int
+    started: float
+
+
+class _Worker:
+    """Worker-side state: the Transfer Engine, registered KV slabs, in-flight pulls and held sends."""
+
+    def __init__(self, vllm_config: "VllmConfig", engine_id: str, kv_cache_config: "KVCacheConfig | None"):
+        from mooncake_core.engine import TransferEngine, TransferNotify
+
+        self._notify_cls = TransferNotify
+        self.engine_id = engine_id
+        self.num_blocks = kv_cache_config.num_blocks if kv_cache_config is not None else None
+        self.te = TransferEngine()
+        host = _extra(vllm_config, "local_hostname", os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1"))
+        meta = _extra(vllm_config, "metadata_server", "P2PHANDSHAKE")
+        proto = _extra(vllm_config, "protocol", "tcp")
+        rc = self.te.initialize(host, meta, proto, _extra(vllm_config, "device_name", ""))
+        if rc != 0:
+            raise RuntimeError(f"MooncakeCoreConnector: Transfer Engine initialize({host!r}, {meta!r}, {proto!r}) "
+                               f"failed: {self.te.last_error}")
+        self.segment = self.te.get_local_segment_name()
+        self.slabs: list[Slab] = []
+        self.tensors: list[torch.Tensor] = []  # one (num_blocks, block_elems) view per slab, for the test hook
+        self._remote: dict[str, list[Slab]] = {}
+        self._pulls: list[_Pull] = []
+        self._failed_now: list[RecvReq] = []
+        self._load_errors: set[int] = set()
+        self._sends = SendTracker()
+        self._send_done: set[str] = set()
+        self._held_since: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._notifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-kv-notify")
+        self._corrupt = os.environ.get("MOONCAKE_VLLM_TEST_CORRUPT_KV", "").strip().lower()
+        if self._corrupt:
+            logger.warning("MooncakeCoreConnector: TEST HOOK MOONCAKE_VLLM_TEST_CORRUPT_KV=%s is set: received "
+                           "KV blocks will be overwritten with noise", self._corrupt)
+        self.bytes_pulled = 0
+        self.blocks_pulled = 0
+        logger.info("MooncakeCoreConnector worker: Transfer Engine segment %s (metadata %s)", self.segment, meta)
+
+    # ---------------------------------------------------------------- setup
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        slabs: list[Slab] = []
+        tensors: list[torch.Tensor] = []
+        for name, t in kv_caches.items():
+            nb = self.num_blocks or t.shape[0]
+            layer = slabs_of(t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size(), nb)
+            bd = 0 if t.shape[0] == nb else 1
+            views = [t] if bd == 0 else [t[i] for i in range(t.shape[0])]
+            for s, v in zip(layer, views):
+                if s.stride != s.block_bytes:
+                    raise ValueError(f"layer {name}: KV blocks are not packed (stride {s.stride} != block "
+                                     f"{s.block_bytes} bytes); unsupported layout")
+                tensors.append(v.reshape(nb, -1))
+            slabs.extend(layer)
+        if len({s.block_bytes for s in slabs}) != 1:
+            raise ValueError("MooncakeCoreConnector: layers have different block sizes in bytes; unsupported")
+        for s in slabs:
+            if self.te.register_memory(s.base, s.nbytes, "cpu:0") != 0:
+                raise RuntimeError(f"MooncakeCoreConnector: register_memory({s.base:#x}, {s.nbytes}) failed: "
+                                   f"{self.te.last_error}")
+        self.slabs, self.tensors = slabs, tensors
+        logger.info("MooncakeCoreConnector worker: registered %d KV slabs of %d blocks x %d bytes (%s)",
+                    len(slabs), slabs[0].num_blocks, slabs[0].block_bytes, self.segment)
+
+    def handshake(self) -> MooncakeHandshake:
+        if not self.slabs:
+            raise RuntimeError("MooncakeCoreConnector: handshake requested before register_kv_caches")
+        return MooncakeHandshake(segment=self.segment, block_bytes=self.slabs[0].block_bytes,
+                                 num_slabs=len(self.slabs))
+
+    # ---------------------------------------------------------------- decode: pulls
+    def _remote_slabs(self, rp: RemotePrefill) -> list[Slab]:
+        # keyed by engine id too: a prefill restarted on the same port has a new layout
+        key = f"{rp.segment}|{rp.engine_id}"
+        cached = self._remote.get(key)
+        if cached is None:
+            regions = [(a, n) for a, n, _loc in self.te.get_segment_buffers(rp.segment)]
+            cached = remote_slabs_from_regions(regions, rp.block_bytes, rp.num_slabs, rp.segment)
+            self._remote[key] = cached
+            logger.info("MooncakeCoreConnector worker: peer %s reached over %s", rp.segment,
+                        self.te.transport_for(rp.segment))
+        return cached
+
+    def start_load(self, meta: MooncakeConnectorMetadata) -> None:
+        for seg, tid in meta.releases:
+            self._notify(seg, tid, "release")
+        for tid_req in meta.reqs_to_send.items():
+            rid, (tid, expiry) = tid_req
+            now = time.time()
+            self._held_since[rid] = time.monotonic()
+            if self._sends.hold(rid, tid, expiry, now):
+                self._send_done.add(rid)
+        for r in meta.reqs_to_recv:
+            self._submit(r)
+
+    def _submit(self, r: RecvReq) -> None:
+        rp = r.remote
+        try:
+            if time.time() > rp.lease_expiry_unix - LEASE_MARGIN_S:
+                raise RuntimeError(f"prefill lease on transfer {rp.transfer_id} expired before the read started")
+            pairs = pair_blocks(r.local_block_ids, rp.block_ids, r.local_hit_blocks)
+            la, ra, ln = plan(self.slabs, self._remote_slabs(rp), coalesce(pairs))
+            bid = self.te.batch_transfer_async_read(rp.segment, la, ra, ln)
+            if bid <= 0:
+                self._remote.pop(f"{rp.segment}|{rp.engine_id}", None)
+                raise RuntimeError(f"Transfer Engine refused the read from {rp.segment}: {self.te.last_error}")
+            self._pulls.append(_Pull(r, bid, sum(ln), len(pairs), time.monotonic()))
+        except Exception as e:
+            logger.error("MooncakeCoreConnector: KV pull for request %s (transfer %s from %s) failed to start: %s",
+                         r.request_id, rp.transfer_id, rp.segment, e)
+            self._failed_now.append(r)
+            self._notify(rp.segment, rp.transfer_id, "failed")  # best effort: lets a live prefill free early
+
+    def _corrupt_blocks(self, block_ids: list[int]) -> None:
+        idx = torch.tensor(block_ids, dtype=torch.long)
+        for t in self.tensors:
+            t[idx] = torch.randn(len(block_ids), t.shape[1], dtype=torch.float32).to(t.dtype) * 3
+
+    def _notify(self, segment: str, transfer_id: str, msg: str, inline: bool = False) -> None:
+        """Tell the prefill it may free the blocks of ``transfer_id``.
+
+        ``inline`` (after a successful read: the peer just answered, so this is one quick round
+        trip) sends from the calling thread. A background thread would have to win the GIL from
+        the busy model loop several times per round trip, delaying the confirmation by up to
+        hundreds of ms -- and the prefill's engine spins while it holds blocks, stealing CPU from
+        everything else on the host. Failure paths (peer maybe dead) stay in the background."""
+        from mooncake_core.engine import TransferOpcode
+
+        def send() -> None:
+            rc = self.te.batch_transfer_sync(segment, [], [], [], TransferOpcode.READ,
+                                             self._notify_cls(transfer_id, msg))
+            if rc != 0:
+                logger.warning("MooncakeCoreConnector: could not notify %s about transfer %s (%s); its lease "
+                               "will free the blocks", segment, transfer_id, self.te.last_error)
+
+        if inline:
+            send()
+        else:
+            self._notifier.submit(send)
+
+    # ---------------------------------------------------------------- polling (both roles)
+    def poll(self) -> KVConnectorTransferResults:
+        res = KVConnectorTransferResults()
+        still: list[_Pull] = []
+        for p in self._pulls:
+            code = self.te.transfer_check_status(p.batch_id)
+            if code == 0:
+                still.append(p)
+                continue
+            rp = p.req.remote
+            ok = code == 1 and time.time() < rp.lease_expiry_unix
+            if ok:
+                if self._corrupt in ("1", "true", "yes") or (self._corrupt == "on_request" and rp.test_corrupt):
+                    self._corrupt_blocks(p.req.local_block_ids[:p.nblocks])
+                pulled_ms = (time.monotonic() - p.started) * 1e3
+                t_n = time.monotonic()
+                self._notify(rp.segment, rp.transfer_id, "done", inline=True)
+                self.bytes_pulled += p.nbytes
+                self.blocks_pulled += p.nblocks
+                logger.info("MooncakeCoreConnector: kv pulled request=%s transfer=%s blocks=%d bytes=%d ms=%.1f "
+                            "notify_ms=%.1f", p.req.request_id, rp.transfer_id, p.nblocks, p.nbytes, pulled_ms,
+                            (time.monotonic() - t_n) * 1e3)
+                res.finished_recving.add(p.req.request_id)
+            else:
+                why = "lease expired during the read" if code == 1 else f"transfer status {code}"
+                logger.error("MooncakeCoreConnector: KV pull for request %s (transfer %s from %s) failed: %s",
+                             p.req.request_id, rp.transfer_id, rp.segment, why)
+                self._remote.pop(f"{rp.segment}|{rp.engine_id}", None)
+                self._failed_now.append(p.req)
+                self._notify(rp.segment, rp.transfer_id, "failed")
+        self._pulls = still
+        for r in self._failed_now:
+            res.finished_recving.add(r.request_id)
+            res.failed_recving.add(r.request_id)
+            self._load_errors.update(r.local_block_ids)
+        self._failed_now = []
+        # prefill: confirmations and lease expiries
+        now = time.time()
+        for n in self.te.get_notifies():
+            rid = self._sends.confirm(n.name, now)
+            if rid is not None:
+                self._send_done.add(rid)
+                t = self._held_since.get(rid)
+                logger.info("MooncakeCoreConnector: kv released request=%s transfer=%s (%s) held_ms=%.1f", rid,
+                            n.name, n.msg, (time.monotonic() - t) * 1e3 if t is not None else -1.0)
+        expired = self._sends.expire(now)
+        if expired:
+            logger.warning("MooncakeCoreConnector: lease expired without a decode confirmation, freeing blocks "
+                           "of %d request(s): %s", len(expired), sorted(expired)[:8])
+        self._send_done.update(expired)
+        for rid in self._send_done:
+            self._held_since.pop(rid, None)
+        res.finished_sending, self._send_done = self._send_done, set()
+        return res
+
+    def take_load_errors(self) -> set[int]:
+        out, self._load_errors = self._load_errors, set()
+        return out
+
+    def shutdown(self) -> None:
+        self._notifier.shutdown(wait=False)
+        try:
+            self.te.close()
+        except Exception:
+            pass

@@ -1,0 +1,130 @@
+"""The ``kv_transfer_params`` our P2P connector puts in the prefill's answer (pure, no vLLM import).
+
+Why typed: the proxy copies this dict from the prefill's JSON answer into the decode request
+verbatim, so whatever arrives at the decode instance is untrusted input. Parsing it once into
+a dataclass with clear errors (which key, what was expected) keeps garbage from turning into
+a wrong memory address later.
+
+Key names follow vLLM's NixlConnector where they mean the same thing (``do_remote_prefill``,
+``do_remote_decode``, ``remote_engine_id``, ``remote_block_ids``, ``remote_host``,
+``remote_port``, ``remote_request_id``) so proxies written for vLLM work unchanged; the
+Mooncake-specific ones are prefixed ``mooncake_``. ``mooncake_transfer_id`` is ours because
+vLLM's request ids differ between the P and D instances (random suffixes).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Version of this dict's format; a decode refuses params from a prefill speaking another one.
+PARAMS_VERSION = 1
+
+
+class ParamsError(ValueError):
+    """``kv_transfer_params`` are malformed; the message names the key and what was expected."""
+
+
+def new_transfer_id(engine_id: str, request_id: str) -> str:
+    """A transfer id unique across instances and restarts (engine id alone is not: it may be fixed
+    by the user; request ids are reused by clients)."""
+    return f"{engine_id}:{request_id}:{uuid.uuid4().hex[:12]}"
+
+
+def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...], what: str) -> Any:
+    if key not in d or d[key] is None:
+        raise ParamsError(f"kv_transfer_params: missing {key!r} ({what})")
+    v = d[key]
+    if isinstance(v, bool) and typ is int or not isinstance(v, typ):
+        raise ParamsError(f"kv_transfer_params: {key!r} must be {what}, got {type(v).__name__} {v!r:.80}")
+    return v
+
+
+@dataclass(frozen=True)
+class RemotePrefill:
+    """What a decode instance needs to pull a request's KV blocks from a prefill instance."""
+
+    transfer_id: str
+    segment: str  # Transfer Engine segment name of the prefill worker ("host:rpc_port")
+    engine_id: str
+    request_id: str
+    block_ids: list[int] = field(default_factory=list)
+    num_tokens: int = 0  # tokens whose KV the prefill computed (the prompt)
+    block_size: int = 0
+    block_bytes: int = 0  # bytes of one block in one registered KV slab (layout check)
+    num_slabs: int = 0  # registered KV slabs (layers x K/V split) -- layout check
+    lease_expiry_unix: float = 0.0  # prefill frees the blocks at this time even without a confirmation
+    test_corrupt: bool = False  # test hook: see MOONCAKE_VLLM_TEST_CORRUPT_KV in p2p_connector
+
+    @property
+    def host(self) -> str:
+        return self.segment.rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.segment.rsplit(":", 1)[1])
+
+    def to_params(self) -> dict[str, Any]:
+        """The dict returned from ``request_finished`` (the proxy forwards it to decode)."""
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": self.request_id,
+            "remote_block_ids": list(self.block_ids),
+            "remote_host": self.host,
+            "remote_port": self.port,
+            "remote_num_tokens": self.num_tokens,
+            "mooncake_version": PARAMS_VERSION,
+            "mooncake_transfer_id": self.transfer_id,
+            "mooncake_segment": self.segment,
+            "mooncake_block_size": self.block_size,
+            "mooncake_block_bytes": self.block_bytes,
+            "mooncake_num_slabs": self.num_slabs,
+            "mooncake_lease_expiry": self.lease_expiry_unix,
+        }
+
+    @classmethod
+    def from_params(cls, d: Any) -> "RemotePrefill":
+        """Parse the params a decode request carries; raises ``ParamsError`` naming the bad key."""
+        if not isinstance(d, dict):
+            raise ParamsError(f"kv_transfer_params must be a JSON object, got {type(d).__name__}")
+        ver = d.get("mooncake_version")
+        if ver != PARAMS_VERSION:
+            raise ParamsError(f"kv_transfer_params: 'mooncake_version' is {ver!r}, this decode speaks "
+                              f"{PARAMS_VERSION} (were they produced by MooncakeCoreConnector on the prefill?)")
+        seg = _get(d, "mooncake_segment", str, "the prefill's segment 'host:port'")
+        host, sep, port = seg.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ParamsError(f"kv_transfer_params: 'mooncake_segment' must be 'host:port', got {seg!r}")
+        blocks = _get(d, "remote_block_ids", list, "a list of block ids")
+        if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks):
+            raise ParamsError("kv_transfer_params: 'remote_block_ids' must be non-negative integers")
+        n = _get(d, "remote_num_tokens", int, "a token count")
+        bs = _get(d, "mooncake_block_size", int, "the prefill's block size in tokens")
+        if bs <= 0 or n < 0 or (blocks and n > len(blocks) * bs):
+            raise ParamsError(f"kv_transfer_params: {n} tokens do not fit {len(blocks)} blocks of {bs}")
+        return cls(
+            transfer_id=_get(d, "mooncake_transfer_id", str, "the transfer id"),
+            segment=seg,
+            engine_id=str(d.get("remote_engine_id") or ""),
+            request_id=str(d.get("remote_request_id") or ""),
+            block_ids=list(blocks),
+            num_tokens=n,
+            block_size=bs,
+            block_bytes=_get(d, "mooncake_block_bytes", int, "bytes per block per slab"),
+            num_slabs=_get(d, "mooncake_num_slabs", int, "number of KV slabs"),
+            lease_expiry_unix=float(_get(d, "mooncake_lease_expiry", (int, float), "a unix time")),
+            test_corrupt=d.get("mooncake_test_corrupt") is True,
+        )
+
+
+def wants_remote_prefill(d: Any) -> bool:
+    """True when a decode request asks to pull its prompt KV (vLLM's ``do_remote_prefill``)."""
+    return isinstance(d, dict) and bool(d.get("do_remote_prefill"))
+
+
+def wants_remote_decode(d: Any) -> bool:
+    """True when a prefill request must keep its KV for a decode instance (``do_remote_decode``)."""
+    return isinstance(d, dict) and bool(d.get("do_remote_decode"))

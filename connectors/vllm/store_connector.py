@@ -1,0 +1,249 @@
+"""``MooncakeCoreStoreConnector``: vLLM KV connector (V1 API, vLLM 0.32) backed by the Mooncake Store.
+
+Cross-instance prefix reuse: every instance saves the full KV blocks of the prompts it served
+into the Mooncake Store under prefix-chained keys (``keys.chained_block_keys``); any instance
+serving the same model then loads the longest stored prefix instead of recomputing it.
+Usable alone (``kv_role: kv_both``) or next to ``MooncakeCoreConnector`` through vLLM's
+``MultiConnector``.
+
+Scheduler side: ``get_num_new_matched_tokens`` asks the store master which leading blocks
+exist (one ``batch_is_exist``); ``update_state_after_alloc`` records which local blocks receive
+them; ``request_finished`` schedules the request's full prompt blocks for saving and keeps
+them allocated until the worker reports them saved. Worker side: ``register_kv_caches``
+registers the KV tensors with the store client (zero copy); ``start_load_kv`` reads the hit
+blocks synchronously before the forward (``batch_get_into_multi_buffers``: one object per
+block = the block of every layer, scatter-gathered); saves run in a background thread
+(``batch_put_from_multi_buffers``) and finish through ``get_finished``. A failed read reports
+its blocks through ``get_block_ids_with_load_errors`` (``kv_load_failure_policy`` applies).
+
+Store configuration, in ``kv_connector_extra_config`` (else the upstream env vars
+``MOONCAKE_MASTER``, ``MOONCAKE_TE_META_DATA_SERVER``, ... / ``MOONCAKE_CONFIG_PATH``):
+``master_server_address``, ``metadata_server``, ``global_segment_size`` (memory this worker
+contributes to the pool, default 256MB), ``local_buffer_size``, ``local_hostname``, ``protocol``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                                KVConnectorRole)
+from vllm.logger import init_logger
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from mooncake_connectors.vllm.keys import chained_block_keys, leading_hits, namespace
+from mooncake_connectors.vllm.layout import Slab, slabs_of
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = init_logger("vllm.mooncake_core.store_connector")
+
+
+def _store_from_config(vllm_config: "VllmConfig", segment: str | None):
+    """A set-up ``MooncakeDistributedStore`` client (raises with the reason on failure)."""
+    from mooncake_core.store import MooncakeDistributedStore
+
+    x = vllm_config.kv_transfer_config.get_from_extra_config
+    store = MooncakeDistributedStore()
+    if x("master_server_address", None) is None:
+        rc = store.setup()  # upstream env: MOONCAKE_CONFIG_PATH or MOONCAKE_MASTER, ...
+    else:
+        rc = store.setup(x("local_hostname", os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")),
+                         x("metadata_server", "P2PHANDSHAKE"),
+                         segment if segment is not None else x("global_segment_size", "256MB"),
+                         x("local_buffer_size", "16MB"), x("protocol", "tcp"), x("device_name", ""),
+                         x("master_server_address", None))
+    if rc != 0:
+        raise RuntimeError(f"MooncakeCoreStoreConnector: Mooncake Store setup failed with code {rc} "
+                           f"(master {x('master_server_address', os.environ.get('MOONCAKE_MASTER'))!r})")
+    return store
+
+
+@dataclass
+class StoreMeta(KVConnectorMetadata):
+    """Scheduler -> worker each step: blocks to load now, blocks to save (request id -> pairs)."""
+
+    loads: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    saves: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+
+class MooncakeCoreStoreConnector(KVConnectorBase_V1):
+    """Saves/loads full KV blocks to/from the Mooncake Store under prefix-chained keys."""
+
+    _cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig | None" = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        if vllm_config.parallel_config.tensor_parallel_size != 1:
+            raise ValueError("MooncakeCoreStoreConnector supports tensor_parallel_size 1 only")
+        self.block_size = vllm_config.cache_config.block_size
+        mc = vllm_config.model_config
+        self.model_tag = f"{mc.model}|{mc.dtype}"
+        self.role_ = role
+        if role == KVConnectorRole.SCHEDULER:
+            # The scheduler only asks the master what exists: it contributes no memory.
+            self.store = _store_from_config(vllm_config, segment="0")
+            self._keys: dict[str, list[str]] = {}
+            self._start: dict[str, int] = {}
+            self._loads: dict[str, list[tuple[str, int]]] = {}
+            self._saves: dict[str, list[tuple[str, int]]] = {}
+        else:
+            self.store = _store_from_config(vllm_config, segment=None)
+            self.slabs: list[Slab] = []
+            self._errors: set[int] = set()
+            self._saving: dict[str, Future] = {}
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-kv-save")
+            self._lock = threading.Lock()
+            self.blocks_loaded = 0
+            self.blocks_saved = 0
+
+    # ---------------------------------------------------------------- scheduler side
+    def _keys_for(self, request: "Request") -> list[str]:
+        ks = self._keys.get(request.request_id)
+        if ks is None:
+            seed = namespace(self.model_tag, self.block_size, "v1", getattr(request, "cache_salt", None))
+            ks = chained_block_keys(seed, list(request.prompt_token_ids or ()), self.block_size)
+            self._keys[request.request_id] = ks
+        return ks
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
+        keys = self._keys_for(request)
+        # at least one prompt token must be computed locally to produce logits
+        usable = min(len(keys), (len(request.prompt_token_ids or ()) - 1) // self.block_size)
+        start = num_computed_tokens // self.block_size
+        if usable <= start:
+            return 0, False
+        hits = leading_hits(self.store.batch_is_exist(keys[start:usable]))
+        self._start[request.request_id] = start
+        n = (start + hits) * self.block_size - num_computed_tokens
+        return (n, False) if n > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
+        if num_external_tokens <= 0:
+            return
+        start = self._start.get(request.request_id, 0)
+        ids = blocks.get_block_ids()[0]
+        n = num_external_tokens // self.block_size
+        keys = self._keys_for(request)
+        self._loads[request.request_id] = [(keys[start + i], ids[start + i]) for i in range(n)]
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        meta = StoreMeta(loads=self._loads, saves=self._saves)
+        self._loads, self._saves = {}, {}
+        return meta
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        from vllm.v1.request import RequestStatus
+
+        keys = self._keys_for(request)
+        self._keys.pop(request.request_id, None)
+        self._start.pop(request.request_id, None)
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
+            return False, None
+        n = min(len(keys), len(block_ids), request.num_computed_tokens // self.block_size)
+        if n == 0:
+            return False, None
+        self._saves[request.request_id] = [(keys[i], block_ids[i]) for i in range(n)]
+        return True, None  # keep the blocks until the worker has saved them
+
+    # ---------------------------------------------------------------- worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        nb = self._kv_cache_config.num_blocks
+        slabs: list[Slab] = []
+        for name, t in kv_caches.items():
+            slabs.extend(slabs_of(t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size(), nb))
+        for s in slabs:
+            rc = self.store.register_buffer(s.base, s.nbytes)
+            if rc != 0:
+                raise RuntimeError(f"MooncakeCoreStoreConnector: register_buffer({s.base:#x}, {s.nbytes}) -> {rc}")
+        self.slabs = slabs
+        logger.info("MooncakeCoreStoreConnector: registered %d KV slabs (%d bytes per block each)", len(slabs),
+                    slabs[0].block_bytes)
+
+    def _bufs(self, block_id: int) -> tuple[list[int], list[int]]:
+        return [s.addr(block_id) for s in self.slabs], [s.block_bytes for s in self.slabs]
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, StoreMeta)
+        for rid, pairs in meta.saves.items():
+            self._saving[rid] = self._pool.submit(self._save, rid, pairs)
+        if not meta.loads:
+            return
+        keys: list[str] = []
+        ptrs: list[list[int]] = []
+        sizes: list[list[int]] = []
+        blocks: list[int] = []
+        for pairs in meta.loads.values():
+            for k, b in pairs:
+                p, s = self._bufs(b)
+                keys.append(k)
+                ptrs.append(p)
+                sizes.append(s)
+                blocks.append(b)
+        want = sum(sizes[0]) if sizes else 0
+        res = self.store.batch_get_into_multi_buffers(keys, ptrs, sizes)
+        bad = [b for b, r in zip(blocks, res) if r != want]
+        if bad:
+            logger.error("MooncakeCoreStoreConnector: %d of %d block loads failed (codes %s)", len(bad), len(keys),
+                         sorted({r for r in res if r != want})[:5])
+            self._errors.update(bad)
+        self.blocks_loaded += len(keys) - len(bad)
+        logger.info("MooncakeCoreStoreConnector: kv loaded blocks=%d failed=%d", len(keys) - len(bad), len(bad))
+
+    def _save(self, rid: str, pairs: list[tuple[str, int]]) -> int:
+        keys = [k for k, _ in pairs]
+        exists = self.store.batch_is_exist(keys)
+        todo = [(k, b) for (k, b), e in zip(pairs, exists) if e != 1]
+        if not todo:
+            return 0
+        ptrs, sizes = zip(*(self._bufs(b) for _, b in todo))
+        res = self.store.batch_put_from_multi_buffers([k for k, _ in todo], list(ptrs), list(sizes))
+        ok = sum(1 for r in res if r == 0)
+        if ok != len(todo):
+            logger.warning("MooncakeCoreStoreConnector: saved %d of %d blocks of request %s (codes %s)", ok, len(todo),
+                           rid, sorted(set(res))[:5])
+        logger.info("MooncakeCoreStoreConnector: kv saved request=%s blocks=%d", rid, ok)
+        return ok
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads complete in start_load_kv, before the forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
+        return  # whole blocks are saved once the request finishes
+
+    def wait_for_save(self):
+        return  # saves run in the background; their blocks stay allocated until get_finished reports them
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        done = {rid for rid, f in self._saving.items() if f.done()}
+        for rid in done:
+            f = self._saving.pop(rid)
+            try:
+                self.blocks_saved += f.result()
+            except Exception as e:
+                logger.error("MooncakeCoreStoreConnector: saving request %s failed: %s", rid, e)
+        return (done or None), None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self._errors = self._errors, set()
+        return out
+
+    def shutdown(self):
+        if self.role_ == KVConnectorRole.WORKER:
+            self._pool.shutdown(wait=True)
+        try:
+            self.store.close()
+        except Exception:
+            pass

@@ -1,0 +1,54 @@
+"""Fixtures for the vLLM connector tests: the vLLM venv, the tiny model, a 1P1D pair of real servers.
+
+The servers are started once per module (each ~2 GB, ~30-60 s to healthy on 2 cores) and
+always stopped (process groups killed) at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vllm_harness import LEASE_S, VllmServer, free_port, make_tiny_model, p2p_config, start_all, vllm_python  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def vllm_py() -> str:
+    py = vllm_python()
+    if py is None:
+        msg = (f"vLLM venv not found at {os.environ.get('VLLM_VENV', '/work/venvs/vllm')} "
+               "(create it with scripts/install_vllm.sh, or point VLLM_VENV at one)")
+        if os.environ.get("MOONCAKE_REQUIRE_VLLM") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return py
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_py: str, tmp_path_factory) -> Path:
+    return make_tiny_model(vllm_py, tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def pd_pair(vllm_py: str, tiny_model: Path, tmp_path_factory) -> Iterator[tuple[VllmServer, VllmServer]]:
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    p = VllmServer(vllm_py, tiny_model, free_port(), 0, logs / "prefill.log",
+                   p2p_config("kv_producer", kv_lease_s=LEASE_S))
+    d = VllmServer(vllm_py, tiny_model, free_port(), 1, logs / "decode.log",
+                   dict(p2p_config("kv_consumer"), kv_load_failure_policy="recompute"),
+                   env={"MOONCAKE_VLLM_TEST_CORRUPT_KV": "on_request"})
+    t0 = time.monotonic()
+    start_all([p, d])
+    print(f"1P1D healthy in {time.monotonic() - t0:.1f} s")
+    try:
+        yield p, d
+    finally:
+        p.stop()
+        d.stop()
