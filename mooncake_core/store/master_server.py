@@ -166,6 +166,8 @@ class _Conn:
 
 #: a client that stops reading its replies is disconnected past this much buffered output
 MAX_PENDING_OUTPUT = 64 << 20
+#: bytes read per recv (one reusable buffer; larger frames arrive over several reads)
+RECV_BUFFER = 1 << 20
 
 
 class MasterServer:
@@ -192,6 +194,8 @@ class MasterServer:
         if registry is not None:
             registry.register(_StateCollector(self))
         self._handlers = _handlers(state, self._info)
+        self._rbuf = bytearray(RECV_BUFFER)
+        self._rview = memoryview(self._rbuf)
 
     @property
     def is_leader(self) -> bool:
@@ -292,20 +296,23 @@ class MasterServer:
         conn.sock.close()
 
     def _on_readable(self, conn: _Conn, ep: "select.epoll", conns: dict[int, _Conn]) -> None:
+        # recv_into one preallocated buffer: ``recv(1 << 20)`` would malloc (mmap) and shrink
+        # a 1 MiB bytes object per request -- measured ~20 us, more than the rest of the request
         try:
-            data = conn.sock.recv(1 << 20)
+            got = conn.sock.recv_into(self._rbuf)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._close(conn, ep, conns)
             return
-        if not data:
+        if not got:
             self._close(conn, ep, conns)
             return
+        data = self._rview[:got]  # valid until the next recv; decoded Structs own their data
         buf = conn.inbuf
         if not buf and not conn.outbuf and len(data) >= 4 and P.unpack_len(data) + 4 == len(data):
             # fast path: exactly one frame arrived and nothing is queued: answer directly
-            out = self._handle(memoryview(data)[4:])
+            out = self._handle(data[4:])
             try:
                 sent = conn.sock.send(out)
             except (BlockingIOError, InterruptedError):

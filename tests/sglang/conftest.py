@@ -8,20 +8,19 @@ install script, unless ``MOONCAKE_REQUIRE_SGLANG=1`` turns the skip into a failu
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -80,32 +79,11 @@ def listen_port() -> int:
     raise RuntimeError("no free port below the ephemeral range")
 
 
-_SHIM: list[str] = []
-
-
-def checkout_shim() -> str:
-    """A directory whose entries link this checkout's packages under their import names.
-
-    Why: the SGLang venv has this repo installed editable from wherever install_sglang.sh ran
-    (e.g. /work/main); CI tests a fresh clone elsewhere. Put first on PYTHONPATH, the links make
-    the SGLang processes import the code under test, while SGLang still finds our entry point
-    through the venv's installed metadata.
-    """
-    if not _SHIM:
-        d = tempfile.mkdtemp(prefix="mooncake-sglang-shim-")
-        for name, rel in (("mooncake_core", "mooncake_core"), ("mooncake_connectors", "connectors"),
-                          ("mooncake_proxy", "proxy")):
-            os.symlink(os.path.join(REPO, rel), os.path.join(d, name))
-        atexit.register(shutil.rmtree, d, True)
-        _SHIM.append(d)
-    return _SHIM[0]
-
-
 def sglang_env(**extra: str) -> dict[str, str]:
     """Environment for SGLang subprocesses: loopback only, quiet, short failure detection."""
     env = dict(os.environ)
     env.update({
-        "PYTHONPATH": os.pathsep.join([checkout_shim()] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+        "PYTHONPATH": shim_pythonpath(),
         "SGLANG_HOST_IP": "127.0.0.1",
         "PYTHONWARNINGS": "ignore",
         # decode notices a dead prefill after heartbeat_interval x max_failures (SGLang clamps to >= 2 s, >= 1)

@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = "/work/venvs/vllm"
 #: Prefill lease in the P2P tests: long enough for a decode on a busy 2-core box to start its
@@ -106,7 +108,8 @@ class VllmServer:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_config)]
         env = dict(os.environ)
         env.update({"VLLM_CPU_OMP_THREADS_BIND": str(self.cpu), "VLLM_LOGGING_LEVEL": "INFO",
-                    "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+                    "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                    "PYTHONPATH": shim_pythonpath()})  # the servers run the checkout under test
         env.update(self.env)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
