@@ -140,7 +140,9 @@ def main() -> None:
 
     port = free_port()
     master = subprocess.Popen([sys.executable, "-m", "mooncake_core.store.master_main", f"--port={port}",
-                               "--rpc_address=127.0.0.1", "--metrics_port=0", "--log_level=warning"],
+                               "--rpc_address=127.0.0.1", "--metrics_port=0", "--log_level=warning",
+                               # the bench client sends no heartbeats: keep it (and its puts) alive
+                               "--client_ttl=3600"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         c = MasterClient(f"127.0.0.1:{port}", timeout=5.0)
