@@ -111,6 +111,10 @@ def test_decode_killed_before_transfer_fails_prefill(sglang_python, peers):
     decode = peers([sglang_python, PEER, "--role", "decode", *_common_args(bport),
                     "--seed", "22", "--deadline", "90"], env, "decode")
     decode.wait_event("metadata_sent", 150)
+    # Kill only once the prefill holds the decode's page list (KVPoll.WaitingForInput): a ZMQ
+    # message still queued in the decode's I/O thread would die with it, leaving the prefill
+    # waiting for metadata that never comes -- a different scenario from the one tested here.
+    prefill.wait_event("delaying", 150)
     decode.kill()
     t_kill = time.time()
     res = prefill.wait_event("result", 60)
