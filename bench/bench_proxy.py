@@ -22,13 +22,14 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+from mooncake_core.utils.proc import spawn_until
 
 PY = sys.executable
 
@@ -79,22 +80,9 @@ def serve_toy(host: str, port: int, prefill: str, decode: str) -> None:
 
 # ----------------------------------------------------------------------------- processes
 def spawn(args, pattern: str, timeout: float = 30):
-    proc = subprocess.Popen([PY, "-u", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "MC_LOG_LEVEL": "WARNING"})
-    deadline = time.monotonic() + timeout
-    out = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            if proc.poll() is not None:
-                break
-            continue
-        out.append(line)
-        m = re.search(pattern + r" listening on http://[^:]+:(\d+)", line)
-        if m:
-            return proc, int(m.group(1))
-    proc.kill()
-    raise RuntimeError(f"{args} failed to start:\n{''.join(out)}")
+    proc, m = spawn_until([PY, "-u", *args], pattern + r" listening on http://[^:]+:(\d+)", timeout,
+                          env={**os.environ, "MC_LOG_LEVEL": "WARNING"}, what=pattern)
+    return proc, int(m.group(1))
 
 
 def free_port() -> int:

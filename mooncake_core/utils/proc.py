@@ -3,6 +3,7 @@ without ever hanging the caller or leaving zombies."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 
@@ -61,3 +62,36 @@ def readline_timeout(proc: subprocess.Popen, timeout: float, *, what: str = "chi
         t.join(5)
         raise TimeoutError(f"{what} (pid {proc.pid}) sent no answer within {timeout:.0f}s; killed it")
     return out[0] if out else ""
+
+
+def spawn_until(cmd: list[str], pattern: str, timeout: float, env: dict[str, str] | None = None,
+                what: str = "process") -> tuple[subprocess.Popen, re.Match[str]]:
+    """Start ``cmd`` (stdout+stderr piped, text) and read lines until one matches ``pattern``.
+
+    For services that print the address they bound (``... listening on http://h:PORT``): the
+    caller learns the port without racing for a free one. The whole wait is bounded by
+    ``timeout`` (each read goes through :func:`readline_timeout`); on timeout or early exit the
+    process is killed and RuntimeError carries its output.
+    """
+    import time
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + timeout
+    lines: list[str] = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no line matching {pattern!r} within {timeout:.0f}s")
+            line = readline_timeout(proc, left, what=what)
+            if not line:
+                raise RuntimeError(f"exited with code {proc.wait(5)}")
+            lines.append(line)
+            m = re.search(pattern, line)
+            if m:
+                return proc, m
+    except (TimeoutError, RuntimeError) as e:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(5)
+        raise RuntimeError(f"{what} {cmd} did not start: {e}; output:\n{''.join(lines)}") from None

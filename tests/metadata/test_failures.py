@@ -3,6 +3,7 @@ etcd fails over between endpoints."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -157,7 +158,10 @@ def redis_with_password() -> Iterator[tuple[str, str]]:
     """A real redis-server that requires a password: ("127.0.0.1:PORT", password)."""
     binary = shutil.which("redis-server")
     if not binary:
-        pytest.skip("redis-server not installed")
+        msg = "redis-server not installed (run scripts/install.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
     port, password = free_port(), uuid.uuid4().hex
     data = tempfile.mkdtemp(prefix="mc-redis-pw-")
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",

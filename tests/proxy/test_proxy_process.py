@@ -14,27 +14,16 @@ import time
 import httpx
 import pytest
 
+from mooncake_core.utils.proc import spawn_until
+
 pytestmark = pytest.mark.integration
 
 
 def _spawn(python_exe: str, args: list[str], pattern: str, timeout: float = 20) -> tuple[subprocess.Popen, int]:
-    """Start a process and read its stdout until the 'listening on http://h:PORT' line."""
-    proc = subprocess.Popen([python_exe, "-u", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "MC_LOG_LEVEL": "WARNING"})
-    deadline = time.monotonic() + timeout
-    lines = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            if proc.poll() is not None:
-                break
-            continue
-        lines.append(line)
-        m = re.search(pattern + r" listening on http://[^:]+:(\d+)", line)
-        if m:
-            return proc, int(m.group(1))
-    proc.kill()
-    raise RuntimeError(f"{args} did not start within {timeout}s; output:\n{''.join(lines)}")
+    """Start a process and read its output until the 'listening on http://h:PORT' line."""
+    proc, m = spawn_until([python_exe, "-u", *args], pattern + r" listening on http://[^:]+:(\d+)", timeout,
+                          env={**os.environ, "MC_LOG_LEVEL": "WARNING"}, what=pattern)
+    return proc, int(m.group(1))
 
 
 @pytest.fixture

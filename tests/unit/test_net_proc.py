@@ -104,3 +104,20 @@ def test_readline_timeout_kills_wedged_child():
         readline_timeout(p, 0.5, what="sleeper")
     assert time.monotonic() - t0 < 5
     assert p.wait(5) != 0  # killed
+
+
+def test_spawn_until_matches_and_bounds_the_wait():
+    import sys
+
+    import pytest
+
+    from mooncake_core.utils.proc import spawn_until, stop_process
+
+    p, m = spawn_until([sys.executable, "-u", "-c", "import time; print('srv listening on :4242'); time.sleep(30)"],
+                       r"listening on :(\d+)", 10, what="srv")
+    assert m.group(1) == "4242"
+    stop_process(p)
+    with pytest.raises(RuntimeError, match="did not start"):
+        spawn_until([sys.executable, "-c", "import time; time.sleep(30)"], "never", 0.5, what="silent")
+    with pytest.raises(RuntimeError, match="exited with code 3"):
+        spawn_until([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], "never", 10, what="dies")
