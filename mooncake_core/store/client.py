@@ -311,10 +311,10 @@ class OwnedIndex:
                 if e is not None:
                     self._drop(e)
 
-    def discard_if(self, pred: Any) -> None:
+    def entries(self, pred: Any = None) -> list[_Owned]:
+        """A snapshot of the entries whose key satisfies ``pred`` (all when None)."""
         with self._lock:
-            for e in [e for k, e in self._by_key.items() if pred(k)]:
-                self._drop(e)
+            return [e for k, e in self._by_key.items() if pred is None or pred(k)]
 
     def discard_entries(self, entries: Iterable[_Owned]) -> None:
         with self._lock:
@@ -481,6 +481,7 @@ class MooncakeDistributedStore:
         self._offload_thread: threading.Thread | None = None
         self._offload_pending: set[str] = set()
         self._remount_pending = False
+        self._master_epoch = 0  # epoch of the master our segment is mounted at (0 = not yet)
         # data-path calls in flight: close() waits for them before unmapping our segment, so
         # a concurrent memcpy from/to it never touches freed memory
         self._inflight = 0
@@ -617,7 +618,9 @@ class MooncakeDistributedStore:
     def _mount(self) -> None:
         seg = self._segment
         assert seg is not None
-        reply = self._master.mount_segment(self._client_id, self._segment_name, seg.addr, seg.size)
+        reply = self._master.mount_segment(self._client_id, self._segment_name, seg.addr, seg.size,
+                                           self._master_epoch)
+        self._master_epoch = getattr(reply, "epoch", 0) or 0
         root = getattr(reply, "root_fs_dir", None) if reply is not None else None
         if root and getattr(reply, "enable_offload", True) and self._offload is None:
             try:
@@ -1155,6 +1158,7 @@ class MooncakeDistributedStore:
             if results[i] >= 0 and not isinstance(replies[i], int) and now >= deadlines[i]:
                 log.warning("%s(%r): lease expired during the read; result discarded", op, keys[i])
                 results[i] = _LEASE_EXPIRED
+        self._confirm_epochs(replies, results, keys, (now - t_req) * 1000.0, op)
         for i in pending_promote:
             if results[i] >= 0:
                 d = dests[i][0]
@@ -1165,6 +1169,34 @@ class MooncakeDistributedStore:
                 self._promote(keys[i], data)
         self._count(op, min(results) if results else OK, sum(r for r in results if r > 0), t0)
         return results
+
+    def _confirm_epochs(self, replies: list[Any], results: list[int], keys: list[str],
+                        elapsed_ms: float, op: str) -> None:
+        """A read that took longer than the master's ``confirm_after_ms`` is trusted only if
+        the master that granted its lease still leads: a new master (restart or HA failover)
+        does not know those leases, and may hand the ranges to new puts once its recovery
+        hold has passed. One ping answers for the whole batch; any doubt fails the read
+        with -707 (lease expired) -- a miss, never foreign bytes."""
+        epochs = {r.epoch for i, r in enumerate(replies)
+                  if results[i] >= 0 and not isinstance(r, int)
+                  and 0 < getattr(r, "confirm_after_ms", 0) < elapsed_ms}
+        if not epochs:
+            return
+        try:
+            info = self._master.ping(timeout=2.0)
+            current = info.epoch if info.is_leader else -1
+        except MooncakeError as e:
+            current, why = -1, str(e)
+        else:
+            why = f"the master changed during the read (epoch {min(epochs)} -> {current})"
+        if epochs == {current}:
+            return
+        for i, r in enumerate(replies):
+            if results[i] >= 0 and not isinstance(r, int) and r.epoch in epochs and r.epoch != current:
+                results[i] = _LEASE_EXPIRED
+        log.warning("%s: %d key(s) (first %r) read for %.0f ms under leases that cannot be confirmed: "
+                    "%s; results discarded (-707)", op, sum(1 for x in results if x == _LEASE_EXPIRED),
+                    keys[0], elapsed_ms, why)
 
     def _read_with_fallback(self, order: Sequence[Any], parts: list[tuple[int, int]], size: int,
                             first_error: Any = None) -> None:
@@ -1500,7 +1532,7 @@ class MooncakeDistributedStore:
 
         def run() -> int:
             n = int(self._master.remove_by_regex(regex_pattern, force))
-            self._owned.discard_if(lambda k: compiled.search(k) is not None)
+            self._forget_removed(force, lambda k: compiled.search(k) is not None)
             return n
         return self._call(run, need_ready="remove_by_regex")
 
@@ -1511,9 +1543,24 @@ class MooncakeDistributedStore:
 
         def run() -> int:
             n = int(self._master.remove_all(force))
-            self._owned.clear()
+            self._forget_removed(force, None)
             return n
         return self._call(run, need_ready="remove_all")
+
+    def _forget_removed(self, force: bool, pred: Any) -> None:
+        """After remove_all / remove_by_regex: stop re-reporting the owned objects that are
+        gone. Without ``force`` the master skipped leased ones; those stay in the index (or a
+        master change would lose them), so ask which of the matching keys still exist."""
+        entries = self._owned.entries(pred)
+        if force or not entries:
+            self._owned.discard_entries(entries)
+            return
+        gone = []
+        for i in range(0, len(entries), 4096):
+            chunk = entries[i:i + 4096]
+            exists = self._master.batch_exist_key([e.key for e in chunk])
+            gone.extend(e for e, x in zip(chunk, exists) if not x)
+        self._owned.discard_entries(gone)
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
         """One code per key: 0, -704, -706."""

@@ -19,6 +19,7 @@ callers follow a failover transparently.
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import struct
 import threading
@@ -37,6 +38,25 @@ log = get_logger("mooncake.store.master_client")
 
 #: how long to wait for a TCP connection to the master before trying another address
 CONNECT_WAIT_S = 1.0
+#: after sending a request, poll for the reply without sleeping this long (microseconds) before
+#: blocking. A master reply takes ~10-30 us of work; a thread that blocked in recv needs ~40 us
+#: or more (idle VM) to be woken, which doubled every small call. ``MC_MASTER_BUSY_POLL_US``
+#: overrides (0 = always block).
+DEFAULT_BUSY_POLL_US = 50
+_DONTWAIT = socket.MSG_DONTWAIT
+
+
+def _busy_poll_s() -> float:
+    raw = os.environ.get("MC_MASTER_BUSY_POLL_US", "")
+    if not raw.strip():
+        return DEFAULT_BUSY_POLL_US / 1e6
+    try:
+        us = int(raw)
+        if us < 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"MC_MASTER_BUSY_POLL_US: expected microseconds >= 0, got {raw!r}") from None
+    return us / 1e6
 
 
 class _Conn:
@@ -79,6 +99,7 @@ class MasterClient:
         self._pool: list[tuple[str, _Conn]] = []
         self._ids = itertools.count(1)
         self._closed = False
+        self._spin = _busy_poll_s()
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -145,13 +166,23 @@ class MasterClient:
             else:
                 self._pool.append((addr, c))
 
-    @staticmethod
-    def _exchange(c: "_Conn", rid: int, body: bytes, deadline: float) -> tuple[int, Any, bool] | None:
+    def _exchange(self, c: "_Conn", rid: int, body: bytes, deadline: float) -> tuple[int, Any, bool] | None:
         """Send one request and read its reply: (status, payload, connection_clean) or None
         when the connection broke / the reply did not come in time (OSError also possible)."""
         sock = c.sock
         sock.sendall(P.request_frame(rid, body))
-        buf = sock.recv(65536)
+        buf = None
+        if self._spin:
+            end = time.perf_counter() + self._spin
+            while True:
+                try:
+                    buf = sock.recv(65536, _DONTWAIT)
+                    break
+                except (BlockingIOError, InterruptedError):
+                    if time.perf_counter() >= end:
+                        break
+        if buf is None:
+            buf = sock.recv(65536)
         while True:
             if not buf:
                 return None  # master closed the connection (restart / crash)
@@ -301,8 +332,9 @@ class MasterClient:
     def ping(self, timeout: float | None = None) -> MasterInfo:
         return self._call(P.PingReq(), timeout)
 
-    def mount_segment(self, client_id: str, segment_name: str, base: int, size: int) -> MountReply:
-        return self._call(P.MountSegmentReq(client_id, segment_name, base, size))
+    def mount_segment(self, client_id: str, segment_name: str, base: int, size: int,
+                      prev_epoch: int = 0) -> MountReply:
+        return self._call(P.MountSegmentReq(client_id, segment_name, base, size, prev_epoch))
 
     def unmount_segment(self, client_id: str, segment_name: str) -> None:
         self._call(P.UnmountSegmentReq(client_id, segment_name))

@@ -81,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         advertise_host = local_ip()
     else:
         advertise_host = host
-    server = MasterServer(state, host or "0.0.0.0", port, registry=registry)
+    server = MasterServer(state, host or "0.0.0.0", port, registry=registry,
+                          busy_poll_us=v["rpc_busy_poll_us"])
     http_meta = None
     election = None
     try:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import heapq
 import os
 import re
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -74,16 +75,18 @@ class MasterConfig:
     root_fs_dir: str = ""                          # --root_fs_dir
     disk_quota_bytes: int = 0                      # --quota_bytes (0 = unlimited)
     offload_timeout_s: float = 60.0                # an unanswered OffloadTask is retried after this
-    recovery_hold_s: float = 0.0                   # --recovery_hold_ms: no allocation this long after start
+    recovery_hold_s: float = 1.0                   # --recovery_hold_ms: re-mounted segments take no new
+                                                   # allocation this long (see mount_segment)
     alignment: int = 64
 
 
 class Segment:
     """A memory segment a client mounted: ``[base, base+size)`` in that client's memory."""
 
-    __slots__ = ("seg_id", "name", "client_id", "base", "size", "alloc", "__weakref__")
+    __slots__ = ("seg_id", "name", "client_id", "base", "size", "alloc", "hold_until", "__weakref__")
 
     def __init__(self, seg_id: int, name: str, client_id: str, base: int, size: int, alignment: int):
+        self.hold_until = 0.0  # no new allocation before this (a segment re-mounted after a master change)
         self.seg_id = seg_id
         self.name = name
         self.client_id = client_id
@@ -237,13 +240,19 @@ class MasterState:
         self._seq = 0
         self._sizes: dict[int, int] = {}
         self._largest_seg: int | None = None  # cached size of the largest segment
-        # A new master does not know the leases its predecessor granted; holding allocations
-        # for a lease TTL guarantees no range under such a lease is handed out again.
-        self.hold_until = self.clock() + self.cfg.recovery_hold_s
+        #: identifies this master's term: a new process or a new HA leadership gets a new one.
+        #: Leases are only honoured within the epoch that granted them (see mount_segment).
+        self.epoch = secrets.randbits(62) + 1
+        self._holds_until = 0.0  # max hold_until of any segment (fast path: no hold active)
+        # readers whose copy took longer than this confirm the epoch afterwards; kept below the
+        # hold for margin (the reader's clock starts before the grant, the hold after it). 0 = the
+        # hold is off and so is the check (the original's behaviour).
+        self._confirm_after_ms = int(self.cfg.recovery_hold_s * 800)
 
     def begin_leadership(self) -> None:
-        """Called when this master starts serving (process start, or elected HA leader)."""
-        self.hold_until = self.clock() + self.cfg.recovery_hold_s
+        """Called when this master starts serving as elected HA leader: a new epoch, so that
+        reads under leases of an earlier term are confirmed against the new leader."""
+        self.epoch = secrets.randbits(62) + 1
 
     # ================================================================ helpers
     def _intern_size(self, size: int) -> int:
@@ -319,7 +328,17 @@ class MasterState:
         return c, False
 
     # ================================================================ segments / clients
-    def mount_segment(self, client_id: str, segment_name: str, base: int, size: int) -> MountReply:
+    def mount_segment(self, client_id: str, segment_name: str, base: int, size: int,
+                      prev_epoch: int = 0) -> MountReply:
+        """Mount (or idempotently re-mount) a client's segment.
+
+        ``prev_epoch``: the epoch of the master this client was mounted at before (0 = never).
+        When it differs from ours, the segment comes back after a master restart/failover and
+        readers may still be copying out of it under leases we never granted and cannot see.
+        The segment then takes no new allocation for ``recovery_hold_s``; a reader whose copy
+        took longer than that confirms with us that the epoch did not change before trusting
+        its bytes (the client's side of the contract, see GetReply.confirm_after_ms). Fresh
+        segments are not held, so a fresh start is not delayed."""
         if not isinstance(client_id, str) or not client_id:
             raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment: client_id must be a non-empty string, got {client_id!r}")
         if not isinstance(segment_name, str) or not segment_name:
@@ -328,6 +347,8 @@ class MasterState:
             raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: base must be an int >= 0, got {base!r}")
         if not isinstance(size, int) or size <= 0 or size > MAX_SEGMENT_SIZE:
             raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: size must be an int in 1..2^56, got {size!r}")
+        if not isinstance(prev_epoch, int) or prev_epoch < 0:
+            raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: prev_epoch must be an int >= 0, got {prev_epoch!r}")
         now = self.clock()
         client, _ = self._touch_client(client_id, now)
         old = self.segments.get(segment_name)
@@ -339,6 +360,9 @@ class MasterState:
                         extra={"segment": segment_name, "old_client": old.client_id, "new_client": client_id})
             self._unmount(old, now)
         seg = Segment(self._next_seg_id, segment_name, client_id, base, size, self.cfg.alignment)
+        if prev_epoch and prev_epoch != self.epoch and self.cfg.recovery_hold_s > 0:
+            seg.hold_until = now + self.cfg.recovery_hold_s
+            self._holds_until = max(self._holds_until, seg.hold_until)
         self._next_seg_id += 1
         self.segments[segment_name] = seg
         self.segs_by_id[seg.seg_id] = seg
@@ -348,7 +372,7 @@ class MasterState:
         return self._mount_reply()
 
     def _mount_reply(self) -> MountReply:
-        return MountReply(self.cfg.enable_offload, self.cfg.root_fs_dir, float(self.cfg.client_ttl_s))
+        return MountReply(self.cfg.enable_offload, self.cfg.root_fs_dir, float(self.cfg.client_ttl_s), self.epoch)
 
     def unmount_segment(self, client_id: str, segment_name: str) -> None:
         seg = self.segments.get(segment_name)
@@ -487,12 +511,17 @@ class MasterState:
         return self.put_start(client_id, key, size, cfg, upsert=True)
 
     def _allocate(self, key: str, size: int, cfg: ReplicateConfigMsg, now: float) -> list[Rep]:
-        if now < self.hold_until:
-            self.stats.no_space += 1
-            raise _err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: master recovering after a restart/"
-                       f"failover; allocations resume in {self.hold_until - now:.1f}s (--recovery_hold_ms) "
-                       f"so that reads under leases of the previous master never see reused memory")
-        if not self.segments:
+        segs = self.segments
+        if now < self._holds_until:
+            segs = {n: s for n, s in segs.items() if s.hold_until <= now}
+            if not segs and self.segments:
+                self.stats.no_space += 1
+                wait = min(s.hold_until for s in self.segments.values()) - now
+                raise _err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: master recovering after a restart/"
+                           f"failover; re-mounted segments take new allocations in {wait:.1f}s "
+                           f"(--recovery_hold_ms) so that reads under leases of the previous master "
+                           f"never see reused memory")
+        if not segs:
             self.stats.no_space += 1
             raise _err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no memory segment is mounted "
                        f"(start a client with global_segment_size > 0)")
@@ -502,9 +531,9 @@ class MasterState:
         if size > largest:
             raise _err(ErrorCode.INVALID_PARAMS, f"put {key!r}: object of {size} bytes is larger than "
                        f"any mounted segment (largest {largest} bytes)")
-        want = min(cfg.replica_num, len(self.segments))
+        want = min(cfg.replica_num, len(segs))
         for _ in range(64):
-            reps = self._place(size, want, cfg.preferred_segments)
+            reps = self._place(size, want, cfg.preferred_segments, segs)
             if reps is not None:
                 return reps
             if self._evict(size * want, now) == 0:
@@ -513,8 +542,7 @@ class MasterState:
         raise _err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no space for {want} replica(s) of "
                    f"{size} bytes (used {self.used} of {self.capacity}; nothing evictable)")
 
-    def _place(self, size: int, want: int, preferred: list[str]) -> list[Rep] | None:
-        segs = self.segments
+    def _place(self, size: int, want: int, preferred: list[str], segs: dict[str, Segment]) -> list[Rep] | None:
         if want == 1 and not preferred and len(segs) == 1:
             order = list(segs.values())
         else:
@@ -626,7 +654,7 @@ class MasterState:
             del self.disk_lru[key]
             self.disk_lru[key] = None
         self.stats.hits += 1
-        return GetReply(self._descs(meta), ttl_ms)
+        return GetReply(self._descs(meta), ttl_ms, self.epoch, self._confirm_after_ms)
 
     def batch_get_replica_list(self, keys: list[str]) -> list:
         return self._batch(self.get_replica_list, keys)

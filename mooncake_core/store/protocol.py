@@ -32,7 +32,7 @@ from typing import Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: lease epochs (GetReply.epoch/confirm_after_ms, MountSegmentReq.prev_epoch)
 #: frames larger than this are refused (and the connection closed: it cannot be resynced)
 MAX_FRAME = 256 << 20
 
@@ -134,6 +134,10 @@ class HeartbeatReply(msgspec.Struct, array_like=True):
 class GetReply(msgspec.Struct, array_like=True):
     replicas: list[ReplicaDesc]
     lease_ttl_ms: int
+    #: the granting master's epoch, and how long a read may take before the reader must confirm
+    #: (ping) that this epoch still leads before trusting its bytes (0 = no confirmation)
+    epoch: int = 0
+    confirm_after_ms: int = 0
 
 
 class MountReply(msgspec.Struct, array_like=True):
@@ -142,6 +146,7 @@ class MountReply(msgspec.Struct, array_like=True):
     enable_offload: bool = False
     root_fs_dir: str = ""
     client_ttl_s: float = 10.0
+    epoch: int = 0  #: pass back as MountSegmentReq.prev_epoch when re-mounting after a master change
 
 
 class MasterInfo(msgspec.Struct, array_like=True):
@@ -152,6 +157,7 @@ class MasterInfo(msgspec.Struct, array_like=True):
     root_fs_dir: str
     num_keys: int
     num_segments: int
+    epoch: int = 0
 
 
 # --------------------------------------------------------------------------- requests
@@ -168,6 +174,7 @@ class MountSegmentReq(_Req, tag="mount_segment"):
     segment_name: str
     base: int
     size: int
+    prev_epoch: int = 0
 
 
 class UnmountSegmentReq(_Req, tag="unmount_segment"):

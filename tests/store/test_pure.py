@@ -151,7 +151,7 @@ def test_owned_index_drops_overlapped_entries() -> None:
     idx.add("e", r(2000, 10), b"fe")  # the old range of c is free again: no stale entry there
     assert len(idx) == 3
     idx.discard(["d", "missing"])
-    idx.discard_if(lambda k: k == "e")
+    idx.discard_entries(idx.entries(lambda k: k == "e"))
     assert [e.key for e in idx.newest_first()] == ["c"]
     # bounded: many objects cycling through the same small range keep one entry
     for i in range(1000):

@@ -179,6 +179,27 @@ def test_remove_all_and_regex_force_through_client(master_factory, worker_factor
     assert c.is_exist("fb-1") == 0 and c.get("fb-1") == b""
 
 
+def test_leased_keys_skipped_by_remove_all_survive_a_master_restart(master_factory, client_factory) -> None:
+    """remove_all / remove_by_regex without force leave leased objects in place; their owner
+    must keep re-reporting them, so they are still there after the master restarts."""
+    m = master_factory(default_kv_lease_ttl=60_000, client_ttl=30)
+    owner = client_factory(m, 8 * MiB)  # the objects live in this client's own segment
+    vals = {k: payload(60 + i, 20_000 + i) for i, k in enumerate(["ra-1", "ra-2", "rb-1", "rb-2"])}
+    for k, v in vals.items():
+        assert owner.put(k, v) == 0
+    assert owner.get("ra-1") == vals["ra-1"] and owner.get("rb-1") == vals["rb-1"]  # leased
+    assert owner.remove_by_regex("^ra-") == 1
+    assert owner.remove_all() == 1  # rb-2; ra-1 and rb-1 stay (leased)
+    m.stop(sig=9)
+    m.start()
+    deadline = time.monotonic() + 15
+    while not (owner.is_exist("ra-1") == 1 and owner.is_exist("rb-1") == 1):
+        assert time.monotonic() < deadline, f"leased objects lost after the restart\n{m.log_tail()}"
+        time.sleep(0.2)
+    assert owner.get("ra-1") == vals["ra-1"] and owner.get("rb-1") == vals["rb-1"]
+    assert owner.is_exist("ra-2") == 0 and owner.is_exist("rb-2") == 0
+
+
 def test_bad_input_gives_clear_errors(master_factory, worker_factory, client_factory) -> None:
     m = master_factory()
     worker_factory(m, 4 * MiB)

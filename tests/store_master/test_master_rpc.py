@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -383,7 +384,10 @@ def test_three_client_processes_allocate_disjoint_ranges(start_master, python_ex
 def test_recovery_hold_after_restart(start_master) -> None:
     m = start_master("--recovery_hold_ms=1500")
     with MasterClient(m.addr) as c:
-        c.mount_segment("cA", "segH", 0x1000, 1 * MiB)
+        epoch = c.ping().epoch
+        assert epoch > 0
+        reply = c.mount_segment("cA", "segH", 0x1000, 1 * MiB, prev_epoch=epoch + 1)  # from an "old" master
+        assert reply.epoch == epoch
         t0 = time.monotonic()
         with pytest.raises(MooncakeError) as ei:
             c.put_start("cA", "k", 100)
@@ -394,5 +398,53 @@ def test_recovery_hold_after_restart(start_master) -> None:
                 break
             except MooncakeError:
                 time.sleep(0.1)
+        assert time.monotonic() - t0 >= 1.4
         c.put_end("cA", "k")
         assert c.exist_key("k")
+        got = c.get_replica_list("k")
+        assert got.epoch == epoch and got.confirm_after_ms == 1200
+        # a fresh segment is not held
+        c.mount_segment("cB", "segFresh", 0x900000, 1 * MiB)
+        assert c.put_start("cB", "k2", 100, Cfg(preferred_segments=["segFresh"]))[0].segment_name == "segFresh"
+
+
+@pytest.mark.parametrize("poll_us", [0, 100, 5000])
+def test_busy_poll_settings_give_the_same_answers(start_master, monkeypatch, poll_us: int) -> None:
+    """Busy polling (server --rpc_busy_poll_us, client MC_MASTER_BUSY_POLL_US) only changes
+    how replies are waited for: small and multi-read (large) replies are identical."""
+    monkeypatch.setenv("MC_MASTER_BUSY_POLL_US", str(poll_us))
+    m = start_master(f"--rpc_busy_poll_us={poll_us}")
+    with MasterClient(m.addr) as c:
+        c.mount_segment("cA", "segP", 0x1000, 64 * MiB)
+        keys = [f"poll-{poll_us}-{i:05d}-" + "x" * 100 for i in range(3000)]
+        res = c.batch_put_start("cA", keys, [1000] * len(keys))
+        assert all(isinstance(r, list) for r in res)
+        assert c.batch_put_end("cA", keys) == [0] * len(keys)
+        got = c.batch_get_replica_list(keys)  # a reply of several hundred KiB
+        assert [g.replicas[0].addr for g in got] == [r[0].addr for r in res]
+        for k in keys[:500]:
+            assert c.exist_key(k) and not c.exist_key(k + "-missing")
+
+
+def test_idle_master_does_not_spin(start_master) -> None:
+    """Busy polling follows a burst of requests only: an idle master sleeps."""
+    def cpu_s(pid: int) -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    m = start_master("--rpc_busy_poll_us=100000")
+    with MasterClient(m.addr) as c:
+        for _ in range(200):
+            c.exist_key("k")
+        time.sleep(0.3)  # the 100 ms spin window after the burst ends
+        t0 = cpu_s(m.proc.pid)
+        time.sleep(2.0)
+        used = cpu_s(m.proc.pid) - t0
+    assert used < 0.25, f"idle master used {used:.2f} s of CPU in 2 s"
+
+
+def test_bad_busy_poll_env_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setenv("MC_MASTER_BUSY_POLL_US", "fast")
+    with pytest.raises(ValueError, match="MC_MASTER_BUSY_POLL_US"):
+        MasterClient("127.0.0.1:1")

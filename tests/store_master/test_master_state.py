@@ -453,13 +453,35 @@ def test_memory_per_object_is_small() -> None:
 def test_recovery_hold_blocks_allocation_but_not_reads() -> None:
     clock = Clock()
     st = MasterState(MasterConfig(recovery_hold_s=10.0), clock=clock)
-    st.mount_segment("c0", "seg0", 0x1000, MiB)
-    # a re-reported object is readable at once
+    # a fresh segment (never mounted at another master) is not held
+    assert st.mount_segment("c1", "fresh", 0x100000, MiB).epoch == st.epoch
+    put(st, "on-fresh", 100)
+    # a segment coming back from an earlier master is held; re-reported objects readable at once
+    st.mount_segment("c0", "seg0", 0x1000, MiB, prev_epoch=st.epoch + 1)
     assert st.report_objects("c0", [("old", ReplicaDesc("seg0", 0x1000, 100))]) == 1
-    assert st.get_replica_list("old").replicas[0].addr == 0x1000
+    got = st.get_replica_list("old")
+    assert got.replicas[0].addr == 0x1000 and got.epoch == st.epoch and got.confirm_after_ms == 8000
+    for i in range(20):  # new puts avoid the held segment
+        assert st.put_start("c0", f"n{i}", 100, Cfg(preferred_segments=["seg0"]))[0].segment_name == "fresh"
+    st.unmount_segment("c1", "fresh")
     e = pytest.raises(MooncakeError, st.put_start, "c0", "new", 100).value
     assert e.code == ErrorCode.NO_AVAILABLE_HANDLE and "recovering" in e.message
     clock.advance(10.1)
-    put(st, "new", 100)
-    st.begin_leadership()  # e.g. elected HA leader later: the hold starts again
+    assert st.put_start("c0", "new", 100)[0].segment_name == "seg0"
+    # an HA leadership gets a new epoch: segments re-mounted with the old one are held again
+    old_epoch = st.epoch
+    st.begin_leadership()
+    assert st.epoch != old_epoch
+    st.mount_segment("c2", "seg2", 0x900000, MiB, prev_epoch=old_epoch)
+    st.unmount_segment("c0", "seg0")
     assert code_of(st.put_start, "c0", "new2", 100) == ErrorCode.NO_AVAILABLE_HANDLE
+    # the same epoch (an idempotent re-mount) is not a master change: no hold
+    st.mount_segment("c3", "seg3", 0xA00000, MiB, prev_epoch=st.epoch)
+    assert st.put_start("c3", "new3", 100)[0].segment_name == "seg3"
+
+
+def test_recovery_hold_off_means_no_confirmation() -> None:
+    st = MasterState(MasterConfig(recovery_hold_s=0.0), clock=Clock())
+    st.mount_segment("c0", "seg0", 0x1000, MiB, prev_epoch=12345)
+    put(st, "k", 100)
+    assert st.get_replica_list("k").confirm_after_ms == 0
