@@ -1077,8 +1077,9 @@ class MooncakeDistributedStore:
         finally:
             self._exit()
 
-    def _read_batch_locked(self, keys: list[str], dests: list[Any], op: str) -> list[int]:
+    def _read_batch_locked(self, keys: list[str], dests: list[Any], op: str, retry: bool = True) -> list[int]:
         t0 = time.perf_counter()
+        fresh = [d is None for d in dests]
         master = self._master
         n = len(keys)
         results: list[int] = [0] * n
@@ -1158,7 +1159,17 @@ class MooncakeDistributedStore:
             if results[i] >= 0 and not isinstance(replies[i], int) and now >= deadlines[i]:
                 log.warning("%s(%r): lease expired during the read; result discarded", op, keys[i])
                 results[i] = _LEASE_EXPIRED
-        self._confirm_epochs(replies, results, keys, (now - t_req) * 1000.0, op)
+        stale = self._confirm_epochs(replies, results, keys, (now - t_req) * 1000.0, op)
+        if stale and retry:
+            # the master changed under a long read: read those keys again under fresh leases
+            # (their owners re-report them to the new master); once, so a flapping master
+            # cannot keep us here
+            sub_dests = [None if fresh[i] else dests[i] for i in stale]
+            again = self._read_batch_locked([keys[i] for i in stale], sub_dests, op, retry=False)
+            for j, i in enumerate(stale):
+                results[i] = again[j]
+                if fresh[i]:
+                    dests[i] = sub_dests[j]
         for i in pending_promote:
             if results[i] >= 0:
                 d = dests[i][0]
@@ -1171,17 +1182,18 @@ class MooncakeDistributedStore:
         return results
 
     def _confirm_epochs(self, replies: list[Any], results: list[int], keys: list[str],
-                        elapsed_ms: float, op: str) -> None:
+                        elapsed_ms: float, op: str) -> list[int]:
         """A read that took longer than the master's ``confirm_after_ms`` is trusted only if
         the master that granted its lease still leads: a new master (restart or HA failover)
         does not know those leases, and may hand the ranges to new puts once its recovery
         hold has passed. One ping answers for the whole batch; any doubt fails the read
-        with -707 (lease expired) -- a miss, never foreign bytes."""
+        with -707 (lease expired) -- a miss, never foreign bytes. Returns the indices failed
+        because a *different* master now leads (worth one retry)."""
         epochs = {r.epoch for i, r in enumerate(replies)
                   if results[i] >= 0 and not isinstance(r, int)
                   and 0 < getattr(r, "confirm_after_ms", 0) < elapsed_ms}
         if not epochs:
-            return
+            return []
         try:
             info = self._master.ping(timeout=2.0)
             current = info.epoch if info.is_leader else -1
@@ -1190,13 +1202,15 @@ class MooncakeDistributedStore:
         else:
             why = f"the master changed during the read (epoch {min(epochs)} -> {current})"
         if epochs == {current}:
-            return
-        for i, r in enumerate(replies):
-            if results[i] >= 0 and not isinstance(r, int) and r.epoch in epochs and r.epoch != current:
-                results[i] = _LEASE_EXPIRED
+            return []
+        failed = [i for i, r in enumerate(replies)
+                  if results[i] >= 0 and not isinstance(r, int) and r.epoch in epochs and r.epoch != current]
+        for i in failed:
+            results[i] = _LEASE_EXPIRED
         log.warning("%s: %d key(s) (first %r) read for %.0f ms under leases that cannot be confirmed: "
-                    "%s; results discarded (-707)", op, sum(1 for x in results if x == _LEASE_EXPIRED),
-                    keys[0], elapsed_ms, why)
+                    "%s; results discarded (-707)%s", op, len(failed), keys[failed[0]], elapsed_ms, why,
+                    "; reading them again" if current > 0 else "")
+        return failed if current > 0 else []
 
     def _read_with_fallback(self, order: Sequence[Any], parts: list[tuple[int, int]], size: int,
                             first_error: Any = None) -> None:
