@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -35,57 +33,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOAD = os.path.join(ROOT, "bench", "ref_mooncake_store.py")
 sys.path.insert(0, ROOT)
 
-from mooncake_core.utils.net import free_port, wait_for_port
-from mooncake_core.utils.proc import stop_process
-
-
-def _readline(proc: subprocess.Popen, timeout: float) -> str:
-    r, _, _ = select.select([proc.stdout], [], [], timeout)
-    if not r:
-        raise TimeoutError(f"no output from {proc.args} within {timeout}s")
-    return proc.stdout.readline()
+from store_harness import run_workload  # bench/ is on sys.path when run as a script
 
 
 def run_impl(impl: str, python: str, master_cmd: list[str], args, logdir: str) -> dict:
     """Start master + holder, run the workload, return its JSON."""
-    port, http, metrics = free_port(), free_port(), free_port()
-    mlog = open(os.path.join(logdir, f"{impl}-master.log"), "w")
-    master = subprocess.Popen(master_cmd + [
-        f"--port={port}", f"--metrics_port={metrics}", "--rpc_address=127.0.0.1",
-        "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
-        f"--http_metadata_server_port={http}", "--default_kv_lease_ttl=2000",
-    ], stdout=mlog, stderr=subprocess.STDOUT)
-    procs = [master]
-    try:
-        wait_for_port("127.0.0.1", port, 30, master)
-        wait_for_port("127.0.0.1", http, 30, master)
-        common = ["--impl", impl, "--master", f"127.0.0.1:{port}", "--meta", f"http://127.0.0.1:{http}/metadata"]
-        hlog = open(os.path.join(logdir, f"{impl}-holder.log"), "w")
-        holder = subprocess.Popen([python, WORKLOAD, "holder", *common, "--segment", str(args.segment)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=hlog, text=True)
-        procs.append(holder)
-        line = _readline(holder, 60)
-        if "ready" not in line:
-            raise RuntimeError(f"{impl} holder failed: {line!r} (see {hlog.name})")
-        rlog = open(os.path.join(logdir, f"{impl}-runner.log"), "w")
-        runner = subprocess.Popen([python, WORKLOAD, "run", *common, "--reps", str(args.reps),
-                                   "--thread-ops", str(args.thread_ops), "--qps-seconds", str(args.qps_seconds)],
-                                  stdout=subprocess.PIPE, stderr=rlog, text=True)
-        procs.append(runner)
-        out, _ = runner.communicate(timeout=args.timeout)
-        if runner.returncode != 0:
-            raise RuntimeError(f"{impl} runner failed with {runner.returncode} (see {rlog.name})")
-        last = [ln for ln in out.splitlines() if ln.startswith("{")][-1]
-        return json.loads(last)
-    finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                if p.stdin:
-                    try:
-                        p.stdin.close()
-                    except OSError:
-                        pass
-                stop_process(p)
+    return run_workload(impl, python, master_cmd, WORKLOAD, logdir=logdir,
+                        holder_args=["--segment", str(args.segment)],
+                        runner_args=["--reps", str(args.reps), "--thread-ops", str(args.thread_ops), "--qps-seconds", str(args.qps_seconds)],
+                        timeout=args.timeout)
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ from mooncake_core.store.client import (  # noqa: F401
     SoftPinAction,
 )
 from mooncake_core.store.config import MooncakeConfig, MooncakeStoreConfig, StoreConfig  # noqa: F401
+from mooncake_core.store.parallelism import ParallelAxis, ReadTarget, TensorParallelism  # noqa: F401
 
 __all__ = [
     "MooncakeDistributedStore",
@@ -21,4 +22,7 @@ __all__ = [
     "StoreConfig",
     "MooncakeStoreConfig",
     "MooncakeConfig",
+    "ParallelAxis",
+    "TensorParallelism",
+    "ReadTarget",
 ]

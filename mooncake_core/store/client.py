@@ -39,6 +39,9 @@ from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store import tensor as _tensor
 from mooncake_core.store.config import StoreConfig
 from mooncake_core.store.offload import OffloadFiles, mem_view, offload_relpath
+from mooncake_core.store.parallel_api import ParallelApiMixin
+from mooncake_core.store.range_api import RangeApiMixin
+from mooncake_core.store.tensor_api import TensorApiMixin
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import free_port, parse_host_port
 
@@ -452,7 +455,7 @@ def _host_of(segment_name: str) -> str:
     return segment_name.rsplit(":", 1)[0] if ":" in segment_name else segment_name
 
 
-class MooncakeDistributedStore:
+class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
     """Mooncake Store client. Create, ``setup(...)``, use, ``close()``.
 
     Thread-safe: many threads may put/get concurrently through one instance.

@@ -100,6 +100,10 @@ class MasterClient:
         self._ids = itertools.count(1)
         self._closed = False
         self._spin = _busy_poll_s()
+        # calls waiting for a reply right now: only a lone caller busy-polls. With several in
+        # flight the wake-ups overlap anyway, and spinners would fight over the GIL.
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -173,14 +177,24 @@ class MasterClient:
         sock.sendall(P.request_frame(rid, body))
         buf = None
         if self._spin:
-            end = time.perf_counter() + self._spin
-            while True:
-                try:
-                    buf = sock.recv(65536, _DONTWAIT)
-                    break
-                except (BlockingIOError, InterruptedError):
-                    if time.perf_counter() >= end:
-                        break
+            with self._waiting_lock:
+                self._waiting += 1
+                alone = self._waiting == 1
+            try:
+                if alone:
+                    end = time.perf_counter() + self._spin
+                    while True:
+                        try:
+                            buf = sock.recv(65536, _DONTWAIT)
+                            break
+                        except (BlockingIOError, InterruptedError):
+                            if time.perf_counter() >= end:
+                                break
+                if buf is None:
+                    buf = sock.recv(65536)
+            finally:
+                with self._waiting_lock:
+                    self._waiting -= 1
         if buf is None:
             buf = sock.recv(65536)
         while True:

@@ -1,0 +1,60 @@
+"""Shared harness of the store benchmarks: one implementation's master + holder + runner.
+
+For one implementation (ours or the original, each with its own ``mooncake_master`` and
+Python), start the master with its embedded HTTP metadata server, a *holder* process that
+contributes memory, and a *runner* process without memory, so every byte crosses processes.
+Both processes run the same workload script (``holder`` / ``run`` subcommands with
+``--impl --master --meta``); the runner's last JSON line is the result. Every wait is
+bounded and every process is stopped on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+from mooncake_core.utils.net import free_port, wait_for_port
+from mooncake_core.utils.proc import readline_timeout, stop_process
+
+
+def run_workload(impl: str, python: str, master_cmd: list[str], workload: str, *, logdir: str,
+                 holder_args: list[str], runner_args: list[str], timeout: float) -> dict[str, Any]:
+    """Start master + holder, run the workload's runner, return its JSON result."""
+    port, http, metrics = free_port(), free_port(), free_port()
+    procs: list[subprocess.Popen] = []
+    try:
+        with open(os.path.join(logdir, f"{impl}-master.log"), "w") as mlog:
+            procs.append(subprocess.Popen(master_cmd + [
+                f"--port={port}", f"--metrics_port={metrics}", "--rpc_address=127.0.0.1",
+                "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+                f"--http_metadata_server_port={http}", "--default_kv_lease_ttl=2000",
+            ], stdout=mlog, stderr=subprocess.STDOUT))
+        wait_for_port("127.0.0.1", port, 30, procs[0])
+        wait_for_port("127.0.0.1", http, 30, procs[0])
+        common = ["--impl", impl, "--master", f"127.0.0.1:{port}", "--meta", f"http://127.0.0.1:{http}/metadata"]
+        with open(os.path.join(logdir, f"{impl}-holder.log"), "w") as hlog:
+            holder = subprocess.Popen([python, workload, "holder", *common, *holder_args],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=hlog, text=True)
+        procs.append(holder)
+        line = readline_timeout(holder, 60, what=f"{impl} holder")
+        if "ready" not in (line or ""):
+            raise RuntimeError(f"{impl} holder failed: {line!r} (logs in {logdir})")
+        with open(os.path.join(logdir, f"{impl}-runner.log"), "w") as rlog:
+            runner = subprocess.Popen([python, workload, "run", *common, *runner_args],
+                                      stdout=subprocess.PIPE, stderr=rlog, text=True)
+        procs.append(runner)
+        out, _ = runner.communicate(timeout=timeout)
+        if runner.returncode != 0:
+            raise RuntimeError(f"{impl} runner failed with {runner.returncode} (logs in {logdir})")
+        return json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                if p.stdin:
+                    try:
+                        p.stdin.close()
+                    except OSError:
+                        pass
+                stop_process(p)
