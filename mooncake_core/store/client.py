@@ -1652,15 +1652,9 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
 
     def put_tensor_with_tp(self, key: str, tensor: Any, tp_rank: int = 0, tp_size: int = 1,
                            split_dim: int = 0) -> int:
-        """Split along ``split_dim`` into ``tp_size`` shards stored as ``{key}_tp_{rank}``."""
-        if tp_size <= 1:
-            return self.put_tensor(key, tensor)
-        torch = _tensor.require_torch()
-        for rank, shard in enumerate(torch.chunk(tensor, tp_size, dim=split_dim)):
-            rc = self.put_tensor(f"{key}_tp_{rank}", shard.contiguous())
-            if rc != 0:
-                return rc
-        return OK
+        """Split along ``split_dim`` into ``tp_size`` uniform shards stored as
+        ``{key}_tp_{rank}`` (-600 for an uneven split, as the original)."""
+        return self.pub_tensor_with_tp(key, tensor, None, tp_rank, tp_size, split_dim)
 
     def get_tensor_with_tp(self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> Any:
         if tp_size <= 1:

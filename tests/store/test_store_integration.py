@@ -153,8 +153,9 @@ def test_api_semantics_across_processes(master_factory, worker_factory, client_f
     assert b.call("get_hostname") == b.hostname
     assert c.put_tensor("t2", h) == 0 and torch.equal(c.get_tensor("t2"), h)
     assert c.get_tensor("missing") is None
-    assert c.put_tensor_with_tp("tp", t, tp_size=2, split_dim=1) == 0
-    assert torch.equal(c.get_tensor_with_tp("tp", tp_rank=1, tp_size=2, split_dim=1), t.chunk(2, dim=1)[1])
+    assert c.put_tensor_with_tp("tp", t, tp_size=2, split_dim=1) == -600  # 33 columns: uneven, as the original
+    assert c.put_tensor_with_tp("tp", t, tp_size=2, split_dim=0) == 0
+    assert torch.equal(c.get_tensor_with_tp("tp", tp_rank=1, tp_size=2, split_dim=0), t.chunk(2, dim=0)[1])
 
 
 @pytest.mark.integration
