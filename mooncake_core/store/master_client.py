@@ -19,7 +19,6 @@ callers follow a failover transparently.
 from __future__ import annotations
 
 import itertools
-import os
 import socket
 import struct
 import threading
@@ -31,6 +30,7 @@ from mooncake_core.store import protocol as P
 from mooncake_core.store.protocol import (
     GetReply, HeartbeatReply, MasterInfo, MountReply, ReplicaDesc, ReplicateConfigMsg,
 )
+from mooncake_core.utils.busypoll import Poller, env_busy_poll_s
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import parse_host_port
 
@@ -39,34 +39,21 @@ log = get_logger("mooncake.store.master_client")
 #: how long to wait for a TCP connection to the master before trying another address
 CONNECT_WAIT_S = 1.0
 #: after sending a request, poll for the reply without sleeping this long (microseconds) before
-#: blocking. A master reply takes ~10-30 us of work; a thread that blocked in recv needs ~40 us
-#: or more (idle VM) to be woken, which doubled every small call. ``MC_MASTER_BUSY_POLL_US``
-#: overrides (0 = always block).
+#: blocking: a master reply takes ~10-30 us of work, a thread woken from recv ~40 us or more on
+#: a VM. ``MC_MASTER_BUSY_POLL_US`` overrides (0 = always block); back-off and rationale in
+#: ``mooncake_core.utils.busypoll``.
 DEFAULT_BUSY_POLL_US = 50
-_DONTWAIT = socket.MSG_DONTWAIT
-
-
-def _busy_poll_s() -> float:
-    raw = os.environ.get("MC_MASTER_BUSY_POLL_US", "")
-    if not raw.strip():
-        return DEFAULT_BUSY_POLL_US / 1e6
-    try:
-        us = int(raw)
-        if us < 0:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"MC_MASTER_BUSY_POLL_US: expected microseconds >= 0, got {raw!r}") from None
-    return us / 1e6
 
 
 class _Conn:
     """A pooled connection and the kernel send/receive timeout currently set on it."""
 
-    __slots__ = ("sock", "timeout")
+    __slots__ = ("poller", "sock", "timeout")
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, spin: float):
         self.sock = sock
         self.timeout = 0.0
+        self.poller = Poller(spin)
 
     def set_timeout(self, seconds: float) -> None:
         seconds = max(seconds, 0.001)
@@ -99,7 +86,7 @@ class MasterClient:
         self._pool: list[tuple[str, _Conn]] = []
         self._ids = itertools.count(1)
         self._closed = False
-        self._spin = _busy_poll_s()
+        self._spin = env_busy_poll_s("MC_MASTER_BUSY_POLL_US", DEFAULT_BUSY_POLL_US)
         # calls waiting for a reply right now: only a lone caller busy-polls. With several in
         # flight the wake-ups overlap anyway, and spinners would fight over the GIL.
         self._waiting = 0
@@ -159,7 +146,7 @@ class MasterClient:
         # blocking socket + kernel timeouts: Python's settimeout() would add a poll() syscall
         # before every send and recv (measurable at tens of thousands of calls per second)
         sock.settimeout(None)
-        c = _Conn(sock)
+        c = _Conn(sock, self._spin)
         c.set_timeout(self.timeout)
         return c
 
@@ -182,14 +169,7 @@ class MasterClient:
                 alone = self._waiting == 1
             try:
                 if alone:
-                    end = time.perf_counter() + self._spin
-                    while True:
-                        try:
-                            buf = sock.recv(65536, _DONTWAIT)
-                            break
-                        except (BlockingIOError, InterruptedError):
-                            if time.perf_counter() >= end:
-                                break
+                    buf = c.poller.recv(sock, 65536)
                 if buf is None:
                     buf = sock.recv(65536)
             finally:

@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store import protocol as P
 from mooncake_core.store.master_state import MasterState
+from mooncake_core.utils.busypoll import Poller
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import bind_listener
 
@@ -172,7 +173,8 @@ RECV_BUFFER = 1 << 20
 #: issuing back-to-back calls (is_exist in a loop) sends its next request within tens of
 #: microseconds; a thread that blocked in epoll_wait meanwhile needs ~40 us (more on an idle
 #: VM) to be woken and rescheduled, which -- not the work -- bounded one thread's rate at
-#: ~10k calls/s. Cost: at most this much CPU after each burst, nothing while idle.
+#: ~10k calls/s. Cost: at most this much CPU after a burst, nothing while idle, and polls that
+#: find nothing back off (``mooncake_core.utils.busypoll``).
 DEFAULT_BUSY_POLL_US = 100
 
 
@@ -254,16 +256,24 @@ class MasterServer:
         conns: dict[int, _Conn] = {}
         next_tick = time.monotonic() + self.tick_interval
         spin = self.busy_poll_s
+        poller = Poller(spin)  # polls after bursts, backs off when the next request does not come
+        polling = False
         hot_until = 0.0
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
-                events = ep.poll(0.0 if now < hot_until else max(0.0, next_tick - now))
+                if polling and now >= hot_until:
+                    poller.record(False)
+                    polling = False
+                events = ep.poll(0.0 if polling else max(0.0, next_tick - now))
                 if not events:
                     if now >= next_tick:
                         next_tick = now + self.tick_interval
                         self._tick()
                     continue
+                if polling:
+                    poller.record(True)
+                    polling = False
                 for fd, ev in events:
                     if fd == lfd:
                         self._accept(lst, ep, conns)
@@ -276,7 +286,9 @@ class MasterServer:
                     if ev & select.EPOLLOUT and conn.sock.fileno() >= 0:
                         self._flush(conn, ep, conns)
                 now = time.monotonic()
-                hot_until = now + spin
+                if poller.should_poll():
+                    polling = True
+                    hot_until = now + spin
                 if now >= next_tick:
                     next_tick = now + self.tick_interval
                     self._tick()

@@ -11,7 +11,20 @@ import socket
 import struct
 import time
 
+from mooncake_core.utils.busypoll import Poller, env_busy_poll_s, poll_recv_into  # noqa: F401 (re-exported)
+
 IOV_MAX = 1024
+
+#: default of MC_TCP_BUSY_POLL_US (see ``busy_poll_s``)
+DEFAULT_BUSY_POLL_US = 50
+
+
+def busy_poll_s() -> float:
+    """Seconds to poll a socket without sleeping while a reply / the next request is due
+    (``MC_TCP_BUSY_POLL_US``, default 50; 0 disables). The initiator polls this long after
+    sending a small request; a target polls twice as long after serving one. Why and how it
+    backs off: ``mooncake_core.utils.busypoll``."""
+    return env_busy_poll_s("MC_TCP_BUSY_POLL_US", DEFAULT_BUSY_POLL_US)
 
 
 class PeerClosed(ConnectionError):
@@ -126,3 +139,4 @@ def send_rest(sock: socket.socket, bufs: list, sent: int, deadline: float | None
         sent = 0
     if rest:
         sendmsg_all(sock, rest, deadline)
+

@@ -8,24 +8,35 @@ Why it looks like this:
   batch are spread over MC_TCP_CONNECTIONS connections (default 2: one per core here),
   each pipelined with a bounded window so round trips overlap with payload;
 * each peer has its own connection pool and worker threads: a dead peer only ever blocks
-  its own workers, and only until the transfer deadline (socket timeouts everywhere).
+  its own workers, and only until the transfer deadline (socket timeouts everywhere);
+* large batches of small blocks (``transfer_arrays``, 64+ entries) go as vectored WRITEV /
+  READV requests (``tcp_vec.py``): a packed block list per up to 1,024 blocks, payload moved
+  by ``sendmsg``/``recvmsg`` over numpy iovec arrays (``iov.py``), no object per block;
+* small round trips poll for the reply briefly before sleeping (MC_TCP_BUSY_POLL_US).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 
-from mooncake_core.transfer.base import (Transport, TransferError, TransferOpcode, TransferRequest,
-                                         partition, register_transport, split_slices)
+import numpy as np
+
+from mooncake_core.transfer.base import (TransferError, TransferOpcode, TransferRequest, Transport, partition,
+                                         register_transport, split_slices)
 from mooncake_core.transfer.descriptor import SegmentDescriptor
+from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import memview
-from mooncake_core.transfer.sockio import (PeerClosed, is_timeout, recv_exact, recv_into_exact, send_rest,
-                                           sendmsg_all, set_kernel_timeouts)
+from mooncake_core.transfer.sockio import (PeerClosed, Poller, busy_poll_s, is_timeout, recv_exact,
+                                           recv_into_exact, send_rest, sendmsg_all, set_kernel_timeouts)
+from mooncake_core.transfer.tcp_vec import ENTRY_SIZE, MAX_BYTES, VecPlan, plan_requests, runs, with_blocks
 from mooncake_core.transfer.wire import (MAGIC, MAX_AUX, REQ, RESP, WIRE_VERSION, Op, Request, Status, WireError,
                                          unpack_response)
 from mooncake_core.utils.log import get_logger
@@ -34,6 +45,19 @@ log = get_logger("mooncake.te.tcp")
 
 WINDOW_REQS = 64
 WINDOW_BYTES = 16 << 20
+#: requests up to this size poll for their reply (MC_TCP_BUSY_POLL_US); bigger ones take
+#: longer than a poll anyway
+POLL_MAX_BYTES = 64 << 10
+#: vectored requests (WRITEV/READV) in flight per connection: the next one is on the wire
+#: while the target works on the previous one
+VEC_WINDOW = 2
+#: a batch whose blocks average at least this many bytes takes the sliced per-request path
+#: (few large blocks: nothing to gain from block lists, and that path is tuned for them)
+VEC_BIG_BLOCK = 256 << 10
+#: smallest vectored request worth cutting a batch into when spreading it over connections
+VEC_MIN_REQ = 1 << 20
+#: batches of at least this many bytes are spread over the peer's connections
+VEC_SPREAD = 8 << 20
 POOL_IDLE_MAX = 60.0  # seconds a pooled connection may sit idle (targets close idle ones after 600 s)
 
 
@@ -75,6 +99,7 @@ class _Conn:
         self._hdr = bytearray(RESP.size)
         self._hview = memoryview(self._hdr)
         self._timeout = timeout
+        self.poller = Poller(busy_poll_s())  # MC_TCP_BUSY_POLL_US, small round trips (``one``)
 
     def close(self) -> None:
         try:
@@ -122,7 +147,9 @@ class _Conn:
                 send_rest(sock, bufs, sent, deadline)
         else:
             sock.sendall(_pack(MAGIC, WIRE_VERSION, 2, 0, rid, remote, length, 0, 0))
-        got = sock.recv_into(self._hview, 32)
+        got = self.poller.recv_into(sock, self._hview, 32) if length <= POLL_MAX_BYTES else None
+        if got is None:
+            got = sock.recv_into(self._hview, 32)
         if got < 32:
             if got == 0:
                 raise PeerClosed("connection closed before the reply")
@@ -140,6 +167,23 @@ class _Conn:
             if rlen != length:
                 raise WireError(f"read reply carries {rlen} bytes, expected {length}")
             recv_into_exact(sock, _mv(local, length), deadline)
+
+    def _reply(self, rid: int, deadline: float, what: str, describe: Callable[[], str]) -> int:
+        """Read and check the response header to request ``rid`` of a pipelined run; returns
+        the payload length that follows. A refusal raises TransferError naming
+        ``describe()`` and the target's reason; a malformed header raises WireError."""
+        sock = self.sock
+        self._settimeout(deadline, what)
+        recv_into_exact(sock, self._hview, deadline)
+        magic, _ver, _op, _f, r_id, status, aux_len, length = RESP.unpack(self._hdr)
+        if magic != MAGIC or r_id != rid or aux_len > MAX_AUX:
+            raise WireError(f"bad response from {self.peer}: magic={magic:#x} id={r_id} (expected {rid})")
+        if status != Status.OK:
+            aux = bytes(recv_exact(sock, aux_len)) if aux_len else b""
+            raise TransferError(f"segment {self.peer} refused {describe()}: {aux.decode(errors='replace')}")
+        if aux_len:
+            recv_exact(sock, aux_len)
+        return length
 
     def run(self, slices: list[TransferRequest], deadline: float) -> None:
         """Execute slices in order with a bounded pipeline window.
@@ -173,21 +217,86 @@ class _Conn:
                 sendmsg_all(sock, bufs, deadline)
             rid, s = pending.popleft()
             inflight -= s.length
-            self._settimeout(deadline, what)
-            recv_into_exact(sock, self._hview, deadline)
-            magic, ver, _op, _f, r_id, status, aux_len, length = RESP.unpack(self._hdr)
-            if magic != MAGIC or r_id != rid or aux_len > MAX_AUX:
-                raise WireError(f"bad response from {self.peer}: magic={magic:#x} id={r_id} (expected {rid})")
-            if status != Status.OK:
-                aux = bytes(recv_exact(sock, aux_len)) if aux_len else b""
-                raise TransferError(f"segment {self.peer} refused {s.opcode.name.lower()} of {s.length} "
-                                    f"bytes at {s.remote_addr:#x}: {aux.decode(errors='replace')}")
-            if aux_len:
-                recv_exact(sock, aux_len)
+            length = self._reply(rid, deadline, what, lambda: f"{s.opcode.name.lower()} of {s.length} "
+                                                              f"bytes at {s.remote_addr:#x}")
             if s.opcode == TransferOpcode.READ and s.length:
                 if length != s.length:
                     raise WireError(f"read reply carries {length} bytes, expected {s.length}")
                 recv_into_exact(sock, memview(s.local_addr, s.length), deadline)
+
+
+    def run_vec(self, write: bool, plan: VecPlan, work: _VecWork, deadline: float) -> None:
+        """Execute vectored requests of ``plan`` taken from ``work`` until none are left,
+        VEC_WINDOW in flight.
+
+        Each request is one header + packed block list (+ the payload, gathered straight from
+        registered memory, for a WRITEV); a READV reply is scattered straight into the local
+        blocks. Locally contiguous blocks are merged, so they cost one iovec entry. On any
+        error the requests taken but not finished go back to ``work`` (a retry on a fresh
+        connection, or another connection, redoes them: WRITEV/READV are idempotent).
+        """
+        what = f"transfer with {self.peer}"
+        sock = self.sock
+        op = Op.WRITEV if write else Op.READV
+        local, remote, length, bounds, nbytes = plan
+        pending: deque = deque()
+        more = True
+        try:
+            while True:
+                while more and len(pending) < VEC_WINDOW:
+                    k = work.take()
+                    if k is None:
+                        more = False
+                        break
+                    pending.append((self._rid + 1, k))  # before any I/O: given back on failure
+                    a, b = bounds[k], bounds[k + 1]
+                    self._rid += 1
+                    head = with_blocks(REQ.pack(MAGIC, WIRE_VERSION, op, 0, self._rid, 0, nbytes[k],
+                                                ENTRY_SIZE * (b - a), 0), remote[a:b], length[a:b])
+                    self._settimeout(deadline, what)
+                    if write:  # header + block list + payload gathered from registered memory: one call
+                        send_iov(sock, iov_array(*runs(local[a:b], length[a:b]),
+                                                 head=(head.ctypes.data, head.nbytes)), deadline)
+                    else:
+                        sock.sendall(head)
+                if not pending:
+                    return
+                rid, j = pending[0]
+                rlen = self._reply(rid, deadline, what, lambda: f"a vectored {'write' if write else 'read'} "
+                                                                f"of {bounds[j + 1] - bounds[j]} blocks")
+                if not write:
+                    if rlen != nbytes[j]:
+                        raise WireError(f"vectored read reply carries {rlen} bytes, expected {nbytes[j]}")
+                    a, b = bounds[j], bounds[j + 1]
+                    recv_iov(sock, iov_array(*runs(local[a:b], length[a:b])), deadline)  # scattered into place
+                pending.popleft()
+        except BaseException:
+            work.give_back([k for _, k in pending])
+            raise
+
+
+class _VecWork:
+    """The requests of one batch, taken by whichever connection is free (work sharing: a
+    connection whose threads lose their core delays only the requests it holds)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._next = itertools.count()  # next() is atomic under the GIL
+        self._redo: deque[int] = deque()
+        self.failed = False
+
+    def take(self) -> int | None:
+        if self.failed:
+            return None
+        try:
+            return self._redo.popleft()
+        except IndexError:
+            pass
+        k = next(self._next)
+        return k if k < self.n else None
+
+    def give_back(self, ks: list[int]) -> None:
+        self._redo.extend(ks)
 
 
 class _PeerPool:
@@ -281,6 +390,9 @@ class TcpTransport(Transport):
     def __init__(self, **_: object):
         self.nconn = _env_int("MC_TCP_CONNECTIONS", 2)
         self.slice_size = _env_int("MC_SLICE_SIZE", 1 << 20)
+        # payload per vectored request; a request may overshoot by one block, so at most
+        # half of what a target accepts (tcp_vec.MAX_BYTES)
+        self.vec_bytes = min(_env_int("MC_TCP_VEC_BYTES", 16 << 20), MAX_BYTES // 2)
         self._pools: dict[tuple[str, int], _PeerPool] = {}
         self._lock = threading.Lock()
 
@@ -350,6 +462,63 @@ class TcpTransport(Transport):
                     first_err = f.exception()
             if not_done and first_err is None:
                 first_err = TransferError(f"segment {desc.name}: timed out (MC_TRANSFER_TIMEOUT)", peer_down=True)
+        if first_err is not None:
+            raise first_err
+
+    def transfer_arrays(self, desc: SegmentDescriptor, opcode: TransferOpcode, local: np.ndarray,
+                        remote: np.ndarray, length: np.ndarray, deadline: float) -> None:
+        """Move a large batch given as int64 arrays (validated and bounds-checked by the
+        engine; the target checks again) with vectored requests: no per-block Python objects
+        (iovec arrays built by numpy). The caller's thread and up to MC_TCP_CONNECTIONS-1 pool
+        threads, each on its own connection, take requests from a shared counter. Batches of
+        few large blocks take the sliced path instead."""
+        n = len(length)
+        total = int(length.sum()) if n else 0
+        if n == 0 or total >= VEC_BIG_BLOCK * n:
+            op = TransferOpcode(int(opcode))
+            reqs = [TransferRequest(op, a, r, ln) for a, r, ln in zip(local.tolist(), remote.tolist(),
+                                                                      length.tolist())]
+            if reqs:
+                self.transfer(desc, reqs, deadline)
+            return
+        write = int(opcode) == TransferOpcode.WRITE
+        # spread over the peer's connections from VEC_SPREAD bytes on (below, one connection
+        # is as fast on this kind of host); requests small enough that each connection gets
+        # VEC_WINDOW of them (pipelined), but at least VEC_MIN_REQ; never over vec_bytes
+        parts = self.nconn if total >= VEC_SPREAD else 1
+        per = -(-total // (parts * VEC_WINDOW))
+        plan = plan_requests(local, remote, length, max_bytes=min(self.vec_bytes, max(VEC_MIN_REQ, per)))
+        nreq = len(plan.nbytes)
+        if nreq == 0:
+            return
+        pool = self.pool(desc.host, desc.port, desc.name)
+        work = _VecWork(nreq)
+
+        def worker() -> None:
+            try:
+                pool.use(lambda c: c.run_vec(write, plan, work, deadline), deadline)
+            except BaseException:
+                work.failed = True  # the others stop taking requests
+                raise
+
+        futs = [pool.executor.submit(worker) for _ in range(min(parts, nreq) - 1)]
+        first_err: BaseException | None = None
+        try:
+            worker()
+        except TransferError as e:
+            first_err = e
+        for f in futs:
+            if f.cancel():  # still queued (the pool is busy with another batch): nothing to wait for
+                continue
+            try:
+                f.result(timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+            except FutureTimeout:
+                first_err = first_err or TransferError(f"segment {desc.name}: timed out (MC_TRANSFER_TIMEOUT)",
+                                                       peer_down=True)
+            except BaseException as e:  # noqa: BLE001 - the first error is raised below
+                first_err = first_err or e
+        if first_err is None and (work.take() is not None):
+            first_err = TransferError(f"segment {desc.name}: vectored batch left requests undone")
         if first_err is not None:
             raise first_err
 

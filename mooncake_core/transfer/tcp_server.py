@@ -18,10 +18,13 @@ import socket
 import threading
 from typing import Callable
 
-from mooncake_core.transfer import metrics
+import numpy as np
+
+from mooncake_core.transfer import metrics, tcp_vec
+from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import RegionTable, memview
-from mooncake_core.transfer.sockio import (PeerClosed, drain, is_timeout, recv_exact, recv_into_exact,
-                                           sendmsg_all, set_kernel_timeouts)
+from mooncake_core.transfer.sockio import (PeerClosed, Poller, busy_poll_s, drain, is_timeout, recv_exact,
+                                           recv_into_exact, sendmsg_all, set_kernel_timeouts)
 from mooncake_core.transfer.wire import (MAGIC, REQ, RESP, WIRE_VERSION, Op, Response, Status, WireError,
                                          unpack_request, version_mismatch_message)
 from mooncake_core.utils.log import get_logger
@@ -41,9 +44,13 @@ class TcpServer:
         self._descriptor = descriptor
         self._on_notify = on_notify
         self._segment_name = segment_name
+        # after serving a request, poll this long for the next one before sleeping in recv
+        # (twice the initiator's MC_TCP_BUSY_POLL_US; a bad value fails engine start-up)
+        self._spin = 2 * busy_poll_s()
         self.sock = bind_listener(host, port, what="transfer engine rpc port (MC_TCP_BIND_ADDRESS / local_hostname)")
         self.host, self.port = self.sock.getsockname()[:2]
         self._stop = threading.Event()
+        self._vec_index: tuple[object, tuple] = (None, ())  # (region snapshot, (starts, ends))
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept_loop, name=f"te-accept-{self.port}", daemon=True)
@@ -91,10 +98,13 @@ class TcpServer:
         contains = self.regions.contains
         rpack = RESP.pack
         served = metrics._served
+        poller = Poller(self._spin)
         try:
             while not self._stop.is_set():
                 try:
-                    first = conn.recv_into(hview, REQ.size)
+                    first = poller.recv_into(conn, hview, REQ.size)
+                    if first is None:
+                        first = conn.recv_into(hview, REQ.size)
                 except OSError as e:
                     if is_timeout(e):
                         log.info("closing idle peer connection", extra={"peer": peer})
@@ -120,6 +130,9 @@ class TcpServer:
                             sendmsg_all(conn, bufs)
                             served["read"] += length
                         continue
+                if magic == MAGIC and ver == WIRE_VERSION and op not in Op._value2member_map_:
+                    self._unknown_op(conn, op, rid, peer)
+                    return
                 req = unpack_request(hdr)  # slow path: raises WireError on garbage
                 if req.version != WIRE_VERSION:
                     msg = version_mismatch_message(req.version)
@@ -186,6 +199,8 @@ class TcpServer:
             else:
                 self._reply(conn, op, req.req_id, Status.OUT_OF_BOUNDS,
                             self._oob(peer, "read", req.addr, req.length))
+        elif op == Op.WRITEV or op == Op.READV:
+            self._vectored(conn, req, aux, peer, scratch)
         elif op == Op.GET_DESC:
             self._reply(conn, op, req.req_id, Status.OK, json.dumps(self._descriptor()).encode())
         elif op == Op.PROBE:
@@ -200,3 +215,55 @@ class TcpServer:
             self._reply(conn, op, req.req_id, Status.OK)
         else:  # unreachable: unpack_request rejects unknown ops
             raise WireError(f"unknown op {op}")
+
+    # ------------------------------------------------------------------ vectored requests
+    def _unknown_op(self, conn: socket.socket, op: int, req_id: int, peer: str) -> None:
+        """An op of our version that we do not know (a newer peer?): say so, then close --
+        its aux / payload length cannot be trusted, so the stream cannot be resynchronised."""
+        metrics.refused("garbage")
+        msg = (f"unknown op {op}: segment {self._segment_name()!r} serves ops "
+               f"{', '.join(o.name for o in Op)}; is the peer running a newer release?")
+        log.warning("refusing unknown op", extra={"peer": peer, "op": op})
+        aux = msg.encode()
+        sendmsg_all(conn, [Response(op, req_id, Status.BAD_REQUEST, len(aux)).pack(), aux])
+
+    def _region_index(self) -> tuple:
+        """numpy starts/ends of the registered regions, rebuilt when the table changes (the
+        table publishes a new snapshot object on every register/unregister)."""
+        snap = getattr(self.regions, "_snap", None)
+        cached, index = self._vec_index
+        if snap is None or cached is not snap:
+            index = tcp_vec.region_index(self.regions.regions())
+            if snap is not None:
+                self._vec_index = (snap, index)
+        return index
+
+    def _vectored(self, conn: socket.socket, req, aux: bytes, peer: str, scratch: memoryview) -> None:
+        """WRITEV / READV: validate the whole block list first; refuse it whole (draining a
+        WRITEV's payload into scratch) if any block is outside the registered regions."""
+        write = req.op == Op.WRITEV
+        addrs, lens = tcp_vec.decode_blocks(aux, req.length)  # WireError: malformed, connection dropped
+        starts, ends = self._region_index()
+        bad = tcp_vec.first_bad(starts, ends, addrs, lens)
+        if bad is not None:
+            if write:
+                drain(conn, req.length, scratch)
+            metrics.refused("out_of_bounds")
+            a, n = int(addrs[bad]), int(lens[bad])
+            msg = (f"{'write' if write else 'read'} of {n} bytes at {a:#x} (block {bad} of {len(lens)} in a "
+                   f"vectored request; the whole request was refused) is outside every region registered "
+                   f"by segment {self._segment_name()!r}")
+            log.warning("refused out-of-bounds vectored request",
+                        extra={"peer": peer, "op": "writev" if write else "readv", "block": bad,
+                               "addr": hex(a), "length": n})
+            self._reply(conn, req.op, req.req_id, Status.OUT_OF_BOUNDS, msg.encode())
+            return
+        ra, rl = tcp_vec.runs(addrs, lens)  # remotely contiguous blocks: one iovec entry
+        if write:
+            recv_iov(conn, iov_array(ra, rl))
+            conn.sendall(Response(req.op, req.req_id, Status.OK).pack())
+            metrics.served("write", req.length)
+        else:
+            head = np.frombuffer(Response(req.op, req.req_id, Status.OK, 0, req.length).pack(), dtype=np.uint8)
+            send_iov(conn, iov_array(ra, rl, head=(head.ctypes.data, head.nbytes)))
+            metrics.served("read", req.length)

@@ -12,6 +12,13 @@ Response (32 bytes): magic u32 | version u16 | op u8 | flags u8 | req_id u64 | s
                      aux_len u32 | length u64
                      then aux_len bytes (error text or JSON), then for a successful READ the
                      ``length`` payload bytes.
+
+Vectored data ops (WRITEV / READV, see ``tcp_vec.py``): ``addr`` is 0, the aux is the packed
+block list (``(remote_addr u64, length u64)`` per block, at most 1024 blocks), ``length`` is
+the sum of the block lengths; a WRITEV carries that many payload bytes after the aux, a
+successful READV reply carries them after its header. Adding these ops kept WIRE_VERSION 1:
+a current target answers any op it does not know with BAD_REQUEST naming it (then closes
+the connection, whose remaining bytes it cannot interpret); an older one closes it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ class Op(enum.IntEnum):
     GET_DESC = 3
     PROBE = 4
     NOTIFY = 5
+    WRITEV = 6
+    READV = 7
 
 
 class Status(enum.IntEnum):
