@@ -4,8 +4,9 @@
 Rows: exist_key (= the store's is_exist) QPS from one thread, get_replica_list QPS,
 put_start+put_end pairs/s, batch_exist_key keys/s, exist_key from 4 threads.
 Reference measured in the same run: a bare Python TCP echo server in its own process answering
-the same frames -- the ceiling of any Python request/reply over loopback TCP on this machine
-(the master adds decoding, the state lookup, metrics and the epoll loop on top). Also printed: the original Mooncake master's is_exist figure
+the same frames with plain blocking recv/send -- what a Python request/reply costs when both
+sides sleep between messages (the master adds decoding, the state lookup, metrics and the epoll
+loop, and removes the sleeps by busy polling briefly; see mooncake_core/utils/busypoll.py). Also printed: the original Mooncake master's is_exist figure
 recorded in DESIGN.md section 4 (27k QPS, same machine kind) and the 20k QPS target.
 Last row: ``store.is_exist`` through the public store API against each implementation's own
 master -- ours and, when ``--ref-venv`` exists, the original -- measured in this run.
