@@ -1184,6 +1184,17 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
         self._count(op, min(results) if results else OK, sum(r for r in results if r > 0), t0)
         return results
 
+    def _leading_epoch(self) -> tuple[int, str]:
+        """(epoch of the master leading now, "") by one ping, or (-1, why) when it cannot be
+        told (unreachable, or the address answering is no longer the leader)."""
+        try:
+            info = self._master.ping(timeout=2.0)
+        except MooncakeError as e:
+            return -1, str(e)
+        if not getattr(info, "is_leader", True):
+            return -1, f"{self._master.address} is no longer the master leader"
+        return int(getattr(info, "epoch", 0) or 0), ""
+
     def _confirm_epochs(self, replies: list[Any], results: list[int], keys: list[str],
                         elapsed_ms: float, op: str) -> list[int]:
         """A read that took longer than the master's ``confirm_after_ms`` is trusted only if
@@ -1197,12 +1208,8 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
                   and 0 < getattr(r, "confirm_after_ms", 0) < elapsed_ms}
         if not epochs:
             return []
-        try:
-            info = self._master.ping(timeout=2.0)
-            current = info.epoch if info.is_leader else -1
-        except MooncakeError as e:
-            current, why = -1, str(e)
-        else:
+        current, why = self._leading_epoch()
+        if current > 0:
             why = f"the master changed during the read (epoch {min(epochs)} -> {current})"
         if epochs == {current}:
             return []

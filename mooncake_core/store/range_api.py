@@ -236,11 +236,9 @@ class RangeApiMixin:
                   if 0 < lease.confirm_after_ms < (now - lease.granted) * 1000.0}
         if not epochs:
             return set()
-        try:
-            info = self._master.ping(timeout=2.0)  # type: ignore[attr-defined]
-            current = info.epoch if getattr(info, "is_leader", True) else -1
-        except MooncakeError as e:
-            log.warning("%s: cannot confirm the master's epoch (%s); ranged reads discarded (-707)", op, e)
+        current, why = self._leading_epoch()  # type: ignore[attr-defined]
+        if current < 0:
+            log.warning("%s: cannot confirm the master's epoch (%s); ranged reads discarded (-707)", op, why)
             return epochs
         stale = {e for e in epochs if e != current}
         if stale:
