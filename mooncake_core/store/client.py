@@ -256,6 +256,7 @@ class _Owned:
     replica: Any
     fingerprint: bytes
     seq: int
+    version: int = 0  # what put_end returned: the highest version of a key wins a re-report
 
 
 class OwnedIndex:
@@ -284,7 +285,7 @@ class OwnedIndex:
         if self._by_addr.get(e.replica.addr) is e:
             del self._by_addr[e.replica.addr]
 
-    def add(self, key: str, replica: Any, fingerprint: bytes) -> None:
+    def add(self, key: str, replica: Any, fingerprint: bytes, version: int = 0) -> None:
         lo, hi = replica.addr, replica.addr + max(replica.size, 1)
         with self._lock:
             old = self._by_key.get(key)
@@ -303,7 +304,7 @@ class OwnedIndex:
             for e in overlapped:
                 self._drop(e)
             self._seq += 1
-            e = _Owned(key, replica, fingerprint, self._seq)
+            e = _Owned(key, replica, fingerprint, self._seq, version)
             self._by_key[key] = e
             self._by_addr[lo] = e
 
@@ -312,6 +313,19 @@ class OwnedIndex:
             for k in keys:
                 e = self._by_key.get(k)
                 if e is not None:
+                    self._drop(e)
+
+    def discard_removed(self, removed: Iterable[tuple[str, int]], all_before: int = 0) -> None:
+        """Drop entries the master reported removed/overwritten: ``(key, stamp)`` drops that
+        key's entry if it is not newer than the removal; ``all_before`` drops every entry at
+        or below it. A newer write of the same key (higher version) stays."""
+        with self._lock:
+            for k, stamp in removed:
+                e = self._by_key.get(k)
+                if e is not None and e.version <= stamp:
+                    self._drop(e)
+            if all_before:
+                for e in [e for e in self._by_key.values() if e.version <= all_before]:
                     self._drop(e)
 
     def entries(self, pred: Any = None) -> list[_Owned]:
@@ -817,6 +831,10 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
                 if self._remount_pending:
                     self._remount()
                     self._remount_pending = False
+                removed = getattr(reply, "removed", None)
+                all_before = getattr(reply, "removed_all_before", 0)
+                if removed or all_before:
+                    self._owned.discard_removed(removed or [], all_before)
                 tasks = getattr(reply, "offload_tasks", None) or []
                 if tasks:
                     self._queue_offload(tasks)
@@ -837,6 +855,7 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
             return
         taken: list[tuple[int, int]] = []
         report = []
+        versions: list[int] = []
         stale = []
         for e in self._owned.newest_first():
             r = e.replica
@@ -846,8 +865,9 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
                 continue
             taken.append((lo, hi))
             report.append((e.key, r))
+            versions.append(e.version)
         self._mount()
-        accepted = self._master.report_objects(self._client_id, report) if report else 0
+        accepted = self._master.report_objects(self._client_id, report, versions) if report else 0
         self._owned.discard_entries(stale)
         log.info("re-mounted segment after master change", extra={"segment": self._segment_name,
                                                                     "reported": len(report),
@@ -1014,18 +1034,23 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
                 if isinstance(rc, int) and rc < 0:
                     results[i] = rc
                     continue
-                self._remember_owned(keys[i], allocs[i])
+                self._remember_owned(keys[i], allocs[i], rc)
         total = sum(sizes[i] for i in range(n) if results[i] == OK)
         self._count(op, min(results) if results else OK, total, t0)
         return results
 
-    def _remember_owned(self, key: str, replicas: Iterable[Any]) -> None:
+    def _remember_owned(self, key: str, replicas: Iterable[Any], version: Any) -> None:
+        """After put_end: re-report this object after a master change if it lives in our
+        segment and the put really published it (``version`` > 0)."""
         if self._segment is None:
+            return
+        if not isinstance(version, int) or version <= 0:
+            self._owned.discard([key])  # nothing published (lost to an existing value): not ours
             return
         for rep in replicas:
             if rep.segment_name == self._segment_name:
                 # fingerprint of the replica as written, taken from our own memory
-                self._owned.add(key, rep, _fingerprint(rep.addr, rep.size) if rep.size else b"")
+                self._owned.add(key, rep, _fingerprint(rep.addr, rep.size) if rep.size else b"", version)
                 return
         self._owned.discard([key])
 

@@ -336,9 +336,11 @@ class MasterClient:
     def heartbeat(self, client_id: str) -> HeartbeatReply:
         return self._call(P.HeartbeatReq(client_id))
 
-    def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]]) -> int:
-        """Re-report complete objects after ``need_remount``; returns how many were accepted."""
-        return self._call(P.ReportObjectsReq(client_id, [(k, r) for k, r in objects]))
+    def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]],
+                       versions: list[int] | None = None) -> int:
+        """Re-report complete objects after ``need_remount`` (with the versions ``put_end``
+        returned; the highest version of a key wins); returns how many were accepted."""
+        return self._call(P.ReportObjectsReq(client_id, [(k, r) for k, r in objects], list(versions or [])))
 
     def put_start(self, client_id: str, key: str, size: int,
                   cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
@@ -348,8 +350,9 @@ class MasterClient:
                      cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
         return self._call(P.UpsertStartReq(client_id, key, size, cfg or ReplicateConfigMsg()))
 
-    def put_end(self, client_id: str, key: str) -> None:
-        self._call(P.PutEndReq(client_id, key))
+    def put_end(self, client_id: str, key: str) -> int:
+        """Publish a put: the object's version (> 0), or 0 when nothing was published."""
+        return self._call(P.PutEndReq(client_id, key))
 
     def put_revoke(self, client_id: str, key: str) -> None:
         self._call(P.PutRevokeReq(client_id, key))

@@ -43,7 +43,7 @@ def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, C
         P.MountSegmentReq: lambda r: st.mount_segment(r.client_id, r.segment_name, r.base, r.size, r.prev_epoch),
         P.UnmountSegmentReq: lambda r: st.unmount_segment(r.client_id, r.segment_name),
         P.HeartbeatReq: lambda r: st.heartbeat(r.client_id),
-        P.ReportObjectsReq: lambda r: st.report_objects(r.client_id, r.objects),
+        P.ReportObjectsReq: lambda r: st.report_objects(r.client_id, r.objects, r.versions),
         P.PutStartReq: lambda r: st.put_start(r.client_id, r.key, r.size, r.cfg),
         P.UpsertStartReq: lambda r: st.put_start(r.client_id, r.key, r.size, r.cfg, upsert=True),
         P.PutEndReq: lambda r: st.put_end(r.client_id, r.key),

@@ -189,14 +189,22 @@ class PendingPut:
         self.soft_ttl = soft_ttl
 
 
+#: removals queued for one client's next heartbeat before they collapse into "all before"
+MAX_REMOVED_NOTICES = 65536
+
+
 class ClientInfo:
-    __slots__ = ("client_id", "last_seen", "segments", "tasks")
+    __slots__ = ("client_id", "last_seen", "removed", "removed_all_before", "segments", "tasks")
 
     def __init__(self, client_id: str, now: float):
         self.client_id = client_id
         self.last_seen = now
         self.segments: set[str] = set()
         self.tasks: list[OffloadTask] = []
+        #: objects in this client's segment removed/overwritten by anyone, (key, version clock at
+        #: the time), so that it stops re-reporting them (see heartbeat)
+        self.removed: list[tuple[str, int]] = []
+        self.removed_all_before = 0
 
 
 class Stats:
@@ -244,6 +252,12 @@ class MasterState:
         #: Leases are only honoured within the epoch that granted them (see mount_segment).
         self.epoch = secrets.randbits(62) + 1
         self._holds_until = 0.0  # max hold_until of any segment (fast path: no hold active)
+        #: versions order the writes of one key across master terms (see put_end/report_objects)
+        self._last_version = 0
+        #: key -> version, for objects rebuilt from re-reports (not written through this master);
+        #: forgotten 2 x client_ttl after the last report, when late reports cannot matter
+        self.reported: dict[str, int] = {}
+        self._reported_until = 0.0
         # readers whose copy took longer than this confirm the epoch afterwards; kept below the
         # hold for margin (the reader's clock starts before the grant, the hold after it). 0 = the
         # hold is off and so is the check (the original's behaviour).
@@ -305,6 +319,8 @@ class MasterState:
     def _drop_object(self, key: str, meta: ObjectMeta, now: float) -> None:
         """Remove a complete object; memory/file reuse waits for an active lease."""
         del self.objects[key]
+        if self.reported:
+            self.reported.pop(key, None)
         self.offloading.pop(key, None)
         lease = meta.lease if meta.lease > now else 0
         self._release(meta.reps(), meta.size, lease, now)
@@ -418,21 +434,58 @@ class MasterState:
             raise _err(ErrorCode.INVALID_PARAMS, f"heartbeat: client_id must be a non-empty string, got {client_id!r}")
         client, new = self._touch_client(client_id, self.clock())
         tasks, client.tasks = client.tasks, []
-        return HeartbeatReply(need_remount=new, offload_tasks=tasks)
+        removed, client.removed = client.removed, []
+        all_before, client.removed_all_before = client.removed_all_before, 0
+        return HeartbeatReply(need_remount=new, offload_tasks=tasks, removed=removed,
+                              removed_all_before=all_before)
 
-    def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]]) -> int:
+    def _notify_removed(self, key: str, meta: ObjectMeta, everything: bool = False) -> None:
+        """Tell the owners of ``meta``'s replicas (next heartbeat) that ``key`` is gone, so a
+        master change cannot bring a removed or overwritten value back through their
+        re-reports. ``everything``: a remove_all -- one "all before now" notice instead."""
+        stamp = self._last_version = max(time.time_ns(), self._last_version + 1)
+        for seg, _ in meta.reps():
+            c = self.clients.get(seg.client_id)
+            if c is None:
+                continue
+            if everything or len(c.removed) >= MAX_REMOVED_NOTICES:
+                c.removed = []
+                c.removed_all_before = stamp
+            elif not c.removed_all_before:
+                c.removed.append((key, stamp))
+            else:
+                c.removed_all_before = stamp
+
+    def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]],
+                       versions: list[int] | None = None) -> int:
         """Rebuild state from a client's complete objects (after need_remount).
 
         A memory replica is only accepted on a segment this client mounted, inside it, and
         when its range is still free here (the allocator then marks it used); anything else is
-        ignored (never trusted)."""
+        ignored (never trusted). ``versions[i]`` is the version ``put_end`` gave object i.
+        Several clients may report the same key (an upsert by another client leaves the old
+        bytes in the first writer's segment, unknown to it): the highest version wins, and an
+        object written through this master beats any report -- so an overwritten value never
+        comes back."""
         now = self.clock()
         self._touch_client(client_id, now)
+        self._reported_until = now + 2 * self.cfg.client_ttl_s
+        if versions is None or len(versions) != len(objects):
+            versions = [0] * len(objects)
         accepted = 0
-        for key, d in objects:
+        for (key, d), version in zip(objects, versions):
             if not isinstance(key, str) or not key or key in self.inflight or d.size <= 0:
                 continue
+            if not isinstance(version, int) or version < 0:
+                continue
             meta = self.objects.get(key)
+            if meta is not None:
+                known = self.reported.get(key)
+                if known is None or version < known:
+                    continue  # written through this master, or an older version: stale
+                if version > known:  # a newer write of this key: the reported one is stale
+                    self._drop_object(key, meta, now)
+                    meta = None
             if meta is not None and meta.size != d.size:
                 continue
             if d.kind == "disk":
@@ -440,6 +493,7 @@ class MasterState:
                     continue
                 if meta is None:
                     meta = self.objects[key] = ObjectMeta(self._intern_size(d.size), [])
+                    self.reported[key] = version
                 if meta.disk is None:
                     meta.set_disk(DiskReplica(d.segment_name, client_id, d.path, d.size))
                     self.disk_used += d.size
@@ -460,6 +514,7 @@ class MasterState:
                 continue
             if meta is None:
                 self.objects[key] = ObjectMeta(self._intern_size(d.size), [(seg, off)])
+                self.reported[key] = version
             else:
                 meta.set_reps(meta.reps() + [(seg, off)])
             accepted += 1
@@ -567,12 +622,23 @@ class MasterState:
             self._free(r, size)
         return None
 
-    def put_end(self, client_id: str, key: str) -> None:
+    def _new_version(self) -> int:
+        """A version for a write published now: wall-clock nanoseconds, kept increasing. A
+        successor master starts seconds later, so its versions are higher than any of ours."""
+        v = max(time.time_ns(), self._last_version + 1)
+        self._last_version = v
+        return v
+
+    def put_end(self, client_id: str, key: str) -> int:
+        """Publish a put. Returns the object's version (> 0) -- the writer keeps it to
+        re-report the object after a master change, where the highest version of a key
+        wins -- or 0 when this call published nothing (an idempotent retry, or a put that
+        lost to an existing value)."""
         _check_key(key)
         p = self.inflight.get(key)
         if p is None:
             if key in self.objects:
-                return  # already complete (idempotent retry)
+                return 0  # already complete (idempotent retry)
             raise _err(ErrorCode.OBJECT_NOT_FOUND, f"put_end {key!r}: no put in progress for this key")
         if p.client_id != client_id:
             raise _err(ErrorCode.INVALID_PARAMS, f"put_end {key!r}: the put in progress belongs to client "
@@ -584,17 +650,21 @@ class MasterState:
             if p.promote and old.seg is None:
                 old.set_reps(p.reps)
                 self.objects[key] = self.objects.pop(key)
-                return
+                self.reported.pop(key, None)
+                return self._new_version()
             if not p.upsert:  # raced with another writer / a re-report: keep the old value
                 for r in p.reps:
                     self._free(r, p.size)
-                return
+                return 0
+            self._notify_removed(key, old)
             self._drop_object(key, old, now)
         extra = None
         if p.hard or p.soft_ttl is not None:
             extra = Extra(p.hard, [now + p.soft_ttl, p.soft_ttl] if p.soft_ttl is not None else None)
         self.objects[key] = ObjectMeta(p.size, p.reps, extra)
+        self.reported.pop(key, None)
         self.stats.puts += 1
+        return self._new_version()
 
     def put_revoke(self, client_id: str, key: str) -> None:
         _check_key(key)
@@ -683,6 +753,7 @@ class MasterState:
             self.stats.lease_refusals += 1
             raise _err(ErrorCode.OBJECT_HAS_LEASE, f"remove {key!r}: object is leased to a reader for "
                        f"{meta.lease - now:.1f}s more (use force=True)")
+        self._notify_removed(key, meta)
         self._drop_object(key, meta, now)
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
@@ -695,6 +766,7 @@ class MasterState:
         for key, meta in list(self.objects.items()):
             if meta.lease > now and not force:
                 continue
+            self._notify_removed(key, meta, everything=force)  # skipped leased keys stay listed
             self._drop_object(key, meta, now)
             n += 1
         return n
@@ -709,6 +781,7 @@ class MasterState:
         n = 0
         for key, meta in list(self.objects.items()):
             if rx.search(key) and (force or meta.lease <= now):
+                self._notify_removed(key, meta)
                 self._drop_object(key, meta, now)
                 n += 1
         return n
@@ -836,6 +909,8 @@ class MasterState:
         """Time-driven rules; the server calls this a few times per second."""
         now = self.clock()
         ttl = self.cfg.client_ttl_s
+        if self.reported and now > self._reported_until:
+            self.reported = {}  # recovery settled: objects found here now beat any late report
         for cid, c in list(self.clients.items()):
             if now - c.last_seen > ttl:
                 lost = 0

@@ -129,6 +129,10 @@ class OffloadTask(msgspec.Struct, array_like=True):
 class HeartbeatReply(msgspec.Struct, array_like=True):
     need_remount: bool = False
     offload_tasks: list[OffloadTask] = msgspec.field(default_factory=list)
+    #: objects in this client's segment removed/overwritten since the last heartbeat, with the
+    #: version clock at that time: stop re-reporting entries at or below it
+    removed: list[tuple[str, int]] = msgspec.field(default_factory=list)
+    removed_all_before: int = 0  #: >0: every entry at or below this version is gone (remove_all, overflow)
 
 
 class GetReply(msgspec.Struct, array_like=True):
@@ -189,6 +193,7 @@ class HeartbeatReq(_Req, tag="heartbeat"):
 class ReportObjectsReq(_Req, tag="report_objects"):
     client_id: str
     objects: list[tuple[str, ReplicaDesc]]
+    versions: list[int] = msgspec.field(default_factory=list)  #: put_end's version of each object
 
 
 class PutStartReq(_Req, tag="put_start"):
@@ -308,7 +313,7 @@ RESULT_TYPES: dict[type, object] = {
     ReportObjectsReq: int,
     PutStartReq: list[ReplicaDesc],
     UpsertStartReq: list[ReplicaDesc],
-    PutEndReq: None,
+    PutEndReq: int,
     PutRevokeReq: None,
     BatchPutStartReq: list[Union[list[ReplicaDesc], int]],
     BatchUpsertStartReq: list[Union[list[ReplicaDesc], int]],

@@ -527,7 +527,7 @@ class RangeApiMixin:
             if isinstance(rc, int) and rc < 0:
                 out[i] = rc
             elif not revoke:
-                self._remember_owned(k, s.replicas)  # type: ignore[attr-defined]
+                self._remember_owned(k, s.replicas, rc)  # type: ignore[attr-defined]
         return out
 
     # ------------------------------------------------------------------ misc

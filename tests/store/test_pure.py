@@ -153,6 +153,16 @@ def test_owned_index_drops_overlapped_entries() -> None:
     idx.discard(["d", "missing"])
     idx.discard_entries(idx.entries(lambda k: k == "e"))
     assert [e.key for e in idx.newest_first()] == ["c"]
+    # removal notices from the master: only entries not newer than the removal go
+    idx.add("v", r(7000, 10), b"fv", version=100)
+    idx.discard_removed([("v", 99)])
+    assert "v" in {e.key for e in idx.newest_first()}
+    idx.discard_removed([("v", 100), ("nope", 5)])
+    assert "v" not in {e.key for e in idx.newest_first()}
+    idx.add("w", r(7100, 10), b"fw", version=50)
+    idx.add("z", r(7200, 10), b"fz", version=500)
+    idx.discard_removed([], all_before=60)
+    assert {"w", "z"} & {e.key for e in idx.newest_first()} == {"z"}
     # bounded: many objects cycling through the same small range keep one entry
     for i in range(1000):
         idx.add(f"k{i}", r(5000 + (i % 3) * 10, 25), b"x")

@@ -201,6 +201,55 @@ def test_leased_keys_skipped_by_remove_all_survive_a_master_restart(master_facto
     assert owner.is_exist("ra-2") == 0 and owner.is_exist("rb-2") == 0
 
 
+def test_value_overwritten_by_another_client_never_comes_back_after_a_restart(master_factory,
+                                                                            client_factory) -> None:
+    """O writes k into its own segment, X upserts k into X's: O still holds (and re-reports)
+    the old bytes after a master restart, but the newer version wins; never the old value."""
+    m = master_factory(client_ttl=30)
+    o = client_factory(m, 8 * MiB)
+    x = client_factory(m, 8 * MiB)
+    v1, v2 = payload(71, 100_000), payload(72, 100_000)
+    c1, c2 = ReplicateConfig(), ReplicateConfig()
+    c1.preferred_segment = o.get_hostname()
+    c2.preferred_segment = x.get_hostname()
+    assert o.put("k", v1, c1) == 0
+    assert x.upsert("k", v2, c2) == 0
+    assert o.get("k") == v2
+    m.stop(sig=9)
+    m.start()
+    deadline = time.monotonic() + 15
+    while (got := o.get("k")) != v2:
+        assert got == b"", "the overwritten value came back"
+        assert time.monotonic() < deadline, f"k never came back\n{m.log_tail()}"
+        time.sleep(0.1)
+    time.sleep(2.5)  # both writers have re-reported by now (heartbeat ~1 s)
+    assert o.get("k") == v2 and x.get("k") == v2
+
+
+def test_value_removed_by_another_client_stays_removed_after_a_restart(master_factory,
+                                                                     client_factory) -> None:
+    """X removes keys O wrote into O's own segment: O hears of it in its next heartbeat and
+    stops re-reporting them, so a master restart does not bring them back."""
+    m = master_factory(client_ttl=30)
+    o = client_factory(m, 8 * MiB)
+    x = client_factory(m, 8 * MiB)
+    cfg = ReplicateConfig()
+    cfg.preferred_segment = o.get_hostname()
+    vals = {k: payload(80 + i, 50_000) for i, k in enumerate(["gone-1", "gone-2", "kept"])}
+    for k, v in vals.items():
+        assert o.put(k, v, cfg) == 0
+    assert x.remove("gone-1") == 0
+    assert x.remove_by_regex("^gone-2$") == 1
+    time.sleep(2.5)  # O's heartbeats (every second) deliver the removals
+    m.stop(sig=9)
+    m.start()
+    deadline = time.monotonic() + 15
+    while o.get("kept") != vals["kept"]:
+        assert time.monotonic() < deadline, f"'kept' never came back\n{m.log_tail()}"
+        time.sleep(0.1)
+    assert o.get("gone-1") == b"" and o.get("gone-2") == b""
+
+
 def test_bad_input_gives_clear_errors(master_factory, worker_factory, client_factory) -> None:
     m = master_factory()
     worker_factory(m, 4 * MiB)

@@ -55,7 +55,8 @@ def test_round_trips_and_error_codes(start_master) -> None:
         # batches with per-key results
         res = c.batch_put_start("cA", ["a", "b", "c"], [100, 200, 300], Cfg(preferred_segments=["127.0.0.1:7002"]))
         assert all(isinstance(r, list) and r[0].segment_name == "127.0.0.1:7002" for r in res)
-        assert c.batch_put_end("cA", ["a", "b", "zz"]) == [0, 0, ErrorCode.OBJECT_NOT_FOUND]
+        ends = c.batch_put_end("cA", ["a", "b", "zz"])  # versions (increasing), or a code
+        assert 0 < ends[0] < ends[1] and ends[2] == ErrorCode.OBJECT_NOT_FOUND
         assert c.batch_put_revoke("cA", ["c"]) == [0]
         assert c.batch_exist_key(["a", "b", "c"]) == [True, True, False]
         gets = c.batch_get_replica_list(["a", "c"])
@@ -419,7 +420,7 @@ def test_busy_poll_settings_give_the_same_answers(start_master, monkeypatch, pol
         keys = [f"poll-{poll_us}-{i:05d}-" + "x" * 100 for i in range(3000)]
         res = c.batch_put_start("cA", keys, [1000] * len(keys))
         assert all(isinstance(r, list) for r in res)
-        assert c.batch_put_end("cA", keys) == [0] * len(keys)
+        assert all(v > 0 for v in c.batch_put_end("cA", keys))
         got = c.batch_get_replica_list(keys)  # a reply of several hundred KiB
         assert [g.replicas[0].addr for g in got] == [r[0].addr for r in res]
         for k in keys[:500]:

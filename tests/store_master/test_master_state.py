@@ -379,6 +379,73 @@ def test_report_objects_rebuilds_state_and_reserves_ranges() -> None:
     assert st2.report_objects("c1", [("x", ReplicaDesc("seg0", 0x10000000 + 900_000, 10))]) == 0
 
 
+def test_reports_of_one_key_keep_the_highest_version() -> None:
+    """An upsert by another client leaves the old bytes in the first writer's segment: after a
+    master change both writers report the key, and only the newer write may come back."""
+    clock = Clock()
+    st = MasterState(MasterConfig(), clock=clock)
+    st.mount_segment("o", "segO", 0x100000, MiB)
+    st.mount_segment("x", "segX", 0x900000, MiB)
+    old = st.put_start("o", "k", 100, Cfg(preferred_segments=["segO"]))[0]
+    v1 = st.put_end("o", "k")
+    new = st.upsert_start("x", "k", 100, Cfg(preferred_segments=["segX"]))[0]
+    v2 = st.put_end("x", "k")
+    assert 0 < v1 < v2
+    assert st.put_end("x", "k") == 0  # an idempotent retry publishes nothing
+    for order in (("o", "x"), ("x", "o")):  # whichever reports first
+        st2 = MasterState(MasterConfig(), clock=Clock())
+        st2.mount_segment("o", "segO", 0x100000, MiB, prev_epoch=st.epoch)
+        st2.mount_segment("x", "segX", 0x900000, MiB, prev_epoch=st.epoch)
+        reports = {"o": [("k", old)], "x": [("k", new)]}
+        versions = {"o": [v1], "x": [v2]}
+        for who in order:
+            st2.report_objects(who, reports[who], versions[who])
+        got = st2.get_replica_list("k").replicas
+        assert [r.segment_name for r in got] == ["segX"], order
+        assert st2.segments["segO"].alloc.used == 0  # the stale range is free again
+    # an object written through the new master beats any late report
+    clock3 = Clock()
+    st3 = MasterState(MasterConfig(), clock=clock3)
+    st3.mount_segment("o", "segO", 0x100000, MiB, prev_epoch=st.epoch)
+    st3.mount_segment("x", "segX", 0x900000, MiB, prev_epoch=st.epoch)
+    clock3.advance(1.5)  # past the recovery hold
+    put(st3, "k", 100, Cfg(preferred_segments=["segX"]), client="x")
+    here = st3.get_replica_list("k").replicas[0].addr
+    assert st3.report_objects("o", [("k", old)], [v2 + 10**12]) == 0
+    assert st3.get_replica_list("k").replicas[0].addr == here
+    # reports without versions (0) never displace anything
+    st4 = MasterState(MasterConfig(), clock=Clock())
+    st4.mount_segment("x", "segX", 0x900000, MiB, prev_epoch=st.epoch)
+    st4.mount_segment("o", "segO", 0x100000, MiB, prev_epoch=st.epoch)
+    assert st4.report_objects("x", [("k", new)], [v2]) == 1
+    assert st4.report_objects("o", [("k", old)]) == 0
+    assert st4.get_replica_list("k").replicas[0].segment_name == "segX"
+
+
+def test_owners_hear_of_removals_in_their_segments() -> None:
+    clock = Clock()
+    st = MasterState(MasterConfig(default_kv_lease_ttl_ms=1000), clock=clock)
+    st.mount_segment("o", "segO", 0x100000, MiB)
+    st.mount_segment("x", "segX", 0x900000, MiB)
+    for k in ("a", "b", "c", "leased"):
+        put(st, k, 100, Cfg(preferred_segments=["segO"]), client="o")
+    assert st.heartbeat("o").removed == []
+    st.remove("a")                      # by anyone: o must stop re-reporting it
+    st.upsert_start("x", "b", 100, Cfg(preferred_segments=["segX"]))
+    st.put_end("x", "b")                # overwritten elsewhere: o's copy is stale
+    hb = st.heartbeat("o")
+    assert [k for k, _ in hb.removed] == ["a", "b"] and all(stamp > 0 for _, stamp in hb.removed)
+    assert hb.removed_all_before == 0 and st.heartbeat("o").removed == []  # delivered once
+    assert st.heartbeat("x").removed == []
+    st.get_replica_list("leased")       # leased: a plain remove_all skips it
+    assert st.remove_all() == 2         # "c", and x's new "b"
+    hb = st.heartbeat("o")
+    assert [k for k, _ in hb.removed] == ["c"] and hb.removed_all_before == 0
+    assert [k for k, _ in st.heartbeat("x").removed] == ["b"]
+    assert st.remove_all(force=True) == 1  # "leased"
+    assert st.heartbeat("o").removed_all_before > 0
+
+
 # ---------------------------------------------------------------- SSD tier
 def test_offload_flow() -> None:
     st, clock = make(n_segs=1, seg_size=20 * 1024, enable_offload=True, root_fs_dir="/tmp/x",
