@@ -478,6 +478,8 @@ class MasterState:
                 continue
             if not isinstance(version, int) or version < 0:
                 continue
+            if version > self._last_version:  # a predecessor's clock ran ahead of ours: stay above it
+                self._last_version = version
             meta = self.objects.get(key)
             if meta is not None:
                 known = self.reported.get(key)

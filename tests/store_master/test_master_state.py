@@ -420,6 +420,10 @@ def test_reports_of_one_key_keep_the_highest_version() -> None:
     assert st4.report_objects("x", [("k", new)], [v2]) == 1
     assert st4.report_objects("o", [("k", old)]) == 0
     assert st4.get_replica_list("k").replicas[0].segment_name == "segX"
+    # versions stay above everything reported, even from a master whose clock ran ahead
+    assert st4.report_objects("x", [("far", ReplicaDesc("segX", 0x900000 + 4096, 100))], [v2 + 10**15]) == 1
+    st4.remove("far")
+    assert st4.heartbeat("x").removed[0][1] > v2 + 10**15  # the removal notice outranks the report
 
 
 def test_owners_hear_of_removals_in_their_segments() -> None:
