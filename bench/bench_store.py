@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOAD = os.path.join(ROOT, "bench", "ref_mooncake_store.py")
 sys.path.insert(0, ROOT)
 
-from store_harness import run_workload  # bench/ is on sys.path when run as a script
+from store_harness import measure_ours_and_ref, run_workload  # bench/ is on sys.path when run as a script
 
 
 def run_impl(impl: str, python: str, master_cmd: list[str], args, logdir: str) -> dict:
@@ -62,24 +62,7 @@ def main() -> int:
     if args.quick:
         args.reps, args.thread_ops, args.qps_seconds = 1, 40, 1.0
     logdir = tempfile.mkdtemp(prefix="mc-bench-store-")
-
-    if args.force_tcp:
-        os.environ["MC_FORCE_TCP"] = "1"  # inherited by our holder/runner only (the original ignores it)
-    ours_master = [sys.executable, "-m", "mooncake_core.store.master_main"]
-    print(f"measuring this project (logs in {logdir}) ...", flush=True)
-    ours = run_impl("ours", sys.executable, ours_master, args, logdir)
-    ref = None
-    ref_py = os.path.join(args.ref_venv, "bin", "python")
-    ref_master = os.path.join(args.ref_venv, "bin", "mooncake_master")
-    os.environ.pop("MC_FORCE_TCP", None) if args.force_tcp else None
-    if not args.no_ref and os.path.exists(ref_py) and os.path.exists(ref_master):
-        print("measuring the original Mooncake ...", flush=True)
-        try:
-            ref = run_impl("ref", ref_py, [ref_master], args, logdir)
-        except Exception as e:  # noqa: BLE001 - report, still print ours
-            print(f"reference run failed: {e}", flush=True)
-    elif not args.no_ref:
-        print(f"reference venv {args.ref_venv} not found: printing this project only", flush=True)
+    ours, ref = measure_ours_and_ref(run_impl, args, logdir)
 
     rows = list(ours["results"])
     print()

@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOAD = os.path.join(ROOT, "bench", "ref_mooncake_store_more_api.py")
 sys.path.insert(0, ROOT)
 
-from store_harness import run_workload  # bench/ is on sys.path when run as a script
+from store_harness import measure_ours_and_ref, run_workload  # bench/ is on sys.path when run as a script
 
 
 def run_impl(impl: str, python: str, master_cmd: list[str], args, logdir: str) -> dict:
@@ -58,22 +58,8 @@ def main() -> int:
                     help="run ours with MC_FORCE_TCP=1 (no same-host process_vm_* shortcut), like the original's tcp")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
-    if args.force_tcp:
-        os.environ["MC_FORCE_TCP"] = "1"  # inherited by our holder/runner; the original ignores it
     logdir = tempfile.mkdtemp(prefix="mc-bench-more-api-")
-    print(f"measuring this project (logs in {logdir}) ...", flush=True)
-    ours = run_impl("ours", sys.executable, [sys.executable, "-m", "mooncake_core.store.master_main"], args, logdir)
-    ref = None
-    ref_py = os.path.join(args.ref_venv, "bin", "python")
-    ref_master = os.path.join(args.ref_venv, "bin", "mooncake_master")
-    if not args.no_ref and os.path.exists(ref_py) and os.path.exists(ref_master):
-        print("measuring the original Mooncake ...", flush=True)
-        try:
-            ref = run_impl("ref", ref_py, [ref_master], args, logdir)
-        except Exception as e:  # noqa: BLE001 - report, still print ours
-            print(f"reference run failed: {e}", flush=True)
-    elif not args.no_ref:
-        print(f"reference venv {args.ref_venv} not found: printing this project only", flush=True)
+    ours, ref = measure_ours_and_ref(run_impl, args, logdir)
     print()
     print(f"{'row (GB/s)':36s} {'ours':>8s} {'original':>9s} {'ratio':>7s}")
     print("-" * 64)

@@ -12,42 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
-
-MiB = 1 << 20
-
-
-def _store(impl: str):
-    if impl == "ours":
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-        from mooncake_core import compat
-
-        compat.install(force=True)
-    from mooncake.store import MooncakeDistributedStore
-
-    return MooncakeDistributedStore
-
-
-def _setup(args, segment: int, local_buffer: int = 16 * MiB):
-    s = _store(args.impl)()
-    # the original stages non-registered puts/gets through its local buffer: it must hold the
-    # largest object (64 MiB here)
-    rc = s.setup("127.0.0.1", args.meta, segment, local_buffer, "tcp", "", args.master)
-    if rc != 0:
-        raise SystemExit(f"setup failed with {rc}")
-    return s
-
-
-def holder(args) -> None:
-    s = _setup(args, args.segment)
-    print(json.dumps({"ready": s.get_hostname()}), flush=True)
-    sys.stdin.read()
-    s.close()
+# same directory (run as a script): the shared set-up and the holder role
+from ref_mooncake_store import MiB, _setup, holder
 
 
 def run(args) -> None:
@@ -55,6 +26,8 @@ def run(args) -> None:
         sys.path.append(args.torch_path)
     import torch
 
+    # the original stages non-registered puts/gets through its local buffer: it must hold the
+    # largest object (64 MiB here)
     s = _setup(args, 0, 256 * MiB)
     results: dict[str, float] = {}
     errors: list[str] = []

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from typing import Any
+import sys
+from typing import Any, Callable
 
 from mooncake_core.utils.net import free_port, wait_for_port
 from mooncake_core.utils.proc import readline_timeout, stop_process
@@ -58,3 +59,31 @@ def run_workload(impl: str, python: str, master_cmd: list[str], workload: str, *
                     except OSError:
                         pass
                 stop_process(p)
+
+
+def measure_ours_and_ref(run_impl: Callable[..., dict[str, Any]], args: Any,
+                         logdir: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Run ``run_impl(impl, python, master_cmd, args, logdir)`` for this project, then for the
+    original from ``args.ref_venv`` (its own python and ``mooncake_master``) unless
+    ``args.no_ref`` or the venv is absent. ``args.force_tcp`` sets MC_FORCE_TCP=1 for ours
+    only. Returns (ours, original or None); a failed reference run is reported, not raised."""
+    if args.force_tcp:
+        os.environ["MC_FORCE_TCP"] = "1"  # inherited by our holder/runner
+    print(f"measuring this project (logs in {logdir}) ...", flush=True)
+    try:
+        ours = run_impl("ours", sys.executable, [sys.executable, "-m", "mooncake_core.store.master_main"],
+                        args, logdir)
+    finally:
+        os.environ.pop("MC_FORCE_TCP", None)
+    ref = None
+    ref_py = os.path.join(args.ref_venv, "bin", "python")
+    ref_master = os.path.join(args.ref_venv, "bin", "mooncake_master")
+    if not args.no_ref and os.path.exists(ref_py) and os.path.exists(ref_master):
+        print("measuring the original Mooncake ...", flush=True)
+        try:
+            ref = run_impl("ref", ref_py, [ref_master], args, logdir)
+        except Exception as e:  # noqa: BLE001 - report, still print ours
+            print(f"reference run failed: {e}", flush=True)
+    elif not args.no_ref:
+        print(f"reference venv {args.ref_venv} not found: printing this project only", flush=True)
+    return ours, ref

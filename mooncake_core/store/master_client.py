@@ -162,20 +162,18 @@ class MasterClient:
         when the connection broke / the reply did not come in time (OSError also possible)."""
         sock = c.sock
         sock.sendall(P.request_frame(rid, body))
-        buf = None
-        if self._spin:
+        if self._spin:  # busy-poll only as the lone call in flight (see __init__)
             with self._waiting_lock:
                 self._waiting += 1
                 alone = self._waiting == 1
             try:
-                if alone:
-                    buf = c.poller.recv(sock, 65536)
+                buf = c.poller.recv(sock, 65536) if alone else None
                 if buf is None:
                     buf = sock.recv(65536)
             finally:
                 with self._waiting_lock:
                     self._waiting -= 1
-        if buf is None:
+        else:
             buf = sock.recv(65536)
         while True:
             if not buf:

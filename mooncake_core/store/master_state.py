@@ -443,18 +443,16 @@ class MasterState:
         """Tell the owners of ``meta``'s replicas (next heartbeat) that ``key`` is gone, so a
         master change cannot bring a removed or overwritten value back through their
         re-reports. ``everything``: a remove_all -- one "all before now" notice instead."""
-        stamp = self._last_version = max(time.time_ns(), self._last_version + 1)
+        stamp = self._new_version()
         for seg, _ in meta.reps():
             c = self.clients.get(seg.client_id)
             if c is None:
                 continue
             if everything or len(c.removed) >= MAX_REMOVED_NOTICES:
-                c.removed = []
+                c.removed = []  # all covered by the one stamp
                 c.removed_all_before = stamp
-            elif not c.removed_all_before:
-                c.removed.append((key, stamp))
             else:
-                c.removed_all_before = stamp
+                c.removed.append((key, stamp))
 
     def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]],
                        versions: list[int] | None = None) -> int:

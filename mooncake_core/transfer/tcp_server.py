@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from mooncake_core.transfer import metrics, tcp_vec
+from mooncake_core.transfer import metrics, tcp_vec, vec
 from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import RegionTable, memview
 from mooncake_core.transfer.sockio import (PeerClosed, Poller, busy_poll_s, drain, is_timeout, recv_exact,
@@ -233,7 +233,7 @@ class TcpServer:
         snap = getattr(self.regions, "_snap", None)
         cached, index = self._vec_index
         if snap is None or cached is not snap:
-            index = tcp_vec.region_index(self.regions.regions())
+            index = vec.region_index(self.regions.regions())
             if snap is not None:
                 self._vec_index = (snap, index)
         return index

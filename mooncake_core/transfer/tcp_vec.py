@@ -14,10 +14,11 @@ when their destinations are scattered.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
+from mooncake_core.transfer.vec import drop_empty, group_bounds, split_long
 from mooncake_core.transfer.wire import WireError
 
 #: one (remote_addr, length) entry on the wire: two little-endian u64
@@ -76,13 +77,6 @@ def decode_blocks(aux: bytes | bytearray | memoryview, total: int, max_blocks: i
     return addrs, lens.astype(np.int64)
 
 
-def region_index(regions: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted starts / ends of registered regions (objects with ``addr`` and ``length``)."""
-    regs = sorted(regions, key=lambda r: r.addr)
-    return (np.array([r.addr for r in regs], dtype=np.int64),
-            np.array([r.addr + r.length for r in regs], dtype=np.int64))
-
-
 def first_bad(starts: np.ndarray, ends: np.ndarray, addrs: np.ndarray, lens: np.ndarray) -> int | None:
     """Index of the first block not wholly inside one region, or None when all are.
 
@@ -103,9 +97,7 @@ def first_bad(starts: np.ndarray, ends: np.ndarray, addrs: np.ndarray, lens: np.
 def runs(addrs: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge consecutive blocks that are contiguous in memory (empty ones dropped), in stream
     order: fewer iovec entries for the same bytes."""
-    if len(lens) and not (lens > 0).all():
-        keep = lens > 0
-        addrs, lens = addrs[keep], lens[keep]
+    addrs, lens = drop_empty(addrs, lens)
     if len(lens) < 2:
         return addrs, lens
     cont = addrs[:-1] + lens[:-1] == addrs[1:]
@@ -132,22 +124,10 @@ def plan_requests(local: np.ndarray, remote: np.ndarray, length: np.ndarray, *,
     entries into requests of at most ``max_blocks`` entries and about ``max_bytes`` bytes
     (a request closes once it reaches ``max_bytes``). Order is kept, so the stream of a
     request is the concatenation of its entries."""
-    from mooncake_core.transfer.vec import split_long
-
     if max_blocks <= 0 or max_bytes <= 0:
         raise ValueError(f"max_blocks ({max_blocks}) and max_bytes ({max_bytes}) must be > 0")
-    if len(length) and not (length > 0).all():
-        keep = length > 0
-        local, remote, length = local[keep], remote[keep], length[keep]
+    local, remote, length = drop_empty(local, remote, length)
     local, remote, length = split_long(local, remote, length, max_bytes)
-    n = len(length)
-    if n == 0:
-        return VecPlan(local, remote, length, [0], [])
-    cum = np.cumsum(length)
-    group = (cum - length) // max_bytes  # entries starting in the same max_bytes window
-    starts = np.union1d(np.flatnonzero(np.diff(group)) + 1, np.arange(0, n, max_blocks))
-    bounds = starts.tolist() + [n]
-    ends_cum = cum[np.asarray(bounds[1:]) - 1]
-    nbytes = np.diff(np.concatenate(([0], ends_cum))).tolist()
+    bounds, nbytes = group_bounds(length, max_bytes, max_blocks)
     return VecPlan(local, remote, length, bounds, nbytes)
 

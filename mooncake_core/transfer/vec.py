@@ -54,11 +54,41 @@ def _region_arrays(desc: Any) -> tuple[np.ndarray, np.ndarray]:
     """Sorted region starts / ends of a descriptor, cached on it (rebuilt if buffers change)."""
     cache = desc.__dict__.get("_vec_index")
     if cache is None or cache[2] != len(desc.buffers):
-        regs = sorted(desc.buffers, key=lambda r: r.addr)
-        starts = np.array([r.addr for r in regs], dtype=np.int64)
-        ends = np.array([r.addr + r.length for r in regs], dtype=np.int64)
+        starts, ends = region_index(desc.buffers)
         cache = desc.__dict__["_vec_index"] = (starts, ends, len(desc.buffers))
     return cache[0], cache[1]
+
+
+def region_index(regions: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted starts / ends of registered regions (objects with ``addr`` and ``length``)."""
+    regs = sorted(regions, key=lambda r: r.addr)
+    return (np.array([r.addr for r in regs], dtype=np.int64),
+            np.array([r.addr + r.length for r in regs], dtype=np.int64))
+
+
+def drop_empty(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The entries whose length (the last array) is > 0, in every array."""
+    length = arrays[-1]
+    if len(length) and not (length > 0).all():
+        keep = length > 0
+        return tuple(a[keep] for a in arrays)
+    return arrays
+
+
+def group_bounds(length: np.ndarray, max_bytes: int, max_items: int) -> tuple[list[int], list[int]]:
+    """Cut consecutive entries (lengths > 0) into groups of at most ``max_items`` entries,
+    a new group starting whenever the running total crosses a ``max_bytes`` boundary.
+    Returns (bounds, nbytes): group ``k`` is entries ``bounds[k]:bounds[k+1]`` moving
+    ``nbytes[k]`` bytes."""
+    n = len(length)
+    if n == 0:
+        return [0], []
+    cum = np.cumsum(length)
+    group = (cum - length) // max_bytes  # entries starting in the same max_bytes window
+    starts = np.union1d(np.flatnonzero(np.diff(group)) + 1, np.arange(0, n, max_items))
+    bounds = starts.tolist() + [n]
+    ends_cum = cum[np.asarray(bounds[1:]) - 1]
+    return bounds, np.diff(np.concatenate(([0], ends_cum))).tolist()
 
 
 def in_bounds(desc: Any, remote: np.ndarray, length: np.ndarray) -> bool:
@@ -75,9 +105,7 @@ def in_bounds(desc: Any, remote: np.ndarray, length: np.ndarray) -> bool:
 def coalesce(local: np.ndarray, remote: np.ndarray, length: np.ndarray
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Drop empty entries and merge runs where both sides continue the previous entry."""
-    if len(length) and not (length > 0).all():
-        keep = length > 0
-        local, remote, length = local[keep], remote[keep], length[keep]
+    local, remote, length = drop_empty(local, remote, length)
     if len(length) < 2:
         return local, remote, length
     cont = (local[:-1] + length[:-1] == local[1:]) & (remote[:-1] + length[:-1] == remote[1:])
@@ -124,12 +152,5 @@ def plan_chunks(local: np.ndarray, remote: np.ndarray, length: np.ndarray, *,
     riov[:, 0] = remote
     liov[:, 1] = length
     riov[:, 1] = length
-    if n == 0:
-        return Plan(liov, riov, [0], [], 0)
-    cum = np.cumsum(length)
-    group = (cum - length) // chunk_bytes
-    starts = np.union1d(np.flatnonzero(np.diff(group)) + 1, np.arange(0, n, max_iov))
-    bounds = starts.tolist() + [n]
-    ends_cum = cum[np.asarray(bounds[1:]) - 1]
-    nbytes = np.diff(np.concatenate(([0], ends_cum))).tolist()
-    return Plan(liov, riov, bounds, nbytes, int(cum[-1]))
+    bounds, nbytes = group_bounds(length, chunk_bytes, max_iov)
+    return Plan(liov, riov, bounds, nbytes, int(length.sum()) if n else 0)

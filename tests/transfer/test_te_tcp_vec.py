@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from te_helpers import sha
 
-from mooncake_core.transfer import tcp_vec
+from mooncake_core.transfer import tcp_vec, vec
 from mooncake_core.transfer.memory import Region, RegionTable
 from mooncake_core.transfer.wire import (MAGIC, REQ, RESP, WIRE_VERSION, Op, Request, Status, WireError,
                                          unpack_response)
@@ -66,7 +66,7 @@ def test_first_bad_agrees_with_region_table():
     table = RegionTable()
     for addr, n in ((1000, 100), (1100, 50), (5000, 64)):  # two adjacent regions: no spanning
         table.add(Region(addr, n))
-    starts, ends = tcp_vec.region_index(table.regions())
+    starts, ends = vec.region_index(table.regions())
     rng = np.random.default_rng(2)
     addrs = rng.integers(900, 5200, 3000).astype(np.int64)
     lens = rng.integers(1, 120, 3000).astype(np.int64)
