@@ -31,15 +31,15 @@ from typing import Sequence
 
 from mooncake_core.errors import ErrorCode
 from mooncake_core.transfer import metrics
-from mooncake_core.transfer.base import TRANSPORTS, Transport, TransferError, TransferOpcode, TransferRequest
+from mooncake_core import plugins
+from mooncake_core.transfer.base import (Transport, TransportContext, TransferError, TransferOpcode,
+                                         TransferRequest, location_kind)
 from mooncake_core.transfer.batch import BatchState, BatchTable
-from mooncake_core.transfer.cma import CmaTransport
 from mooncake_core.transfer.descriptor import (SegmentDescriptor, host_identity, process_start_time, ram_key,
                                                rpc_meta_key)
-from mooncake_core.transfer.local import LocalTransport, local_engine, publish_local, unpublish_local
+from mooncake_core.transfer.local import local_engine, publish_local, unpublish_local
 from mooncake_core.transfer.managed import ManagedPool
 from mooncake_core.transfer.memory import WILDCARD_LOCATION, Region, RegionTable, memview
-from mooncake_core.transfer.tcp import TcpTransport
 from mooncake_core.transfer.tcp_server import TcpServer
 from mooncake_core.transfer import vec
 from mooncake_core.transfer.wire import Op, Status
@@ -50,7 +50,8 @@ log = get_logger("mooncake.te")
 
 P2PHANDSHAKE = "P2PHANDSHAKE"
 SUPPORTED_PROTOCOLS = ("tcp", "rdma")
-_HINTS = {"": None, "unspec": None, "tcp": "tcp", "shm": "cma", "cma": "cma", "local": "local"}
+#: transport_hint values meaning "choose automatically"
+_AUTO_HINTS = ("", "unspec")
 
 __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify"]
 
@@ -83,10 +84,15 @@ def _truthy(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _check_hint(hint: str) -> None:
-    """Mooncake raises invalid_argument for an unknown hint; so do we (a programming error)."""
-    if hint not in _HINTS:
-        raise ValueError(f"unknown transport_hint {hint!r} (valid: tcp, shm, local, or '' for automatic)")
+def _hint_table(transports: Sequence[Transport] | None = None) -> dict[str, str]:
+    """transport_hint -> transport name: each transport's name and its ``hints`` aliases."""
+    classes: Sequence[Transport] | Sequence[type[Transport]] = (
+        transports if transports is not None else plugins.transport_classes())
+    table: dict[str, str] = {}
+    for t in classes:
+        for h in (t.name, *t.hints):
+            table.setdefault(h, t.name)
+    return table
 
 
 def _rdma_devices() -> list[str]:
@@ -147,10 +153,10 @@ class TransferEngine:
         self._closed = False
         self._stop = threading.Event()
         self._managed: ManagedPool | None = None
-        self._tcp: TcpTransport | None = None
-        self._cma: CmaTransport | None = None
-        self._local: LocalTransport | None = None
-        self._extra: dict[str, Transport] = {}
+        self._transports: list[Transport] = []  # most preferred first
+        self._by_name: dict[str, Transport] = {}
+        self._hints: dict[str, str] = {}
+        self._tcp: Transport | None = None
         self._protocol = "tcp"
         self._boot_id, self._pidns = host_identity()
         self._start_time = process_start_time()
@@ -220,9 +226,7 @@ class TransferEngine:
         self._data_host = bind if bind not in ("0.0.0.0", "::", "") else host
         self._segment = f"{host}:{self._server.port}" if p2p else local_hostname.strip()
 
-        self._tcp = TcpTransport()
-        self._cma = CmaTransport()
-        self._local = LocalTransport()
+        self._open_transports()
         self._managed = ManagedPool(self._register_quiet, self._unregister_quiet)
         self._initialized = True
         publish_local(self._segment, self)
@@ -244,6 +248,26 @@ class TransferEngine:
             "segment": self._segment, "rpc_port": self._server.port, "bind": bind,
             "metadata": "P2PHANDSHAKE" if p2p else conn, "force_tcp": _truthy("MC_FORCE_TCP")})
 
+    def _open_transports(self) -> None:
+        """One instance of every registered transport, most preferred first."""
+        ctx = TransportContext(lambda: self._segment, self.regions, self._boot_id, self._pidns)
+        self._transports = [cls(ctx) for cls in plugins.transport_classes()]
+        self._by_name = {t.name: t for t in self._transports}
+        self._hints = _hint_table(self._transports)
+        self._tcp = self._by_name.get("tcp")
+        if self._tcp is None:
+            raise RuntimeError("no 'tcp' transport is registered (is the built-in plugin blocked?)")
+        log.debug("transports", extra={"transports": [f"{t.name}:{t.priority}" for t in self._transports]})
+
+    def _check_hint(self, hint: str) -> None:
+        """Mooncake raises invalid_argument for an unknown hint; so do we (a programming error)."""
+        if hint in _AUTO_HINTS:
+            return
+        table = self._hints or _hint_table()
+        if hint not in table:
+            raise ValueError(f"unknown transport_hint {hint!r} (valid: {', '.join(sorted(table))}, "
+                             "or '' for automatic)")
+
     def get_rpc_port(self) -> int:
         return self._server.port if self._server else -1
 
@@ -259,7 +283,7 @@ class TransferEngine:
     def get_local_topology(self, device_name: str | None = None) -> str:
         """JSON text describing the devices this engine can use (CPU only here, plus RDMA NICs seen)."""
         return json.dumps({"cpu:0": {"preferred_hca": [], "avail_hca": _rdma_devices()},
-                           "transports": sorted(set(TRANSPORTS))})
+                           "transports": sorted(self._by_name or _hint_table().values())})
 
     # ================================================================== descriptor publishing
     def _descriptor(self) -> SegmentDescriptor:
@@ -317,9 +341,12 @@ class TransferEngine:
 
     def _add_region(self, addr: int, length: int, location: str) -> None:
         location = location or WILDCARD_LOCATION
-        if location.startswith("cuda") and "cuda" not in TRANSPORTS:
-            raise ValueError(f"location {location!r}: GPU memory needs a cuda transport, which this build "
-                             "does not have; register host memory (location 'cpu:0' or '*')")
+        if not any(t.capabilities.serves(location) for t in self._transports):
+            kind = location_kind(location)
+            raise ValueError(f"location {location!r}: no registered transport serves {kind!r} memory "
+                             f"(transports: {', '.join(t.name for t in self._transports)})"
+                             + ("; GPU memory needs a cuda transport plugin" if kind == "cuda" else "")
+                             + "; register host memory (location 'cpu:0' or '*')")
         r = Region(int(addr), int(length), location)
         self.regions.add(r)
         with self._lock:
@@ -458,14 +485,14 @@ class TransferEngine:
     def _choose(self, desc: SegmentDescriptor) -> Transport:
         if _truthy("MC_FORCE_TCP"):
             return self._tcp
-        if self._local.can_reach(desc):
-            return self._local
-        if self._cma.can_reach(desc):
-            return self._cma
-        if desc.same_host_as(self._boot_id, self._pidns):
-            log.info("peer on this host but cross-memory attach is unavailable; falling back to tcp",
-                     extra={"segment": desc.name})
-        return self._tcp
+        for t in self._transports:  # most preferred first
+            if t.can_reach(desc):
+                if t is self._tcp and desc.same_host_as(self._boot_id, self._pidns):
+                    log.info("peer on this host but no same-host transport can reach it; falling back to tcp",
+                             extra={"segment": desc.name})
+                return t
+        raise TransferError(f"no transport can reach segment {desc.name!r} (tried "
+                            f"{', '.join(t.name for t in self._transports)})", ErrorCode.SEGMENT_NOT_FOUND)
 
     def _peer(self, name: str, refresh: bool = False) -> _Peer:
         with self._lock:
@@ -496,14 +523,13 @@ class TransferEngine:
             p = self._peers.pop(name, None)
         if p is not None:
             p.dispatch.shutdown(wait=False)
-            if self._tcp is not None:
-                self._tcp.drop_peer(p.desc.host, p.desc.port)
+            for t in self._transports:
+                t.drop_peer(p.desc)
 
     def _pick(self, peer: _Peer, hint: str) -> Transport:
-        want = _HINTS[hint]
-        if want is None:
+        if hint in _AUTO_HINTS:
             return peer.transport
-        t = {"tcp": self._tcp, "cma": self._cma, "local": self._local}[want]
+        t = self._by_name[self._hints[hint]]
         if not t.can_reach(peer.desc):
             raise TransferError(f"transport {hint!r} cannot reach segment {peer.name!r}")
         return t
@@ -572,28 +598,27 @@ class TransferEngine:
         per-peer connection handling), just without building batch structures.
         """
         peer = self._peers.get(target)
-        tcp = self._tcp
-        if (peer is None or (peer.transport is not tcp and hint != "tcp") or hint not in ("", "tcp")
-                or not 0 < length <= tcp.slice_size or local <= 0 or self._closed
+        t = peer.transport if peer is not None and hint in ("", peer.transport.name) else None
+        if (t is None or not 0 < length <= t.single_max or local <= 0 or self._closed
                 or peer.desc.find_region(remote, length) is None):
             return self._sync(target, opcode, [local], [remote], [length], hint=hint)
         t0 = time.perf_counter()
         opname = "write" if opcode == 1 else "read"
         try:
-            tcp.transfer_one(peer.desc, opcode, local, remote, length,
-                             time.monotonic() + self.timeout + length / 1073741824.0)
+            t.transfer_one(peer.desc, opcode, local, remote, length,
+                           time.monotonic() + self.timeout + length / 1073741824.0)
         except TransferError as e:
-            metrics.record("tcp", opname, length, 1, time.perf_counter() - t0, False)
+            metrics.record(t.name, opname, length, 1, time.perf_counter() - t0, False)
             if e.peer_down:
                 self._forget_peer(target)
             self.last_error = str(e)
             log.error("transfer failed", extra={"target": target, "error": str(e)})
             return -1
-        metrics.record("tcp", opname, length, 1, time.perf_counter() - t0, True)
+        metrics.record(t.name, opname, length, 1, time.perf_counter() - t0, True)
         return 0
 
     def _sync(self, target: str, opcode, buffers, peers, lengths, notify=None, hint: str = "") -> int:
-        _check_hint(hint)
+        self._check_hint(hint)
         if len(buffers) >= vec.VEC_MIN:
             rc = self._sync_vec(target, opcode, buffers, peers, lengths, notify, hint)
             if rc is not None:
@@ -616,8 +641,7 @@ class TransferEngine:
         None -- take the general path, which reports the exact offending entry -- when the batch
         is short, not plain valid integers, outside the cached descriptor, or the transport has
         no array path."""
-        move = getattr(transport, "transfer_arrays", None)
-        if move is None or len(buffers) < vec.VEC_MIN:
+        if not transport.capabilities.array_batches or len(buffers) < vec.VEC_MIN:
             return None
         arrs = vec.as_arrays(buffers, peers, lengths)
         if arrs is None or not vec.locals_ok(*arrs) or not vec.in_bounds(peer.desc, arrs[1], arrs[2]):
@@ -626,7 +650,7 @@ class TransferEngine:
             op = TransferOpcode(int(opcode))
         except (TypeError, ValueError):
             return None
-        return op, arrs[0], arrs[1], arrs[2], move
+        return op, arrs[0], arrs[1], arrs[2], transport.transfer_arrays
 
     def _execute_vec(self, peer: _Peer, transport: Transport, plan, deadline: float,
                      notify: TransferNotify | None) -> None:
@@ -664,7 +688,7 @@ class TransferEngine:
 
     def _submit(self, target: str, opcode, buffers, peers, lengths, hint: str = "",
                 open_fail: int = -1, other_fail: int = 0) -> int:
-        _check_hint(hint)
+        self._check_hint(hint)
         try:
             self._check_ready()
             peer = self._peer(target)
@@ -850,9 +874,8 @@ class TransferEngine:
         if self._server is not None:
             self._server.close()
             self._server = None
-        for t in (self._tcp, self._cma):
-            if t is not None:
-                t.close()
+        for t in self._transports:
+            t.close()
         with self._lock:
             peers, self._peers = list(self._peers.values()), {}
         for p in peers:

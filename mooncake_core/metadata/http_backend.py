@@ -22,7 +22,7 @@ import urllib.parse
 
 from mooncake_core.metadata.base import (MetadataBackend, MetadataError, check_key,
                                          decode_value, encode_value)
-from mooncake_core.metadata.conn_string import MetadataSpec
+from mooncake_core.metadata.conn_string import HttpSpec
 
 _RETRYABLE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError,
               http.client.BadStatusLine)
@@ -31,7 +31,7 @@ _RETRYABLE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetEr
 class HttpMetadataBackend(MetadataBackend):
     backend_name = "http"
 
-    def __init__(self, spec: MetadataSpec, timeout: float = 5.0, token: str | None = None):
+    def __init__(self, spec: HttpSpec, timeout: float = 5.0, token: str | None = None):
         super().__init__(spec.url, timeout)
         self._spec = spec
         self._host, self._port = spec.endpoints[0]

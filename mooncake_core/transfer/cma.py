@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from mooncake_core.transfer.base import (Transport, TransferError, TransferOpcode, TransferRequest,
-                                         register_transport)
+from mooncake_core.transfer.base import (Capabilities, Transport, TransportContext, TransferError, TransferOpcode,
+                                         TransferRequest)
 from mooncake_core.transfer.descriptor import SegmentDescriptor, host_identity, process_start_time
 from mooncake_core.transfer.vec import VEC_MIN, Plan, plan_chunks
 from mooncake_core.utils.log import get_logger
@@ -118,11 +118,14 @@ def _run_chunk(write: bool, pid: int, plan: Plan, k: int) -> None:
     _vm_op(write, pid, rest)
 
 
-@register_transport("cma")
 class CmaTransport(Transport):
     name = "cma"
+    priority = 80  # same host, no network stack: below only the in-process copy
+    capabilities = Capabilities(locations=frozenset({"cpu"}), array_batches=True)
+    hints = ("shm",)  # Mooncake's transport_hint for same-host transfers
 
-    def __init__(self, **_: object):
+    def __init__(self, ctx: TransportContext | None = None):
+        super().__init__(ctx)
         self.boot_id, self.pidns = host_identity()
         self._probed: dict[tuple[int, int], bool] = {}
         self._pidfds: dict[tuple[int, int], int] = {}

@@ -29,8 +29,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from mooncake_core.transfer.base import (TransferError, TransferOpcode, TransferRequest, Transport, partition,
-                                         register_transport, split_slices)
+from mooncake_core.transfer.base import (Capabilities, TransferError, TransferOpcode, TransferRequest, Transport,
+                                         TransportContext, partition, split_slices)
 from mooncake_core.transfer.descriptor import SegmentDescriptor
 from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import memview
@@ -383,13 +383,16 @@ class _PeerPool:
                 break
 
 
-@register_transport("tcp")
 class TcpTransport(Transport):
     name = "tcp"
+    priority = 10  # reaches anything with a host and port: the last resort
+    capabilities = Capabilities(locations=frozenset({"cpu"}), array_batches=True)
 
-    def __init__(self, **_: object):
+    def __init__(self, ctx: TransportContext | None = None):
+        super().__init__(ctx)
         self.nconn = _env_int("MC_TCP_CONNECTIONS", 2)
         self.slice_size = _env_int("MC_SLICE_SIZE", 1 << 20)
+        self.single_max = self.slice_size
         # payload per vectored request; a request may overshoot by one block, so at most
         # half of what a target accepts (tcp_vec.MAX_BYTES)
         self.vec_bytes = min(_env_int("MC_TCP_VEC_BYTES", 16 << 20), MAX_BYTES // 2)
@@ -407,9 +410,9 @@ class TcpTransport(Transport):
                 p = self._pools[key] = _PeerPool(host, port, name, self.nconn)
             return p
 
-    def drop_peer(self, host: str, port: int) -> None:
+    def drop_peer(self, desc: SegmentDescriptor) -> None:
         with self._lock:
-            p = self._pools.pop((host, port), None)
+            p = self._pools.pop((desc.host, desc.port), None)
         if p:
             p.close()
 
