@@ -100,7 +100,8 @@ class Capabilities:
     """What a transport can do, declared so the engine chooses by data instead of by name.
 
     ``locations``: the kinds of memory it moves ("cpu", "cuda", ...; a region's location
-    "cuda:1" has kind "cuda", the wildcard "*" means host memory). ``array_batches``: it has
+    "cuda:1" has kind "cuda", "cpu:0" and the wildcard "*" mean host memory, see
+    :func:`location_kind`). ``array_batches``: it has
     ``transfer_arrays`` (a large batch as int64 arrays, no object per request).
     ``notifications``: it delivers ``notify`` itself, in order with its data (RDMA immediate
     data, say); otherwise the engine sends notifications over its control channel.
@@ -114,11 +115,15 @@ class Capabilities:
         return location_kind(location) in self.locations
 
 
+#: memory-location kinds that are not host memory ("cuda:0" -> "cuda"); any other location
+#: name ("cpu:0", "*", a NUMA label...) is host memory, kind "cpu"
+DEVICE_KINDS = frozenset({"cuda", "npu", "hip", "xpu", "musa", "mlu"})
+
+
 def location_kind(location: str) -> str:
-    """"cpu:0" -> "cpu", "cuda:1" -> "cuda", "*" / "" -> "cpu" (host memory, any node)."""
-    if not location or location == "*":
-        return "cpu"
-    return location.split(":", 1)[0].lower()
+    """"cuda:1" -> "cuda"; "cpu:0", "*", "" or any other host label -> "cpu"."""
+    kind = location.split(":", 1)[0].strip().lower() if location else ""
+    return kind if kind in DEVICE_KINDS else "cpu"
 
 
 @dataclass

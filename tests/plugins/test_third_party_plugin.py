@@ -10,6 +10,7 @@ interpreter (plugin not installed) must not see either, so the entry point is wh
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -85,8 +86,12 @@ def test_plugin_transport_and_metadata_end_to_end(plugin_venv: Path, tmp_path: P
         assert line, f"peer failed to start (rc={peer.poll()})"
         info = json.loads(line)
         assert "error" not in info, info
-        # the peer published its descriptor through the plugin backend: one file per key
-        assert any(meta_dir.iterdir()), "nothing written to the dirkv:// directory"
+        # the peer published its descriptor through the plugin backend (one file per key), with
+        # the plugin transport's versioned section kept current by its region hooks
+        key = f"mooncake/ram/{info['segment']}"
+        path = meta_dir / (base64.urlsafe_b64encode(key.encode()).decode() + ".json")
+        desc = json.loads(path.read_text())
+        assert desc["transports"]["procmem"] == {"version": 1, "pid": info["pid"], "regions": 1}, desc
         r = subprocess.run([str(plugin_venv), str(INITIATOR), "--metadata", metadata, "--segment", info["segment"],
                             "--hostname", f"127.0.0.1:{free_port()}", "--addr", str(info["addr"]), "--size", str(size)],
                            capture_output=True, text=True, env=_env(), timeout=120)

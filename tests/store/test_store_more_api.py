@@ -262,8 +262,10 @@ def test_get_into_ranges_and_get_sessions(cluster) -> None:
     cfg = ReplicateConfig()
     cfg.preferred_segment = d.get_hostname()
     assert d.put("k2", k2, cfg) == 0  # in d's own segment: a memcpy for d
+    alive = []  # registered buffers must outlive the test: freed memory could be reused by a later Buf
     for s in (c, d):
         b0, b1 = Buf(s, 200_000, seed=1), Buf(s, 64, seed=2)
+        alive.append((b0, b1))
         before1 = b1.bytes(0, 64)
         res = s.get_into_ranges([b0.ptr, b1.ptr], [["k1", "k2"], ["k2", "k1"]],
                                 [[[0, 100_000], [150_000]], [[4], [16]]],

@@ -2,7 +2,9 @@
 
 * ``procmem`` transport: moves bytes to a process on the same host by ``pread``/``pwrite`` on
   its ``/proc/PID/mem`` -- a different mechanism from the built-in cma transport, preferred
-  over it (priority 90 > 80) so a test can see it chosen.
+  over it (priority 90 > 80) so a test can see it chosen. It publishes a descriptor section
+  (``{"version": 1, "pid", "regions"}``, kept current by the region hooks) and reaches only
+  peers that publish one too.
 * ``dirkv://DIR`` metadata backend: one JSON file per key in a directory shared by the peers.
 """
 
@@ -34,6 +36,18 @@ class ProcMemTransport(Transport):
         super().__init__(ctx)
         self._fds: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
+        self._regions = 0
+
+    def register_region(self, region: Any) -> None:
+        with self._lock:
+            self._regions += 1
+
+    def unregister_region(self, region: Any) -> None:
+        with self._lock:
+            self._regions -= 1
+
+    def descriptor_section(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "regions": self._regions}
 
     def _fd(self, desc: SegmentDescriptor) -> int:
         key = (desc.pid, desc.start_time)
@@ -48,6 +62,9 @@ class ProcMemTransport(Transport):
     def can_reach(self, desc: SegmentDescriptor) -> bool:
         ctx = self.ctx
         if ctx is None or not desc.same_host_as(ctx.boot_id, ctx.pidns) or desc.pid == os.getpid():
+            return False
+        sec = desc.section(self.name, self.section_version)
+        if sec is None or sec.get("pid") != desc.pid:
             return False
         try:
             self._fd(desc)

@@ -1,0 +1,169 @@
+"""Pooled connections to a peer's rpc port, shared by the tcp transport and the control channel.
+
+Why a module of its own: the engine's control channel (descriptor fetch, notify, probe) and
+the tcp transport both talk to a peer's rpc port with the same wire format, but they are
+separate clients -- the control channel must work whatever transport moves the data. Both
+build on these two classes: ``Conn`` (one socket, request ids, deadline-bound kernel
+timeouts, control exchanges) and ``PeerPool`` (idle connections of one peer, stale-connection
+retry, socket errors turned into ``TransferError`` naming the peer).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Generic, TypeVar
+
+from mooncake_core.transfer.base import TransferError
+from mooncake_core.transfer.sockio import (PeerClosed, is_timeout, recv_exact, recv_into_exact, sendmsg_all,
+                                           set_kernel_timeouts)
+from mooncake_core.transfer.wire import RESP, Op, Request, Response, WireError, unpack_response
+from mooncake_core.utils.log import get_logger
+
+log = get_logger("mooncake.te.conn")
+
+POOL_IDLE_MAX = 60.0  # seconds a pooled connection may sit idle (targets close idle ones after 600 s)
+
+
+def _remaining(deadline: float, what: str) -> float:
+    r = deadline - time.monotonic()
+    if r <= 0:
+        raise TransferError(f"{what}: deadline exceeded (MC_TRANSFER_TIMEOUT)")
+    return r
+
+
+class Conn:
+    """One connection to a peer's rpc port; used by one thread at a time."""
+
+    def __init__(self, host: str, port: int, deadline: float, peer: str):
+        self.peer = peer
+        timeout = min(_remaining(deadline, f"connect to {peer}"), 10.0)
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as e:
+            raise TransferError(f"cannot connect to segment {peer} at {host}:{port}: {e}", peer_down=True) from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        set_kernel_timeouts(self.sock, timeout)
+        self._rid = 0
+        self.last_used = time.monotonic()
+        self.uses = 0
+        self._hdr = bytearray(RESP.size)
+        self._hview = memoryview(self._hdr)
+        self._timeout = timeout
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _settimeout(self, deadline: float, what: str) -> None:
+        t = _remaining(deadline, what)
+        if abs(t - self._timeout) > 0.05:
+            set_kernel_timeouts(self.sock, t)
+            self._timeout = t
+
+    def _read_resp(self, expect_rid: int) -> tuple[Response, bytes]:
+        recv_into_exact(self.sock, self._hview)
+        resp = unpack_response(self._hdr)
+        if resp.req_id != expect_rid:
+            raise WireError(f"response id {resp.req_id} does not match request {expect_rid}")
+        aux = bytes(recv_exact(self.sock, resp.aux_len)) if resp.aux_len else b""
+        return resp, aux
+
+    def control(self, op: Op, aux: bytes, deadline: float) -> tuple[int, bytes]:
+        self._settimeout(deadline, f"{op.name} to {self.peer}")
+        self._rid += 1
+        sendmsg_all(self.sock, [Request(op, self._rid, aux_len=len(aux)).pack(), aux])
+        resp, raux = self._read_resp(self._rid)
+        return resp.status, raux
+
+
+C = TypeVar("C", bound=Conn)
+
+
+class PeerPool(Generic[C]):
+    """Connections and worker threads dedicated to one peer (per-peer isolation)."""
+
+    def __init__(self, host: str, port: int, name: str, nconn: int, conn_cls: type[C]):
+        self.host, self.port, self.name = host, port, name
+        self.nconn = nconn
+        self._conn_cls = conn_cls
+        self._idle: deque[C] = deque()  # pop/append are atomic under the GIL: no lock on the hot path
+        self.executor = ThreadPoolExecutor(max_workers=max(1, nconn - 1) if nconn > 1 else 1,
+                                           thread_name_prefix=f"te-tcp-{port}")
+
+    def checkout(self, deadline: float) -> C:
+        while True:
+            try:
+                c = self._idle.pop()
+            except IndexError:
+                return self._conn_cls(self.host, self.port, deadline, self.name)
+            if time.monotonic() - c.last_used < POOL_IDLE_MAX:
+                return c
+            c.close()  # idle too long: the target may have closed it (its idle timeout)
+
+    def checkin(self, c: C) -> None:
+        c.last_used = time.monotonic()
+        c.uses += 1
+        if len(self._idle) < 2 * self.nconn:
+            self._idle.append(c)
+        else:
+            c.close()
+
+    def _stale(self, c: C, e: BaseException) -> bool:
+        """A reused connection that the peer closed since (it restarted, or timed us out):
+        the request never reached a live server, so one retry on a fresh connection is safe
+        (WRITE and READ are idempotent) and the other idle connections are suspect too."""
+        if c.uses == 0 or not isinstance(e, (PeerClosed, ConnectionResetError, BrokenPipeError)):
+            return False
+        while self._idle:
+            try:
+                self._idle.pop().close()
+            except IndexError:
+                break
+        return True
+
+    def failed(self, c: C, e: BaseException) -> BaseException:
+        """Close a connection whose exchange failed; return the error to raise.
+
+        A refused request or an I/O error leaves the stream in an unknown state, so the
+        connection is never reused; socket errors become TransferErrors naming the peer.
+        """
+        c.close()
+        if isinstance(e, TransferError):
+            return e
+        if isinstance(e, (OSError, WireError, PeerClosed)):
+            if is_timeout(e):
+                return TransferError(f"segment {self.name}: timed out waiting for peer (MC_TRANSFER_TIMEOUT)",
+                                     peer_down=True)
+            return TransferError(f"segment {self.name}: connection failed: {e}", peer_down=True)
+        return e
+
+    def use(self, fn: Callable[[C], Any], deadline: float) -> Any:
+        c = self.checkout(deadline)
+        try:
+            out = fn(c)
+        except BaseException as e:
+            err = self.failed(c, e)
+            if not self._stale(c, e):
+                raise err from None
+            log.info("pooled connection was closed by the peer; retrying on a new one",
+                     extra={"segment": self.name})
+            c = self._conn_cls(self.host, self.port, deadline, self.name)
+            try:
+                out = fn(c)
+            except BaseException as e2:
+                raise self.failed(c, e2) from None
+        self.checkin(c)
+        return out
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        while self._idle:
+            try:
+                self._idle.pop().close()
+            except IndexError:
+                break
