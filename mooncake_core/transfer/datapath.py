@@ -136,11 +136,11 @@ class DataPath:
         and the request small, else ``sync``. Same checks either way (bounds against the
         cached descriptor, deadline, per-peer connection handling)."""
         peer = self.peers.cached(target)
-        if (peer is None or hint not in ("", peer.transport.name) or not 0 < length <= peer.transport.single_max
-                or local <= 0 or peer.desc.find_region(remote, length) is None):
+        t = None if peer is None else peer.transport if hint == "" else peer.hinted.get(hint)
+        if (t is None or peer is None or not 0 < length <= t.single_max or local <= 0
+                or peer.desc.find_region(remote, length) is None):
             self.sync(target, opcode, [local], [remote], [length], None, hint)
             return
-        t = peer.transport
         t0 = time.perf_counter()
         ok = False
         try:

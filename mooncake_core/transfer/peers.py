@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from mooncake_core.errors import ErrorCode
@@ -63,6 +63,8 @@ class Peer:
     desc: SegmentDescriptor
     transport: Transport
     dispatch: ThreadPoolExecutor  # async batches to this peer only (per-peer isolation)
+    #: transport_hint -> transport already checked to reach this peer (the latency path's cache)
+    hinted: dict[str, Transport] = field(default_factory=dict)
 
 
 class PeerTable:
@@ -141,9 +143,13 @@ class PeerTable:
         """The peer's transport, or the one ``hint`` forces (which must reach it)."""
         if hint in AUTO_HINTS:
             return peer.transport
+        t = peer.hinted.get(hint)
+        if t is not None:
+            return t
         t = self.by_name[self.hints[hint]]
         if not t.can_reach(peer.desc):
             raise TransferError(f"transport {hint!r} cannot reach segment {peer.name!r}")
+        peer.hinted[hint] = t
         return t
 
     # ------------------------------------------------------------------ the table
@@ -166,6 +172,7 @@ class PeerTable:
             transport = self.choose(desc)
             if p is not None:
                 p.desc, p.transport = desc, transport
+                p.hinted = {}
             else:
                 p = Peer(name, desc, transport, ThreadPoolExecutor(max_workers=2, thread_name_prefix="te-peer"))
                 log.info("transport selected for peer", extra={"segment": name, "transport": transport.name,
