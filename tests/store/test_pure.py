@@ -135,7 +135,7 @@ def test_api_argument_errors_before_setup() -> None:
 
 
 def test_owned_index_drops_overlapped_entries() -> None:
-    from mooncake_core.store.client import OwnedIndex
+    from mooncake_core.store.owned import OwnedIndex
     from mooncake_core.store.protocol import ReplicaDesc
 
     idx = OwnedIndex()
@@ -172,7 +172,7 @@ def test_owned_index_drops_overlapped_entries() -> None:
 
 
 def test_spans_map_object_bytes_onto_parts() -> None:
-    from mooncake_core.store.client import _spans
+    from mooncake_core.store.memory import spans as _spans
 
     assert _spans([(100, 10)], 5000, 10) == [(100, 5000, 10)]
     # object of 25 bytes over parts 10 + 10 + 10: the last part is used for 5 bytes only

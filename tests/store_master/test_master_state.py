@@ -426,6 +426,24 @@ def test_reports_of_one_key_keep_the_highest_version() -> None:
     assert st4.heartbeat("x").removed[0][1] > v2 + 10**15  # the removal notice outranks the report
 
 
+def test_versions_come_from_the_injected_version_clock() -> None:
+    """Versions are the injected wall clock's, kept strictly increasing when it stalls or
+    steps back (a successor master with a slow clock still outranks what it was told)."""
+    now = [5_000]
+    st = MasterState(MasterConfig(), clock=Clock(), version_clock=lambda: now[0])
+    st.mount_segment("c0", "seg0", 0x100000, MiB)
+    st.put_start("c0", "a", 10)
+    assert st.put_end("c0", "a") == 5_000
+    st.put_start("c0", "b", 10)
+    assert st.put_end("c0", "b") == 5_001  # the clock did not move: one more
+    now[0] = 4_000  # stepped back
+    st.upsert_start("c0", "a", 10)
+    assert st.put_end("c0", "a") > 5_001  # (the overwrite's removal notice takes a version too)
+    now[0] = 9_000
+    st.put_start("c0", "c", 10)
+    assert st.put_end("c0", "c") == 9_000
+
+
 def test_owners_hear_of_removals_in_their_segments() -> None:
     clock = Clock()
     st = MasterState(MasterConfig(default_kv_lease_ttl_ms=1000), clock=clock)
