@@ -42,6 +42,7 @@ from mooncake_core.store.offload import OffloadFiles, mem_view, offload_relpath
 from mooncake_core.store.parallel_api import ParallelApiMixin
 from mooncake_core.store.range_api import RangeApiMixin
 from mooncake_core.store.tensor_api import TensorApiMixin
+from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import free_port, parse_host_port
 
@@ -57,6 +58,8 @@ _LEASE_EXPIRED = int(ErrorCode.LEASE_EXPIRED)
 _TRANSFER_FAIL = int(ErrorCode.TRANSFER_FAIL)
 _INTERNAL = int(ErrorCode.INTERNAL_ERROR)
 _RPC_FAIL = int(ErrorCode.RPC_FAIL)
+#: longest remove_by_regex may spend matching the pattern against this client's own keys
+REGEX_BUDGET_S = 1.0
 
 HEARTBEAT_INTERVAL_S = float(os.environ.get("MC_STORE_HEARTBEAT_INTERVAL", "1.0"))
 
@@ -1572,16 +1575,15 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
             raise TypeError(f"remove_by_regex: regex_pattern must be str, got {type(regex_pattern).__name__}")
         if not isinstance(force, bool):
             raise TypeError(f"remove_by_regex: force must be bool, got {type(force).__name__}")
-        import re
-
-        try:
-            compiled = re.compile(regex_pattern)
-        except re.error as e:
-            raise ValueError(f"remove_by_regex: invalid regular expression {regex_pattern!r}: {e}") from None
+        # PatternError is a ValueError naming the pattern; matching is time-bounded (ReDoS)
+        matcher = bounded_regex.Matcher(regex_pattern, REGEX_BUDGET_S, what="remove_by_regex: regex_pattern")
 
         def run() -> int:
             n = int(self._master.remove_by_regex(regex_pattern, force))
-            self._forget_removed(force, lambda k: compiled.search(k) is not None)
+            try:
+                self._forget_removed(force, matcher)
+            except bounded_regex.PatternError:  # too slow here: ask the master about every owned key
+                self._forget_removed(False, None)
             return n
         return self._call(run, need_ready="remove_by_regex")
 
