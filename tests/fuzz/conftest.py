@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mooncake_core.utils.proc import close_piped
 
@@ -25,6 +26,26 @@ EXAMPLES = int(os.environ.get("MOONCAKE_FUZZ_EXAMPLES", "300"))
 FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=False,
                          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
+
+
+def fuzz(one: Callable[[random.Random], object], check: Callable[[int], None] | None = None,
+         every: int = 50) -> int:
+    """Feed ``one`` hypothesis-drawn Randoms (FUZZ_SETTINGS examples); ``check(n)`` after every
+    ``every`` inputs and once at the end. Returns the number of inputs fed."""
+    seen = [0]
+
+    @FUZZ_SETTINGS
+    @given(st.randoms(use_true_random=False))
+    def run(rng: random.Random) -> None:
+        one(rng)
+        seen[0] += 1
+        if check is not None and seen[0] % every == 0:
+            check(seen[0])
+
+    run()
+    if check is not None:
+        check(seen[0])
+    return seen[0]
 
 
 @dataclass

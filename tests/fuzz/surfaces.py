@@ -113,20 +113,18 @@ def rand_json_value(rng: random.Random, depth: int = 0) -> Any:
     return {str(rand_json_value(rng, 3)): rand_json_value(rng, depth + 1) for _ in range(rng.randrange(0, 5))}
 
 
-# =========================================================================== Transfer Engine
-class TeWireFuzzer:
-    """Raw-socket fuzzer of a Transfer Engine's rpc port (data, vectored and control ops)."""
+class _Driver:
+    """One persistent connection to the server under test and the dispatch of one input to a
+    ``_<kind>`` method (``KINDS`` lists them, repeated names weigh more)."""
 
-    def __init__(self, host: str, port: int, base: int, size: int, initial: bytes, *,
-                 timeout: float = 5.0) -> None:
-        self.host, self.port, self.base, self.size = host, port, base, size
-        self.shadow = bytearray(initial)  # what the registered bytes must hold
-        self.timeout = timeout
+    KINDS: tuple[str, ...] = ()
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
         self.sock: socket.socket | None = None
         self.kinds: Counter[str] = Counter()
         self.reconnects = 0
 
-    # -------------------------------------------------------------- helpers
     def _sock(self) -> socket.socket:
         if self.sock is None:
             self.sock = _connect(self.host, self.port, self.timeout)
@@ -140,6 +138,31 @@ class TeWireFuzzer:
 
     def close(self) -> None:
         self._drop()
+
+    def one(self, rng: random.Random) -> str:
+        kind = rng.choice(self.KINDS)
+        self.kinds[kind] += 1
+        try:
+            getattr(self, "_" + kind)(rng)
+        except (ConnectionAbortedError, ConnectionResetError, BrokenPipeError):
+            self._drop()  # the server closed: allowed whenever the oracle did not demand a reply
+        except BaseException:
+            self._drop()  # never carry a half-read exchange into the next input
+            raise
+        return kind
+
+
+# =========================================================================== Transfer Engine
+class TeWireFuzzer(_Driver):
+    """Raw-socket fuzzer of a Transfer Engine's rpc port (data, vectored and control ops)."""
+
+    KINDS = ("raw", "data", "data", "data", "vec", "vec", "ctl", "hdr")
+
+    def __init__(self, host: str, port: int, base: int, size: int, initial: bytes, *,
+                 timeout: float = 5.0) -> None:
+        super().__init__(host, port, timeout)
+        self.base, self.size = base, size
+        self.shadow = bytearray(initial)  # what the registered bytes must hold
 
     def in_bounds(self, addr: int, length: int) -> bool:
         return length == 0 or (self.base <= addr and addr + length <= self.base + self.size)
@@ -187,19 +210,7 @@ class TeWireFuzzer:
             raise FuzzFailure(f"in-bounds READ of the whole region refused: {status} {aux[:200]!r}")
         self.shadow[:] = _recv_exact(self._sock(), length, "resync payload", time.monotonic() + self.timeout)
 
-    # -------------------------------------------------------------- one input
-    def one(self, rng: random.Random) -> str:
-        kind = rng.choice(["raw", "data", "data", "data", "vec", "vec", "ctl", "hdr"])
-        self.kinds[kind] += 1
-        try:
-            getattr(self, "_" + kind)(rng)
-        except (ConnectionAbortedError, ConnectionResetError, BrokenPipeError):
-            self._drop()  # the server closed: allowed whenever the oracle did not demand a reply
-        except BaseException:
-            self._drop()  # never carry a half-read exchange into the next input
-            raise
-        return kind
-
+    # -------------------------------------------------------------- the kinds of input
     def _raw(self, rng: random.Random) -> None:
         data = rand_bytes(rng, rng.randrange(0, 120))
         if rng.random() < 0.5:  # plausible start: our magic and version, then garbage
@@ -386,32 +397,15 @@ def _is_notify(aux: bytes) -> bool:
 _TAGS = [t.__struct_config__.tag for t in SP.RESULT_TYPES]
 
 
-class MasterRpcFuzzer:
+class MasterRpcFuzzer(_Driver):
     """Frames to the store master's RPC port: garbage, bad framing, valid framing with hostile
     msgpack bodies (known method names with values of random types and sizes)."""
 
-    def __init__(self, host: str, port: int, *, timeout: float = 5.0,
-                 protect_prefix: str = "fuzz-live/") -> None:
-        self.host, self.port, self.timeout = host, port, timeout
-        self.sock: socket.socket | None = None
-        self.kinds: Counter[str] = Counter()
+    KINDS = ("raw", "frame", "frame", "frame", "frame", "badlen", "version")
+
+    def __init__(self, host: str, port: int, *, timeout: float = 5.0) -> None:
+        super().__init__(host, port, timeout)
         self.statuses: Counter[int] = Counter()
-        self.protect_prefix = protect_prefix
-        self.reconnects = 0
-
-    def _sock(self) -> socket.socket:
-        if self.sock is None:
-            self.sock = _connect(self.host, self.port, self.timeout)
-            self.reconnects += 1
-        return self.sock
-
-    def _drop(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-
-    def close(self) -> None:
-        self._drop()
 
     def _value(self, rng: random.Random, depth: int = 0) -> Any:
         k = rng.randrange(10 if depth < 2 else 7)
@@ -442,18 +436,6 @@ class MasterRpcFuzzer:
         fields = [self._value(rng) for _ in range(rng.randrange(0, 9))]
         obj: Any = [tag, *fields] if rng.random() < 0.95 else self._value(rng)
         return msgspec.msgpack.encode(obj)
-
-    def one(self, rng: random.Random) -> str:
-        kind = rng.choice(["raw", "frame", "frame", "frame", "frame", "badlen", "version"])
-        self.kinds[kind] += 1
-        try:
-            getattr(self, "_" + kind)(rng)
-        except (ConnectionAbortedError, ConnectionResetError, BrokenPipeError):
-            self._drop()
-        except BaseException:
-            self._drop()
-            raise
-        return kind
 
     def _read_reply(self, rid: int, what: str) -> int:
         s = self._sock()
@@ -506,9 +488,9 @@ class HttpFuzzer:
 
     def __init__(self, host: str, port: int, routes: list[tuple[str, str]],
                  body_gen: Callable[[random.Random], bytes], *, timeout: float = 10.0,
-                 allowed_5xx: tuple[int, ...] = ()) -> None:
+                 grace: float = 1.0, allowed_5xx: tuple[int, ...] = ()) -> None:
         self.host, self.port, self.routes, self.body_gen = host, port, routes, body_gen
-        self.timeout = timeout
+        self.timeout, self.grace = timeout, grace
         self.allowed_5xx = allowed_5xx
         self.kinds: Counter[str] = Counter()
         self.statuses: Counter[int] = Counter()
@@ -541,22 +523,33 @@ class HttpFuzzer:
             "\r\n".join(headers).encode("latin-1", "replace") + b"\r\n\r\n" + body
 
     def one(self, rng: random.Random) -> str:
+        """Send one request and read the answer. A complete request must be answered while we
+        keep our side open (an early half-close reads as a client that went away, and servers
+        rightly cancel the work); after ``grace`` s without an answer we half-close, and then the
+        server must answer or close within ``timeout`` (an incomplete request)."""
         raw = rng.random() < 0.1
         self.kinds["raw" if raw else "http"] += 1
         data = rand_bytes(rng, rng.randrange(1, 200)) if raw else self._request(rng)
         s = _connect(self.host, self.port, self.timeout)
+        resp = bytearray()
         try:
             try:
                 s.sendall(data)
-                s.shutdown(socket.SHUT_WR)
             except OSError:
                 return "closed"
-            deadline = time.monotonic() + self.timeout
-            resp = bytearray()
+            half_closed = False
+            deadline = time.monotonic() + self.grace
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise FuzzFailure(f"hang: no complete answer to {data[:120]!r}")
+                    if half_closed:
+                        raise FuzzFailure(f"hang: no answer and no close after EOF for {data[:120]!r}")
+                    try:
+                        s.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        break
+                    half_closed, deadline = True, time.monotonic() + self.timeout
+                    continue
                 s.settimeout(left)
                 try:
                     chunk = s.recv(1 << 16)
@@ -577,6 +570,8 @@ class HttpFuzzer:
             self.statuses[status] += 1
             if status >= 500 and status not in self.allowed_5xx:
                 raise FuzzFailure(f"HTTP {status} for {data[:200]!r}: {bytes(resp[:400])!r}")
+        else:
+            self.statuses[0] += 1  # closed without an HTTP answer
         return "http"
 
 
@@ -618,3 +613,135 @@ def check_shadow_matches(buf: np.ndarray, shadow: bytes | bytearray, what: str) 
     if bytes(buf) != bytes(shadow):
         diff = int(np.flatnonzero(buf != np.frombuffer(bytes(shadow), dtype=np.uint8))[0])
         raise FuzzFailure(f"{what}: registered memory differs from the fuzzer's model at offset {diff}")
+
+
+# =========================================================================== P2P handshake
+class EvilPeer:
+    """A fake Transfer Engine peer that answers *our* engine's requests (descriptor fetch,
+    reads, writes, probes) with replies chosen per input: valid, mutated, truncated, garbage,
+    closed or late. The engine under test must return 0 or an error within its timeout, never
+    hang, crash, or touch memory outside the local range it was given."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.port = self.lsock.getsockname()[1]
+        self.segment = f"127.0.0.1:{self.port}"
+        self.plan: dict[str, Any] = {}
+        self.served: Counter[str] = Counter()
+        self.region = (0x7F0000000000, 1 << 20)  # what the descriptor claims by default
+        self.last_read_payload = b""
+        self._stop = threading.Event()
+        self._threads: list[Any] = []
+        t = threading.Thread(target=self._accept, daemon=True, name="evil-peer")
+        t.start()
+        self._threads.append(t)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.lsock.close()
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def descriptor(self, rng: random.Random, victim: dict | None) -> bytes:
+        base, size = self.region
+        d: dict[str, Any] = {"version": 1, "name": self.segment, "protocol": "tcp", "host": "127.0.0.1",
+                             "port": self.port, "tcp_data_port": self.port,
+                             "buffers": [{"addr": base, "length": size, "name": "cpu:0", "location": "cpu:0"}],
+                             "boot_id": "", "pidns": "", "pid": 0, "start_time": 0, "generation": 1}
+        k = rng.randrange(12)
+        if k == 0:
+            d["version"] = rng.choice([0, 2, "1", None])
+        elif k == 1:
+            d["buffers"] = rand_json_value(rng)
+        elif k == 2:
+            d["buffers"] = [{"addr": rng.choice([-1, 2**64, 2**70, "x", None]), "length": rng.choice([-5, 2**64])}]
+        elif k == 3:
+            d["port"] = rng.choice([0, -1, 70000, "p", None])
+        elif k == 4:
+            del d[rng.choice(["host", "port"])]
+        elif k == 5 and victim is not None:
+            # claims to be another process on this host, owning its memory: writes through
+            # cross-memory attach would land in the victim, unless the engine verifies the claim
+            d.update(boot_id=victim["boot_id"], pidns=victim["pidns"], pid=victim["pid"],
+                     start_time=victim.get("start_time", 0),
+                     buffers=[{"addr": victim["addr"], "length": victim["length"], "name": "cpu:0"}])
+        elif k == 6:
+            d["host"] = rng.choice(["", "::1", "256.1.1.1", "x" * 300])
+        elif k == 7:
+            return rand_bytes(rng, rng.randrange(0, 100))
+        elif k == 8:
+            return json.dumps(rand_json_value(rng)).encode()
+        return json.dumps(d).encode()
+
+    def _serve(self, c: socket.socket) -> None:
+        c.settimeout(30)
+        try:
+            while True:
+                hdr = _recv_exact(c, W.REQ.size, "request", time.monotonic() + 30)
+                _m, _v, op, _f, rid, addr, length, aux_len, _ = W.REQ.unpack(hdr)
+                if aux_len:
+                    _recv_exact(c, aux_len, "aux", time.monotonic() + 30)
+                if op == W.Op.WRITE and length:
+                    _recv_exact(c, length, "payload", time.monotonic() + 30)
+                name = W.Op(op).name if op in W.Op._value2member_map_ else str(op)
+                self.served[name] += 1
+                how = self.plan.get("how", "ok")
+                if how == "close":
+                    return
+                if how == "late":
+                    time.sleep(self.plan.get("late_s", 3.0))
+                if how == "garbage":
+                    c.sendall(self.plan.get("garbage", b"\xff" * 32))
+                    return
+                status = self.plan.get("status", 0)
+                if op == W.Op.GET_DESC:
+                    aux = self.plan["desc"]
+                    c.sendall(W.Response(op, rid, status, len(aux)).pack() + aux)
+                    continue
+                if op == W.Op.READ or op == W.Op.READV:
+                    n = self.plan.get("reply_len", length)
+                    payload = self.plan.get("payload", b"")[:n]
+                    self.last_read_payload = payload
+                    if self.plan.get("bad_rid"):
+                        rid ^= 1
+                    c.sendall(W.Response(op, rid, status, 0, n).pack() + payload)
+                    if len(payload) < n:  # promised more than it sends
+                        return
+                    continue
+                aux = self.plan.get("err", b"")
+                c.sendall(W.Response(op, rid ^ int(bool(self.plan.get("bad_rid"))), status, len(aux)).pack() + aux)
+        except (OSError, ConnectionAbortedError, FuzzFailure, ValueError):
+            pass
+        finally:
+            c.close()
+
+    def new_plan(self, rng: random.Random, victim: dict | None, length: int, late_weight: float = 1 / 9) -> None:
+        """The replies for the next call. ``late_weight``: share of answers held back past the
+        engine's timeout (each costs a timeout; the million-input bench keeps it small)."""
+        how = "late" if rng.random() < late_weight else rng.choice(
+            ["ok", "ok", "ok", "close", "garbage", "status", "short", "bad_rid"])
+        plan: dict[str, Any] = {"how": how if how in ("ok", "close", "late", "garbage") else "ok",
+                                "desc": self.descriptor(rng, victim)}
+        plan["payload"] = rand_bytes(rng, length)
+        if how == "status":
+            plan["status"] = rng.choice([-1, -10, -600, 1, 2**31 - 1])
+            plan["err"] = rand_bytes(rng, rng.randrange(0, 50))
+        elif how == "short":
+            plan["reply_len"] = rng.choice([0, max(0, length - 1), length + 1, 2**40])
+        elif how == "bad_rid":
+            plan["bad_rid"] = True
+        elif how == "garbage":
+            plan["garbage"] = rand_bytes(rng, rng.randrange(1, 64))
+        self.plan = plan

@@ -13,9 +13,7 @@ import hashlib
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
-
-from fuzz.conftest import FUZZ_SETTINGS
+from fuzz.conftest import fuzz
 from fuzz.surfaces import TeWireFuzzer, check_shadow_matches
 from mooncake_core.engine import TransferEngine
 
@@ -37,14 +35,8 @@ def _real_read_all(target, shadow: bytes) -> None:
 
 def test_te_wire_survives_fuzzing_and_never_touches_unregistered_memory(te_target) -> None:
     fz = TeWireFuzzer("127.0.0.1", te_target.rpc_port, te_target.base, te_target.size, te_target.initial())
-
-    @FUZZ_SETTINGS
-    @given(st.randoms(use_true_random=False))
-    def one(rng) -> None:
-        fz.one(rng)
-
     try:
-        one()
+        fuzz(fz.one)
     finally:
         fz.close()
     assert te_target.proc.poll() is None, "the target process died"

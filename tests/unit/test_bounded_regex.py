@@ -26,7 +26,7 @@ def test_backtracking_pattern_stops_at_the_budget() -> None:
     t = time.monotonic()
     with pytest.raises(PatternError, match="longer than 200 ms"):
         matching(["a" * 40 + "!"], "(a|aa)+$", 0.2)
-    assert time.monotonic() - t < 2.0
+    assert time.monotonic() - t < 10.0  # unbounded, this pattern runs for hours
 
 
 def test_budget_is_shared_by_all_calls() -> None:
