@@ -22,14 +22,13 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
 
-from mooncake_core.utils.proc import spawn_until
+from mooncake_core.utils.proc import spawn_until, stop_process
 
 PY = sys.executable
 
@@ -179,12 +178,7 @@ def main() -> int:
                       f"{r['rps']:8.1f} req/s ({a.concurrency} streams)", flush=True)
     finally:
         for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            stop_process(p, 5)
     d, m, t = res["direct"], res["mooncake_proxy"], res["toy_fastapi"]
     summary = {
         **{f"{k}_{m_}": v[m_] for k, v in res.items() for m_ in v},

@@ -1,7 +1,8 @@
 """Admin API: add, remove and list instances while the proxy runs.
 
 ``GET /admin/instances``; ``POST /admin/instances {"role", "url"[, "bootstrap_port"]}`` (the new
-instance is probed at once and starts out of rotation if its /health fails);
+instance is probed at once; it enters rotation when its /health answers, which the answer's
+``state`` shows);
 ``DELETE /admin/instances?id=ROLE@URL`` or ``?role=...&url=...``. With ``--admin-key K`` every call
 needs ``Authorization: Bearer K`` or ``X-Admin-Key: K``.
 """
@@ -55,9 +56,8 @@ class AdminApi:
         except (ValueError, TypeError, msgspec.DecodeError) as e:
             return error_response(400, f"admin add instance: {e}", "invalid_request_error")
         if self.server.health is not None:
-            ok, why = await self.server.health.probe(inst)
-            if not ok:
-                self.server.set_healthy(inst, False, why)
+            # The answer says whether it is in rotation yet (bounded by --health-timeout).
+            await self.server.health.probe_now(inst)
         return web.json_response(inst.to_json(), status=201)
 
     async def remove(self, request: web.Request) -> web.Response:

@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "prefill returned; mooncake: both at once with a shared transfer_id and the "
                         "prefill bootstrap address; sglang: both at once with bootstrap_host/port/room")
     g.add_argument("--health-interval", type=float, default=5.0,
-                   help="seconds between /health probes of every instance (0 = off); a failing "
-                        "instance is taken out and re-probed")
+                   help="seconds between /health probes of a healthy instance (0 = no periodic "
+                        "probes); new and failing instances are probed at once and then with a fast "
+                        "back-off (50 ms doubling to 1 s) until they answer")
     g.add_argument("--health-timeout", type=float, default=2.0, help="timeout of one /health probe (s)")
     g.add_argument("--request-timeout", type=float, default=300.0,
                    help="seconds to wait for a prefill answer, or between two decode chunks, before "

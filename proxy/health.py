@@ -1,35 +1,51 @@
-"""Periodic instance health checks.
+"""Instance health probing (the I/O side of ``health_state``).
 
-An instance whose ``/health`` fails (or times out) is taken out of scheduling at once
-(``ClusterState.set_healthy(id, False)``) and probed again every interval; the first success
-puts it back. The probe has its own short timeout so one dead host never delays the others.
+One background task probes each instance's ``/health`` when ``health_state`` says it is due:
+at once when it is added, then with fast back-off until it first answers, then every
+``--health-interval``. Each instance has at most one probe in flight; the request path joins it
+(``ensure_up``) instead of starting another, so a burst of requests arriving while every engine
+is still booting costs one probe per engine, not one per request.
+
+Every probe has its own short timeout, so one dead host never delays the others, and results are
+reported through ``on_result`` (the server updates the scheduler's view and the metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable
 
 import aiohttp
 
 from mooncake_core.utils.log import get_logger
 
+from .health_state import ProbePolicy, next_due
 from .registry import Instance, Registry
 
 log = get_logger("mooncake_proxy.health")
 
+# Longest the background loop sleeps without looking again (instances may be added meanwhile).
+_MAX_SLEEP = 1.0
+
 
 class HealthChecker:
-    def __init__(self, registry: Registry, session: aiohttp.ClientSession, interval: float,
-                 timeout: float, on_change: Callable[[Instance, bool, str], None]) -> None:
+    def __init__(self, registry: Registry, session: aiohttp.ClientSession, policy: ProbePolicy,
+                 timeout: float, on_result: Callable[[Instance, bool, str], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry
         self.session = session
-        self.interval = interval
+        self.policy = policy
         self.timeout = timeout
-        self.on_change = on_change
+        self.on_result = on_result
+        self.clock = clock
         self._task: asyncio.Task | None = None
+        self._probes: dict[str, asyncio.Task] = {}  # instance id -> probe in flight
+        self._wake = asyncio.Event()
+        self._stopping = False
 
     async def probe(self, inst: Instance) -> tuple[bool, str]:
+        """One ``GET /health``; (ok, why-not). Never raises for network errors."""
         try:
             async with self.session.get(inst.url + "/health",
                                         timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
@@ -42,34 +58,84 @@ class HealthChecker:
         except aiohttp.ClientError as e:
             return False, f"/health failed: {type(e).__name__}: {e}"
 
-    async def check_all(self) -> None:
-        insts = self.registry.all()
-        results = await asyncio.gather(*(self.probe(i) for i in insts))
-        for inst, (ok, why) in zip(insts, results):
-            if self.registry.get(inst.instance_id) is None:
-                continue  # removed meanwhile
-            if ok != inst.healthy:
-                self.on_change(inst, ok, why)
+    def probe_now(self, inst: Instance) -> asyncio.Task:
+        """The probe in flight for ``inst``, or a new one; its result is applied when it ends."""
+        t = self._probes.get(inst.instance_id)
+        if t is None or t.done():
+            t = asyncio.create_task(self._probe_and_apply(inst), name=f"probe {inst.instance_id}")
+            self._probes[inst.instance_id] = t
+        return t
+
+    async def _probe_and_apply(self, inst: Instance) -> bool:
+        try:
+            ok, why = await self.probe(inst)
+        except Exception as e:  # a bug in probing must not kill the checker
+            ok, why = False, f"probe error: {type(e).__name__}: {e}"
+        finally:
+            if self._probes.get(inst.instance_id) is asyncio.current_task():
+                del self._probes[inst.instance_id]
+            self._wake.set()
+        if self.registry.get(inst.instance_id) is inst:  # not removed meanwhile
+            self.on_result(inst, ok, why)
+        return ok
+
+    async def ensure_up(self, role: str, budget: float) -> bool:
+        """Probe every ``role`` instance that is not up (joining probes in flight) and return as
+        soon as one is up, or False after ``budget`` seconds / when all probes failed."""
+        if any(i.healthy for i in self.registry.all(role)):
+            return True
+        tasks = {self.probe_now(i) for i in self.registry.all(role)}
+        deadline = self.clock() + budget
+        while tasks:
+            left = deadline - self.clock()
+            if left <= 0:
+                break
+            done, tasks = await asyncio.wait(tasks, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if any(i.healthy for i in self.registry.all(role)):
+                return True
+            if not done:
+                break
+        return any(i.healthy for i in self.registry.all(role))
+
+    def wake(self) -> None:
+        """Look at the schedule again now (an instance was added or failed)."""
+        self._wake.set()
 
     async def _loop(self) -> None:
-        while True:
+        # A flag as well as cancel(): Python 3.11's wait_for can swallow a cancellation that
+        # races with the awaited event being set (seen here as a shutdown that never ended).
+        while not self._stopping:
+            self._wake.clear()
             try:
-                await self.check_all()
-            except asyncio.CancelledError:
-                raise
+                now = self.clock()
+                idle = [i for i in self.registry.all() if i.instance_id not in self._probes]
+                for inst in idle:
+                    if inst.health.next_probe_at <= now:
+                        self.probe_now(inst)
+                idle = [i for i in idle if i.instance_id not in self._probes]
+                sleep = min(_MAX_SLEEP, max(0.0, next_due([i.health for i in idle]) - self.clock()))
             except Exception:  # never let the checker die silently
                 log.exception("health check round failed")
-            await asyncio.sleep(self.interval)
+                sleep = _MAX_SLEEP
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=sleep)
+            except asyncio.TimeoutError:
+                pass
 
     def start(self) -> None:
-        if self.interval > 0 and self._task is None:
+        if self._task is None:
             self._task = asyncio.create_task(self._loop(), name="health-checker")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._stopping = True
+        self._wake.set()
+        tasks = [t for t in (self._task, *self._probes.values()) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
             try:
-                await self._task
-            except asyncio.CancelledError:
+                await t
+            except (asyncio.CancelledError, Exception):
                 pass
-            self._task = None
+        self._task = None
+        self._probes.clear()

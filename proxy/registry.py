@@ -6,11 +6,12 @@ ids to network addresses. Pure bookkeeping, no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlparse
 
 from .handoff import InstanceAddr
+from .health_state import InstanceHealth
 
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, ...] = ("prefill", "decode")
@@ -43,10 +44,17 @@ class Instance:
     host: str
     port: int
     bootstrap_port: int | None = None
-    healthy: bool = True
     in_flight: int = 0
-    consecutive_failures: int = 0
-    last_error: str = ""
+    # Starts UNKNOWN: only an answered /health makes an instance schedulable (health_state.py).
+    health: InstanceHealth = field(default_factory=InstanceHealth)
+
+    @property
+    def healthy(self) -> bool:
+        return self.health.up
+
+    @property
+    def last_error(self) -> str:
+        return self.health.last_error
 
     @property
     def addr(self) -> InstanceAddr:
@@ -55,7 +63,8 @@ class Instance:
     def to_json(self) -> dict:
         return {"id": self.instance_id, "role": self.role, "url": self.url,
                 "bootstrap_port": self.bootstrap_port, "healthy": self.healthy,
-                "in_flight": self.in_flight, "last_error": self.last_error}
+                "state": self.health.state.value, "in_flight": self.in_flight,
+                "last_error": self.last_error}
 
 
 class Registry:

@@ -32,6 +32,7 @@ from .errors import error_response
 from .handoff import HandoffProtocol, make_handoff
 from .handoff.mooncake import bootstrap_url
 from .health import HealthChecker
+from .health_state import HealthState, ProbePolicy
 from .metrics import ProxyMetrics
 from .prompt import BadRequest, PromptHasher
 from .registry import Instance, Registry
@@ -92,6 +93,9 @@ class UpstreamError(Exception):
 
 class ProxyServer:
     MAX_ATTEMPTS = 3  # a request is retried on another pair only when an instance was unreachable
+    # A request that finds no healthy instance of a role probes that role's instances for at most
+    # this long before answering 503 (engines that just came up are then served at once).
+    REPROBE_BUDGET_S = 1.0
 
     def __init__(self, cfg: ProxyConfig) -> None:
         self.cfg = cfg
@@ -113,6 +117,7 @@ class ProxyServer:
         self.metrics = ProxyMetrics()
         self.session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
+        self.probe_policy = ProbePolicy(interval=max(0.0, cfg.health_interval))
         self.bootstrap = BootstrapDirectory(lambda: self.session, cfg.health_timeout)
         self.kv_events: Any = None
         if cfg.kv_events_config:  # parse now: a bad config fails before the port is bound
@@ -137,9 +142,13 @@ class ProxyServer:
         self.cluster.add_instance(self.sched_mod.InstanceInfo(
             instance_id=inst.instance_id, role=role,
             cache_capacity_blocks=self.cfg.cache_blocks if role == "prefill" else self.cfg.decode_kv_blocks))
-        self.metrics.healthy.labels(inst.instance_id, role).set(1)
+        # Not schedulable until its first answered /health (probed at once, see health.py).
+        self.cluster.set_healthy(inst.instance_id, False)
+        self.metrics.healthy.labels(inst.instance_id, role).set(0)
         self.metrics.in_flight.labels(inst.instance_id, role).set(0)
         log.info("instance added", extra={"instance": inst.instance_id})
+        if self.health is not None:
+            self.health.wake()
         return inst
 
     def remove_instance(self, instance_id: str) -> Instance:
@@ -161,17 +170,23 @@ class ProxyServer:
             self.bootstrap.forget(bootstrap_url(inst.addr))
 
     def set_healthy(self, inst: Instance, ok: bool, why: str = "") -> None:
-        if self.registry.get(inst.instance_id) is None or inst.healthy == ok:
+        """Apply a probe result (or a refused connection on the request path) to ``inst``: the
+        one place that changes what the scheduler may choose."""
+        if self.registry.get(inst.instance_id) is not inst:
             return
-        inst.healthy = ok
-        inst.last_error = why
+        was = inst.health.state
+        if not inst.health.on_probe(ok, why, time.monotonic(), self.probe_policy):
+            return
         self.cluster.set_healthy(inst.instance_id, ok)
         self.metrics.healthy.labels(inst.instance_id, inst.role).set(1 if ok else 0)
         if ok:
             self._forget_bootstrap(inst)  # it may have restarted with new engine ids
-            log.info("instance healthy again", extra={"instance": inst.instance_id})
+            log.info("instance up", extra={"instance": inst.instance_id, "was": was.value})
         else:
-            log.warning("instance taken out", extra={"instance": inst.instance_id, "why": why})
+            log.warning("instance taken out", extra={"instance": inst.instance_id, "why": why,
+                                                     "was": was.value})
+            if self.health is not None:
+                self.health.wake()  # re-probe it on the fast back-off
 
     # ------------------------------------------------------------------ app
     def make_app(self) -> web.Application:
@@ -192,7 +207,7 @@ class ProxyServer:
         conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False,
                                              timeout=aiohttp.ClientTimeout(total=None))
-        self.health = HealthChecker(self.registry, self.session, self.cfg.health_interval,
+        self.health = HealthChecker(self.registry, self.session, self.probe_policy,
                                     self.cfg.health_timeout, self.set_healthy)
         self.health.start()
         if self.kv_events is not None:
@@ -328,7 +343,7 @@ class ProxyServer:
                 return await self._schedule_and_run(request, route, rid, body, pinfo, t0)
             except UpstreamError as e:
                 last = e
-                if not e.retryable or not (self.registry.healthy("prefill") and self.registry.healthy("decode")):
+                if not e.retryable:
                     break
                 log.warning("instance unreachable; retrying on another", extra={
                     "request_id": rid, "instance": e.inst.instance_id})
@@ -346,11 +361,12 @@ class ProxyServer:
                                 pinfo: Any, t0: float) -> web.StreamResponse:
         for role in ("prefill", "decode"):
             if not self.registry.healthy(role):
-                self.metrics.rejections.labels(f"no_healthy_{role}").inc()
-                n = len(self.registry.all(role))
-                return error_response(503, f"no healthy {role} instance ({n} registered, all failing "
-                                           "health checks)" if n else f"no {role} instance registered",
-                                      "service_unavailable", request_id=rid)
+                if self.health is not None and self.registry.all(role):
+                    await self.health.ensure_up(role, self.REPROBE_BUDGET_S)
+                if not self.registry.healthy(role):
+                    self.metrics.rejections.labels(f"no_healthy_{role}").inc()
+                    return error_response(503, self._unavailable_reason(role), "service_unavailable",
+                                          request_id=rid, retry_after=1)
         now = time.monotonic()
         self._seq += 1
         # Internal id: clients may reuse X-Request-Id; load bookkeeping must not merge them.
@@ -555,7 +571,9 @@ class ProxyServer:
         return out
 
     async def _models(self, request: web.Request) -> web.Response:
-        insts = self.registry.healthy("decode") + self.registry.healthy("prefill")
+        # Unknown (not yet probed) instances are asked too: each call has its own timeout.
+        insts = [i for r in ("decode", "prefill") for i in self.registry.all(r)
+                 if i.health.state is not HealthState.DOWN]
 
         async def one(inst: Instance) -> list[dict[str, Any]]:
             try:
@@ -583,11 +601,25 @@ class ProxyServer:
             "decode_instances": len(self.registry.healthy("decode")),
         })
 
+    def _unavailable_reason(self, role: str) -> str:
+        insts = self.registry.all(role)
+        if not insts:
+            return f"no {role} instance registered"
+        states = "; ".join(f"{i.url} {i.health.describe()}" for i in insts)
+        return f"no healthy {role} instance ({len(insts)} registered: {states})"
+
     async def _health(self, request: web.Request) -> web.Response:
+        """200 when the proxy can serve (a healthy prefill and decode instance), else 503 with
+        the reason and every instance's state, so an operator sees *why* at one glance."""
         p, d = len(self.registry.healthy("prefill")), len(self.registry.healthy("decode"))
         ok = p > 0 and d > 0
-        return web.json_response({"status": "ok" if ok else "unhealthy", "prefill_instances": p,
-                                  "decode_instances": d}, status=200 if ok else 503)
+        reasons = [self._unavailable_reason(r) for r, n in (("prefill", p), ("decode", d)) if n == 0]
+        body: dict[str, Any] = {
+            "status": "ok" if ok else "unavailable", "can_serve": ok, "prefill_instances": p,
+            "decode_instances": d, "reasons": reasons,
+            "instances": [{"id": i.instance_id, "role": i.role, "state": i.health.state.value,
+                           "last_error": i.last_error} for i in self.registry.all()]}
+        return web.json_response(body, status=200 if ok else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         # Load gauges are read from the scheduler's state at scrape time (no hot-path cost).

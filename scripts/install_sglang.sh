@@ -130,7 +130,7 @@ if [ "${SGLANG_WITH_NIXL:-0}" = "1" ] && ! "$VPY" -c "import nixl._api" >/dev/nu
 fi
 
 echo "[install_sglang] installing this repo (editable, no deps) + its runtime deps"
-pipi -c "$CONSTRAINTS" numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers pluggy
+pipi -c "$CONSTRAINTS" numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers regex pluggy
 pipi --no-deps -e "$REPO"
 
 "$VPY" -W ignore - <<'EOF'

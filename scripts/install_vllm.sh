@@ -54,7 +54,7 @@ for p in torchvision torchaudio torchcodec; do
 done
 
 echo "[install_vllm] installing this repo (editable, no deps) + its runtime deps"
-pipi numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers pluggy tokenizers
+pipi numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers regex pluggy tokenizers
 pipi --no-deps -e "$REPO"
 
 if [ "$WITH_NIXL" = 1 ] && ! "$VPY" -c "import nixl" >/dev/null 2>&1; then

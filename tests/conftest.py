@@ -87,7 +87,7 @@ def redis_endpoint() -> Iterator[str]:
         yield endpoint
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def python_exe() -> str:
     """The interpreter running the tests, for spawning peer processes."""
     return sys.executable

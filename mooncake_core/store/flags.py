@@ -207,6 +207,9 @@ MASTER_FLAGS = [
          "whose copy took longer than 80% of it confirming the master's epoch afterwards (-707 if it "
          "changed), no read ever returns memory reused by a new put. Fresh segments are not held. "
          "0 = off, as the original (that race is then possible).", _non_negative),
+    Flag("remove_by_regex_budget_ms", "int", 1000, "Longest one remove_by_regex pattern may take to match "
+         "every key; a slower (backtracking) pattern is refused with -600 and removes nothing, so a hostile "
+         "pattern cannot freeze the master (ours; the original has no bound).", _positive),
     Flag("enable_http_metadata_server", "bool", False, "Also run the HTTP metadata server in this process "
          "(one process gives a whole single-node setup: clients use "
          "metadata_server=http://HOST:PORT/metadata)."),

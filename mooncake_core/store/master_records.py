@@ -38,6 +38,8 @@ class MasterConfig:
     recovery_hold_s: float = 1.0                   # --recovery_hold_ms: re-mounted segments take no new
                                                    # allocation this long (see mount_segment)
     alignment: int = 64
+    regex_budget_s: float = 1.0                    # --remove_by_regex_budget_ms: longest a pattern
+                                                   # may take to match every key (ReDoS bound)
 
 
 class Segment:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import re
 import secrets
 import time
 from typing import Callable, Iterable
@@ -49,6 +48,7 @@ from mooncake_core.store.protocol import (
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE, ClientInfo,
                                                  DiskReplica, Extra, MasterConfig, ObjectMeta, PendingPut, Rep,
                                                  Segment, Stats, check_key, err)
+from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.store.master")
@@ -604,15 +604,19 @@ class MasterState:
         return n
 
     def remove_by_regex(self, pattern: str, force: bool = False) -> int:
-        """Drop objects whose key matches ``pattern`` (re.search); leased ones only with ``force``."""
+        """Drop objects whose key matches ``pattern`` (re.search); leased ones only with ``force``.
+        Matching is bounded by ``cfg.regex_budget_s`` (a backtracking pattern must not freeze
+        the master: see utils/bounded_regex.py); over budget -> -600 and nothing removed."""
         try:
-            rx = re.compile(pattern)
-        except (re.error, TypeError) as e:
-            raise err(ErrorCode.INVALID_PARAMS, f"remove_by_regex: bad pattern {pattern!r}: {e}") from None
+            keys = bounded_regex.matching(list(self.objects), pattern, self.cfg.regex_budget_s,
+                                          what="remove_by_regex: pattern")
+        except bounded_regex.PatternError as e:
+            raise err(ErrorCode.INVALID_PARAMS, str(e)) from None
         now = self.clock()
         n = 0
-        for key, meta in list(self.objects.items()):
-            if rx.search(key) and (force or meta.lease <= now):
+        for key in keys:
+            meta = self.objects.get(key)
+            if meta is not None and (force or meta.lease <= now):
                 self._notify_removed(key, meta)
                 self._drop_object(key, meta, now)
                 n += 1

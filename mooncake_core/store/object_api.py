@@ -8,7 +8,6 @@ Documented on the public façade, ``MooncakeDistributedStore`` (client.py).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +20,13 @@ from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.store.types import ReplicateConfig
 from mooncake_core.store.validate import (check_config, check_int, check_key, check_keys, check_multi,
                                           check_ptr_lists, unique_keys)
+from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 
 __all__ = ["ObjectApi"]
+
+#: longest remove_by_regex may spend matching the pattern against this client's own keys
+REGEX_BUDGET_S = 1.0
 
 log = get_logger("mooncake.store.client")
 
@@ -266,15 +269,17 @@ class ObjectApi:
             raise TypeError(f"remove_by_regex: regex_pattern must be str, got {type(regex_pattern).__name__}")
         if not isinstance(force, bool):
             raise TypeError(f"remove_by_regex: force must be bool, got {type(force).__name__}")
-
-        try:
-            compiled = re.compile(regex_pattern)
-        except re.error as e:
+        try:  # matching is time-bounded (ReDoS)
+            matcher = bounded_regex.Matcher(regex_pattern, REGEX_BUDGET_S, what="remove_by_regex: regex_pattern")
+        except bounded_regex.PatternError as e:
             raise ValueError(f"remove_by_regex: invalid regular expression {regex_pattern!r}: {e}") from None
 
         def run() -> int:
             n = int(self.core.master.remove_by_regex(regex_pattern, force))
-            self._forget_removed(force, lambda k: compiled.search(k) is not None)
+            try:
+                self._forget_removed(force, matcher)
+            except bounded_regex.PatternError:  # too slow here: ask the master about every owned key
+                self._forget_removed(False, None)
             return n
         return self.core.call(run, need_ready="remove_by_regex")
 

@@ -32,6 +32,43 @@ from mooncake_core.utils.log import get_logger
 log = get_logger("mooncake.te.cma")
 
 
+def _listening_inodes(pid: int, port: int) -> set[str]:
+    """Socket inodes in LISTEN state on ``port`` in ``pid``'s network namespace."""
+    out: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f, None)
+                for line in f:
+                    parts = line.split()
+                    # local_address is HEXIP:HEXPORT; st 0A = LISTEN; inode is field 10
+                    if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                        out.add(parts[9])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def pid_listens_on(pid: int, port: int) -> bool:
+    """True when process ``pid`` holds a socket listening on tcp ``port`` (read from /proc: the
+    same permission cross-memory attach needs)."""
+    inodes = _listening_inodes(pid, port)
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    want = {f"socket:[{i}]" for i in inodes}
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in want:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 class _iovec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
@@ -170,8 +207,20 @@ class CmaTransport(Transport):
         return True
 
     def _probe(self, desc: SegmentDescriptor) -> bool:
-        """Read one byte from the target's first region (or nothing if it has none)."""
+        """Is ``desc.pid`` really the peer, and may we attach to it? Then read one byte from its
+        first region (or nothing if it has none).
+
+        Why the ownership check: a descriptor comes from the peer (P2P handshake) or from the
+        metadata service, and cross-memory attach writes into whatever process ``pid`` names. A
+        peer claiming another local process's pid would otherwise make us write into that
+        process (found by tests/fuzz/test_fuzz_handshake.py). The process we attach to must own
+        the socket listening on the descriptor's port -- the one this descriptor was served from.
+        """
         if not self._alive(desc):
+            return False
+        if not pid_listens_on(desc.pid, desc.port):
+            log.warning("segment descriptor names a local process that does not serve its port; using tcp",
+                        extra={"segment": desc.name, "pid": desc.pid, "port": desc.port})
             return False
         if not desc.buffers:
             return os.path.exists(f"/proc/{desc.pid}")

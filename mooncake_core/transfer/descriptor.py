@@ -13,7 +13,9 @@ its section without a new descriptor version; builds that do not know a section 
 from __future__ import annotations
 
 import bisect
+import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +73,33 @@ class DescriptorError(ValueError):
     """A descriptor that cannot be used (bad JSON shape or version skew)."""
 
 
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+
+
+def check_host(host: str, segment: object) -> str:
+    """``host`` if it is an IP literal or a DNS name (RFC 1123 labels, at most 253 bytes); a
+    descriptor comes from the peer (or anyone who can write the metadata service), so an
+    unusable host must be refused here, not blow up later inside getaddrinfo."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    if 0 < len(host) <= 253 and all(_LABEL.match(x) for x in host.rstrip(".").split(".")):
+        return host
+    raise DescriptorError(f"segment descriptor for {segment!r}: host {host!r:.80} is neither an IP address "
+                          "nor a host name")
+
+
+def _port(v: object, segment: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise DescriptorError(f"segment descriptor for {segment!r}: port {v!r:.40} is not a number")
+    p = int(v)
+    if not 0 < p < 65536:
+        raise DescriptorError(f"segment descriptor for {segment!r}: port {p} is outside 1..65535")
+    return p
+
+
 @dataclass
 class SegmentDescriptor:
     name: str
@@ -110,7 +139,8 @@ class SegmentDescriptor:
                 f"by this engine (speaks version {DESCRIPTOR_VERSION}); upgrade both peers to the same release")
         try:
             return cls(
-                name=str(d.get("name", expect_name or "")), host=str(d["host"]), port=int(d["port"]),
+                name=str(d.get("name", expect_name or "")), host=check_host(str(d["host"]), expect_name),
+                port=_port(d["port"], expect_name),
                 protocol=str(d.get("protocol", "tcp")),
                 buffers=[Region.from_json(b) for b in d.get("buffers", [])],
                 boot_id=str(d.get("boot_id", "")), pidns=str(d.get("pidns", "")),

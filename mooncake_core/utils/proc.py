@@ -64,12 +64,34 @@ def readline_timeout(proc: subprocess.Popen, timeout: float, *, what: str = "chi
     return out[0] if out else ""
 
 
+def _drain_in_background(proc: subprocess.Popen, lines: list[str], keep: int = 200) -> None:
+    """Keep reading the child's output after start-up. A pipe nobody reads fills up (64 KiB)
+    and then blocks the child on its next log line -- a service under a long test froze that
+    way. The last ``keep`` lines stay readable as ``proc.output_tail`` for failure messages."""
+    import collections
+    import threading
+
+    tail: collections.deque[str] = collections.deque(lines[-keep:], maxlen=keep)
+    proc.output_tail = tail  # type: ignore[attr-defined]
+
+    def run() -> None:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                tail.append(line)
+        except (OSError, ValueError):
+            pass
+
+    threading.Thread(target=run, name=f"drain-{proc.pid}", daemon=True).start()
+
+
 def spawn_until(cmd: list[str], pattern: str, timeout: float, env: dict[str, str] | None = None,
                 what: str = "process") -> tuple[subprocess.Popen, re.Match[str]]:
     """Start ``cmd`` (stdout+stderr piped, text) and read lines until one matches ``pattern``.
 
     For services that print the address they bound (``... listening on http://h:PORT``): the
-    caller learns the port without racing for a free one. The whole wait is bounded by
+    caller learns the port without racing for a free one. After the match the output keeps
+    being read (``proc.output_tail``: the last lines), so the child never blocks on a full pipe. The whole wait is bounded by
     ``timeout`` (each read goes through :func:`readline_timeout`); on timeout or early exit the
     process is killed and RuntimeError carries its output.
     """
@@ -89,6 +111,7 @@ def spawn_until(cmd: list[str], pattern: str, timeout: float, env: dict[str, str
             lines.append(line)
             m = re.search(pattern, line)
             if m:
+                _drain_in_background(proc, lines)
                 return proc, m
     except (TimeoutError, RuntimeError) as e:
         if proc.poll() is None:

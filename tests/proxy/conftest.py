@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import pytest
 
+from mooncake_core.utils.proc import spawn_until, stop_process
 from mooncake_proxy.fake_engine import Behaviour, FakeEngine, start_fake
 from mooncake_proxy.server import ProxyConfig, ProxyServer, start_server
 
@@ -22,6 +26,13 @@ class Env:
     decode_urls: list[str]
     session: aiohttp.ClientSession
     runners: list[Any] = field(default_factory=list)
+
+    async def post_ok(self, body: dict, n: int) -> None:
+        """Send ``n`` completions through the proxy; each must answer 200."""
+        for _ in range(n):
+            async with self.session.post(self.url + "/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
 
 
 @pytest.fixture
@@ -56,6 +67,13 @@ async def make_env():
                            decode_urls=cfg.pop("decode_urls", durls), **cfg)
         server, prunner, pport = await start_server(conf, "127.0.0.1", 0)
         runners.append(prunner)
+        # As a user would: wait until the proxy has heard from every instance once (a request
+        # sent before that also works -- it waits up to 1 s for the probes -- but tests that
+        # count probes or read /healthcheck want the settled state).
+        for _ in range(200):
+            if all(i.health.state.value != "unknown" for i in server.registry.all()):
+                break
+            await asyncio.sleep(0.01)
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         env = Env(server, f"http://127.0.0.1:{pport}", prefills, decodes, purls, durls, session, runners)
         envs.append(env)
@@ -66,3 +84,20 @@ async def make_env():
         await env.session.close()
         for r in reversed(env.runners):
             await r.cleanup()
+
+
+@pytest.fixture
+def spawn(python_exe: str) -> Any:
+    """``spawn(args, what) -> (proc, port)``: start ``python -u ARGS`` and read its output until
+    '<what> listening on http://h:PORT'; every process is stopped after the test."""
+    started: list[subprocess.Popen] = []
+
+    def _spawn(args: list[str], what: str, timeout: float = 20) -> tuple[subprocess.Popen, int]:
+        proc, m = spawn_until([python_exe, "-u", *args], what + r" listening on http://[^:]+:(\d+)", timeout,
+                              env={**os.environ, "MC_LOG_LEVEL": "WARNING"}, what=what)
+        started.append(proc)
+        return proc, int(m.group(1))
+
+    yield _spawn
+    for p in started:
+        stop_process(p, 5)

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from mooncake_core.utils.net import free_port
-from mooncake_proxy.fake_engine import Behaviour
+from mooncake_proxy.fake_engine import Behaviour, start_fake
 
 pytestmark = pytest.mark.integration
 
@@ -95,14 +95,43 @@ async def test_no_instances_gives_503(make_env) -> None:
         assert r.status == 503
 
 
-async def test_dead_instance_taken_out_then_503(make_env) -> None:
+async def test_dead_instance_gives_503_naming_it(make_env) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     env = await make_env(n_prefill=0, prefill_urls=[dead])
-    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
-        assert r.status == 502
-        assert dead in (await r.json())["error"]["message"]
-    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
-        assert r.status == 503  # connect failure took it out at once
+    for _ in range(2):
+        t = time.monotonic()
+        async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+            assert r.status == 503
+            assert r.headers["Retry-After"] == "1"
+            msg = (await r.json())["error"]["message"]
+        assert time.monotonic() - t < 1.5  # the on-demand re-probe is bounded
+        assert dead in msg and "down" in msg, msg
+    async with env.session.get(env.url + "/health") as r:
+        assert r.status == 503
+        h = await r.json()
+    assert h["can_serve"] is False and dead in h["reasons"][0]
+    assert {i["state"] for i in h["instances"] if i["role"] == "prefill"} == {"down"}
+
+
+async def test_connection_refused_mid_run_goes_elsewhere_then_back(make_env) -> None:
+    """An engine that stops accepting connections costs no request: the refused one is retried on
+    the other instance, and the stopped engine is back in rotation soon after it returns."""
+    env = await make_env(n_prefill=2, policy="round_robin", health_interval=30)
+    victim_url = env.prefill_urls[0]
+    port = int(victim_url.rsplit(":", 1)[1])
+    await env.runners[0].cleanup()  # prefill0 gone: its port refuses connections
+    await env.post_ok(BODY, 4)
+    assert len(env.prefills[1].records) == 4
+    inst = env.server.registry.get(f"prefill@{victim_url}")
+    assert inst is not None and inst.health.state.value == "down"
+    # it comes back on the same port: the fast re-probe (not the 30 s interval) notices
+    runner, _ = await start_fake(env.prefills[0], "127.0.0.1", port)
+    env.runners.append(runner)
+    for _ in range(100):
+        if inst.healthy:
+            break
+        await asyncio.sleep(0.05)
+    assert inst.healthy, inst.health.describe()
 
 
 async def test_failed_health_check_removes_and_restores(make_env) -> None:
@@ -187,10 +216,7 @@ async def test_unreachable_instance_retried_elsewhere(make_env) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     env = await make_env(n_prefill=1, policy="round_robin")
     env.server.add_instance("prefill", dead)
-    for _ in range(4):
-        async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
-            assert r.status == 200
-            await r.read()
+    await env.post_ok(BODY, 4)
     assert len(env.prefills[0].records) == 4
     inst = env.server.registry.get(f"prefill@{dead}")
     assert inst is not None and not inst.healthy and "connect" in inst.last_error

@@ -4,7 +4,6 @@ their own processes: the path users run."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import signal
@@ -14,44 +13,16 @@ import time
 import httpx
 import pytest
 
-from mooncake_core.utils.proc import spawn_until
-
 pytestmark = pytest.mark.integration
 
 
-def _spawn(python_exe: str, args: list[str], pattern: str, timeout: float = 20) -> tuple[subprocess.Popen, int]:
-    """Start a process and read its output until the 'listening on http://h:PORT' line."""
-    proc, m = spawn_until([python_exe, "-u", *args], pattern + r" listening on http://[^:]+:(\d+)", timeout,
-                          env={**os.environ, "MC_LOG_LEVEL": "WARNING"}, what=pattern)
-    return proc, int(m.group(1))
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        p.send_signal(signal.SIGTERM)
-    for p in started:
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
-def test_proxy_process_main_path(python_exe, procs) -> None:
-    pre, pport = _spawn(python_exe, ["-m", "mooncake_proxy.fake_engine", "--name", "P", "--chunks", "3"],
-                        "fake_engine")
-    procs.append(pre)
-    dec, dport = _spawn(python_exe, ["-m", "mooncake_proxy.fake_engine", "--name", "D", "--chunks", "7"],
-                        "fake_engine")
-    procs.append(dec)
-    proxy, port = _spawn(python_exe, ["-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", "0",
-                                      "--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(pport),
-                                      "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(dport),
-                                      "--policy", "conductor", "--health-interval", "1"],
-                         "mooncake_proxy")
-    procs.append(proxy)
+def test_proxy_process_main_path(spawn) -> None:
+    pre, pport = spawn(["-m", "mooncake_proxy.fake_engine", "--name", "P", "--chunks", "3"], "fake_engine")
+    dec, dport = spawn(["-m", "mooncake_proxy.fake_engine", "--name", "D", "--chunks", "7"], "fake_engine")
+    proxy, port = spawn(["-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", "0",
+                         "--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(pport),
+                         "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(dport),
+                         "--policy", "conductor", "--health-interval", "1"], "mooncake_proxy")
     url = f"http://127.0.0.1:{port}"
     prompt = "".join(random.choices("abcdefghij ", k=5000))
     with httpx.Client(timeout=10) as c:

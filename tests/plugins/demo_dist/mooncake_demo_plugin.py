@@ -22,6 +22,7 @@ from typing import Any, Mapping
 from mooncake_core.metadata.base import MetadataBackend, check_key, decode_value, encode_value
 from mooncake_core.metadata.conn_string import MetadataSpec
 from mooncake_core.plugins import MetadataBackendPlugin, hookimpl
+from mooncake_core.transfer.cma import pid_listens_on
 from mooncake_core.transfer.base import Capabilities, Transport, TransferError, TransferOpcode, TransferRequest
 from mooncake_core.transfer.descriptor import SegmentDescriptor, process_start_time
 from mooncake_core.transfer.memory import memview
@@ -65,6 +66,9 @@ class ProcMemTransport(Transport):
             return False
         sec = desc.section(self.name, self.section_version)
         if sec is None or sec.get("pid") != desc.pid:
+            return False
+        # a descriptor is the peer's word: write only into the process that serves its port
+        if not pid_listens_on(desc.pid, desc.port):
             return False
         try:
             self._fd(desc)

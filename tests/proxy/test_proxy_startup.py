@@ -1,0 +1,91 @@
+"""Proxy availability with real processes: engines that boot after the proxy, engines that die.
+
+This is the deployment the README shows (engines and proxy started together): the proxy must
+serve the first request as soon as the engines answer, not one --health-interval later.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from mooncake_core.utils.net import free_port
+
+pytestmark = pytest.mark.integration
+
+BODY = {"model": "m", "prompt": "hello there " * 50, "max_tokens": 3}
+
+
+def _engine(spawn, name: str, port: int = 0) -> tuple[subprocess.Popen, int]:
+    return spawn(["-m", "mooncake_proxy.fake_engine", "--name", name, "--chunks", "2", "--port", str(port)],
+                 "fake_engine")
+
+
+def _proxy(spawn, prefill: list[int], decode: list[int], *extra: str) -> str:
+    _, port = spawn(["-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", "0",
+                     "--prefiller-hosts", *["127.0.0.1"] * len(prefill), "--prefiller-ports", *map(str, prefill),
+                     "--decoder-hosts", *["127.0.0.1"] * len(decode), "--decoder-ports", *map(str, decode),
+                     *extra], "mooncake_proxy")
+    return f"http://127.0.0.1:{port}"
+
+
+def _wait_health(url: str, timeout: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"{url}/health not 200 within {timeout}s")
+
+
+def test_engines_that_boot_after_the_proxy_serve_the_first_request(spawn) -> None:
+    pport, dport = free_port(), free_port()
+    url = _proxy(spawn, [pport], [dport])  # default --health-interval 5
+    with httpx.Client(timeout=10) as c:
+        r = c.get(url + "/health")
+        assert r.status_code == 503 and r.json()["can_serve"] is False
+        assert "no healthy prefill instance" in r.json()["reasons"][0]
+        r = c.post(url + "/v1/completions", json=BODY)
+        assert r.status_code == 503 and f"127.0.0.1:{pport}" in r.json()["error"]["message"]
+    time.sleep(1.5)  # the engines "boot" well after the proxy has probed them and failed
+    for name, port in (("P", pport), ("D", dport)):
+        _engine(spawn, name, port)
+    for port in (pport, dport):
+        _wait_health(f"http://127.0.0.1:{port}", 10)
+    # what the user does next: the very first completion succeeds (no 5 s wait)
+    t = time.monotonic()
+    with httpx.Client(timeout=10) as c:
+        r = c.post(url + "/v1/completions", json=BODY)
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - t < 2.0
+        h = c.get(url + "/health").json()
+    assert h["can_serve"] and {i["state"] for i in h["instances"]} == {"up"}
+
+
+def test_dead_engine_requests_move_to_the_other_within_one_request(spawn) -> None:
+    engines = {name: _engine(spawn, name) for name in ("P0", "P1", "D0", "D1")}
+    url = _proxy(spawn, [engines["P0"][1], engines["P1"][1]], [engines["D0"][1], engines["D1"][1]],
+                 "--policy", "round_robin", "--health-interval", "30")
+    _wait_health(url, 10)
+    with httpx.Client(timeout=10) as c:
+        for _ in range(4):
+            assert c.post(url + "/v1/completions", json=BODY).status_code == 200
+        for victim in ("P0", "D1"):
+            engines[victim][0].send_signal(signal.SIGKILL)
+            engines[victim][0].wait(5)
+            # every request from the first one after the kill is served by the survivors
+            for _ in range(4):
+                r = c.post(url + "/v1/completions", json=BODY)
+                assert r.status_code == 200, (victim, r.text)
+        h = c.get(url + "/health").json()
+    state = {i["id"]: i["state"] for i in h["instances"]}
+    assert state[f"prefill@http://127.0.0.1:{engines['P0'][1]}"] == "down"
+    assert state[f"decode@http://127.0.0.1:{engines['D1'][1]}"] == "down"
+    assert h["can_serve"] is True
