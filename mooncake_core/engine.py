@@ -32,7 +32,7 @@ import time
 import weakref
 from typing import Any, Sequence
 
-from mooncake_core import plugins
+from mooncake_core import envs, plugins
 from mooncake_core.metadata.base import MetadataBackend
 from mooncake_core.transfer import metrics
 from mooncake_core.transfer.base import Transport, TransportContext, TransferOpcode
@@ -57,20 +57,6 @@ P2PHANDSHAKE = "P2PHANDSHAKE"
 SUPPORTED_PROTOCOLS = ("tcp", "rdma")
 
 __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify"]
-
-
-def _timeout_s() -> float:
-    v = os.environ.get("MC_TRANSFER_TIMEOUT", "30")
-    try:
-        t = float(v)
-    except ValueError:
-        log.warning("MC_TRANSFER_TIMEOUT is not a number, using 30", extra={"value": v})
-        return 30.0
-    return t if t > 0 else 30.0
-
-
-def _truthy(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _rdma_devices() -> list[str]:
@@ -121,7 +107,7 @@ class TransferEngine:
         self._managed: ManagedPool | None = None
         self._initialized = False
         self._closed = False
-        self.timeout = _timeout_s()
+        self.timeout = envs.MC_TRANSFER_TIMEOUT
         self.last_error = ""
 
     # ================================================================== the one error boundary
@@ -187,7 +173,7 @@ class TransferEngine:
         p2p = self._meta is None
 
         host, port = parse_host_port(local_hostname, 0, what="local_hostname")
-        bind = os.environ.get("MC_TCP_BIND_ADDRESS", "").strip() or _default_bind(host)
+        bind = envs.MC_TCP_BIND_ADDRESS or _default_bind(host)
         self._server = self._listen(bind, port, retry_free=not (port == 0 or p2p), segment=local_hostname)
         seg = self._seg
         seg.host = bind if bind not in ("0.0.0.0", "::", "") else host
@@ -203,8 +189,7 @@ class TransferEngine:
             self._publisher = DescriptorPublisher(self._meta, seg.name, seg.host, seg.port, seg.descriptor)
             self._publisher.start()
 
-        port_m = metrics_port if metrics_port is not None else (
-            int(os.environ["MC_METRICS_PORT"]) if os.environ.get("MC_METRICS_PORT") else None)
+        port_m = metrics_port if metrics_port is not None else envs.MC_METRICS_PORT
         if port_m is not None:
             metrics.serve_metrics(port_m)
 
@@ -212,7 +197,7 @@ class TransferEngine:
         atexit.register(lambda: (lambda e: e and e.close())(ref()))
         log.info("transfer engine ready", extra={
             "segment": seg.name, "rpc_port": seg.port, "bind": bind,
-            "metadata": "P2PHANDSHAKE" if p2p else conn, "force_tcp": _truthy("MC_FORCE_TCP"),
+            "metadata": "P2PHANDSHAKE" if p2p else conn, "force_tcp": envs.MC_FORCE_TCP,
             "transports": [f"{t.name}:{t.priority}" for t in self._transports]})
 
     def _listen(self, bind: str, port: int, retry_free: bool, segment: str) -> TcpServer:

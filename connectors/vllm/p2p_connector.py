@@ -44,7 +44,6 @@ noise, ``on_request`` only those of requests whose params carry ``"mooncake_test
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +57,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from mooncake_core import envs
 from mooncake_connectors.vllm.layout import (Slab, coalesce, pair_blocks, plan, remote_slabs_from_regions,
                                              slabs_of)
 from mooncake_connectors.vllm.leases import SendTracker
@@ -324,7 +324,7 @@ class _Worker:
         self.engine_id = engine_id
         self.num_blocks = kv_cache_config.num_blocks if kv_cache_config is not None else None
         self.te = TransferEngine()
-        host = _extra(vllm_config, "local_hostname", os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1"))
+        host = _extra(vllm_config, "local_hostname", envs.MOONCAKE_LOCAL_HOSTNAME or "127.0.0.1")
         meta = _extra(vllm_config, "metadata_server", "P2PHANDSHAKE")
         proto = _extra(vllm_config, "protocol", "tcp")
         rc = self.te.initialize(host, meta, proto, _extra(vllm_config, "device_name", ""))
@@ -343,7 +343,7 @@ class _Worker:
         self._held_since: dict[str, float] = {}
         self._lock = threading.Lock()
         self._notifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-kv-notify")
-        self._corrupt = os.environ.get("MOONCAKE_VLLM_TEST_CORRUPT_KV", "").strip().lower()
+        self._corrupt = envs.MOONCAKE_VLLM_TEST_CORRUPT_KV.lower()
         if self._corrupt:
             logger.warning("MooncakeCoreConnector: TEST HOOK MOONCAKE_VLLM_TEST_CORRUPT_KV=%s is set: received "
                            "KV blocks will be overwritten with noise", self._corrupt)

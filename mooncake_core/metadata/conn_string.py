@@ -19,6 +19,7 @@ import dataclasses
 import urllib.parse
 from typing import TYPE_CHECKING, Mapping
 
+from mooncake_core import envs
 from mooncake_core.utils.net import parse_host_port
 
 if TYPE_CHECKING:
@@ -196,16 +197,13 @@ def parse_redis(conn: str, env: Mapping[str, str]) -> RedisSpec:
             raise _bad(conn, f"database {db_text!r} is not a number")
         db = int(db_text)
     else:
-        db_env = env.get("MC_REDIS_DB_INDEX", "").strip()
-        if db_env and not db_env.isdigit():
-            raise ValueError(f"MC_REDIS_DB_INDEX={db_env!r} is not a non-negative integer")
-        db = int(db_env) if db_env else 0
+        db = envs.get("MC_REDIS_DB_INDEX", env)
     if db > 255:
         raise _bad(conn, f"database index {db} out of range 0..255")
     username = urllib.parse.unquote(u.username) if u.username else None
     password = urllib.parse.unquote(u.password) if u.password else None
     if password is None:
-        password = env.get("MC_REDIS_PASSWORD") or None
+        password = envs.get("MC_REDIS_PASSWORD", env)
         if username is None:
-            username = env.get("MC_REDIS_USERNAME") or None
+            username = envs.get("MC_REDIS_USERNAME", env)
     return RedisSpec(kind="redis", endpoints=((host, port),), db=db, username=username, password=password)

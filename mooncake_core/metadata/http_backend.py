@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import threading
 import time
 import urllib.parse
 
+from mooncake_core import envs
 from mooncake_core.metadata.base import (MetadataBackend, MetadataError, check_key,
                                          decode_value, encode_value)
 from mooncake_core.metadata.conn_string import HttpSpec
@@ -36,7 +36,7 @@ class HttpMetadataBackend(MetadataBackend):
         self._spec = spec
         self._host, self._port = spec.endpoints[0]
         self._path = urllib.parse.urlsplit(spec.url).path
-        self._token = token if token is not None else (os.environ.get("MC_METADATA_HTTP_TOKEN") or None)
+        self._token = token if token is not None else envs.MC_METADATA_HTTP_TOKEN
         self._local = threading.local()
         self._all: list[http.client.HTTPConnection] = []
         self._all_lock = threading.Lock()

@@ -448,7 +448,7 @@ class MooncakeDistributedStore:
         them with ``batch_put_from_multi_buffer_ranges`` and publish with
         ``batch_put_session_end``. Per key: 0, -705 already exists, -600 bad arguments,
         -200 no space. Objects stay invisible to readers until the session ends. Writes must
-        happen within ``PUT_SESSION_MAX_S`` (25 s, env ``MC_STORE_PUT_SESSION_MAX_S``)."""
+        happen within ``MC_STORE_PUT_SESSION_MAX_S`` (25 s)."""
         return self._ranges.batch_put_session_start(keys, sizes, config)
 
     def batch_put_from_multi_buffer_ranges(self, keys: list[str], all_buffer_ptrs: list[list[int]],

@@ -19,13 +19,13 @@ which is all the API delegates know of it.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from mooncake_core import envs
 from mooncake_core.errors import MooncakeError
 from mooncake_core.store.codes import EXISTS, INTERNAL, INVALID, LEASE_EXPIRED, NOT_FOUND, OK, TRANSFER_FAIL
 from mooncake_core.store.config import StoreConfig
@@ -116,8 +116,9 @@ class StoreCore:
     def start(self, cfg: StoreConfig, engine: Any) -> int:
         """``setup`` after argument parsing: 0, or the negative code of the service that
         could not be reached (everything half-built is torn down again)."""
-        if os.environ.get("MC_STORE_RPC_TIMEOUT"):
-            cfg.rpc_timeout = float(os.environ["MC_STORE_RPC_TIMEOUT"])
+        rpc_timeout = envs.MC_STORE_RPC_TIMEOUT
+        if rpc_timeout is not None:
+            cfg.rpc_timeout = rpc_timeout
         with self.lock:
             if self.ready:
                 raise RuntimeError("setup: this store is already set up (call close() first)")
@@ -174,7 +175,7 @@ class StoreCore:
             if info.enable_offload and info.root_fs_dir and not cfg.ssd_offload_path:
                 self._use_offload_dir(info.root_fs_dir)
         if cfg.enable_ssd_offload or cfg.ssd_offload_path:
-            path = cfg.ssd_offload_path or os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "")
+            path = cfg.ssd_offload_path or envs.MOONCAKE_OFFLOAD_FILE_STORAGE_PATH
             if path:
                 self.offload = OffloadFiles(path)
         self._setup_metrics(cfg)

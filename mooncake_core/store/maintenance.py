@@ -9,12 +9,12 @@ memory is unmapped.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
 from typing import TYPE_CHECKING
 
+from mooncake_core import envs
 from mooncake_core.errors import MooncakeError
 from mooncake_core.store.codes import NO_HANDLE
 from mooncake_core.store.memory import bytes_addr, fingerprint
@@ -33,7 +33,7 @@ log = get_logger("mooncake.store.client")
 
 def heartbeat_interval_s() -> float:
     """``MC_STORE_HEARTBEAT_INTERVAL`` seconds between heartbeats (default 1.0)."""
-    return float(os.environ.get("MC_STORE_HEARTBEAT_INTERVAL", "1.0"))
+    return envs.MC_STORE_HEARTBEAT_INTERVAL
 
 
 class Maintenance:

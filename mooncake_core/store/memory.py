@@ -13,13 +13,13 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import mmap
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from mooncake_core import envs
 from mooncake_core.store.offload import mem_view
 
 __all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "fingerprint", "madvise_populate", "memmove",
@@ -117,7 +117,7 @@ PREFAULT_MIN = 1 << 20
 def prefault_enabled() -> bool:
     """``MC_STORE_PREFAULT`` (default on; ``0`` off), Linux only: fault pages in with one
     madvise before a transfer writes there, and populate a fresh segment in the background."""
-    return os.environ.get("MC_STORE_PREFAULT", "1") != "0" and sys.platform.startswith("linux")
+    return envs.MC_STORE_PREFAULT and sys.platform.startswith("linux")
 
 
 def populate_range(addr: int, size: int) -> None:

@@ -19,13 +19,13 @@ Safety rules (the store must never serve wrong bytes):
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mooncake_core import envs
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.codes import INVALID, LEASE_EXPIRED, NOT_FOUND, OK, TRANSFER_FAIL
 from mooncake_core.store.internals import StoreInternals
@@ -47,8 +47,8 @@ log = get_logger("mooncake.store.range_api")
 
 # The master lets another put take over a reservation never finished within its
 # put_start_discard_timeout (30 s by default) and frees the old space at that moment, so a
-# session must stop writing well before: past this age its writes are refused (-600).
-PUT_SESSION_MAX_S = float(os.environ.get("MC_STORE_PUT_SESSION_MAX_S", "25"))
+# session must stop writing well before: past MC_STORE_PUT_SESSION_MAX_S (25 s) its writes
+# are refused (-600).
 
 
 @dataclass
@@ -420,10 +420,10 @@ class RangeApi:
                     log.warning("%s: key %r has no open put session (call batch_put_session_start)", op, p.key)
                     results[p.index] = INVALID
                     continue
-                if time.monotonic() - s.started > PUT_SESSION_MAX_S:
+                max_age = envs.MC_STORE_PUT_SESSION_MAX_S
+                if time.monotonic() - s.started > max_age:
                     log.warning("%s: the put session of %r is older than %.0f s; the master may already have "
-                                "given its space to another put. Revoke it and start again", op, p.key,
-                                PUT_SESSION_MAX_S)
+                                "given its space to another put. Revoke it and start again", op, p.key, max_age)
                     results[p.index] = INVALID
                     continue
                 over = [f for f in p.frags if f.obj_off + f.size > s.size]

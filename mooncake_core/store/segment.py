@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 import threading
 
+from mooncake_core import envs
 from mooncake_core.store.memory import madvise_populate, prefault_enabled
 
 __all__ = ["StoreSegment"]
@@ -28,7 +28,7 @@ class StoreSegment:
         self.mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         # opt-in transparent huge pages (fewer page faults); measured *slower* for
         # process_vm_writev into fresh memory on our reference machine, hence off by default
-        if os.environ.get("MC_STORE_HUGEPAGES") == "1" and hasattr(mmap, "MADV_HUGEPAGE"):
+        if envs.MC_STORE_HUGEPAGES and hasattr(mmap, "MADV_HUGEPAGE"):
             try:
                 self.mm.madvise(mmap.MADV_HUGEPAGE)
             except OSError:

@@ -12,13 +12,13 @@ ever blocks its own work.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from mooncake_core import envs
 from mooncake_core.errors import ErrorCode
 from mooncake_core.metadata.base import MetadataBackend
 from mooncake_core.transfer.base import Transport, TransferError, TransferRequest, location_kind
@@ -35,10 +35,6 @@ __all__ = ["AUTO_HINTS", "Peer", "PeerTable", "check_hint", "hint_table"]
 
 #: transport_hint values meaning "choose automatically"
 AUTO_HINTS = ("", "unspec")
-
-
-def _force_tcp() -> bool:
-    return os.environ.get("MC_FORCE_TCP", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def hint_table(transports: Sequence[Transport] | Sequence[type[Transport]]) -> dict[str, str]:
@@ -126,7 +122,7 @@ class PeerTable:
     def choose(self, desc: SegmentDescriptor) -> Transport:
         """The most preferred transport that serves the peer's memory and can reach it."""
         tcp = self.by_name.get("tcp")
-        if tcp is not None and _force_tcp():
+        if tcp is not None and envs.MC_FORCE_TCP:
             return tcp
         kinds = {location_kind(b.location) for b in desc.buffers}
         for t in self.transports:

@@ -14,6 +14,7 @@ import os
 import threading
 from typing import Callable
 
+from mooncake_core import envs
 from mooncake_core.metadata.base import MetadataBackend
 from mooncake_core.transfer.descriptor import SegmentDescriptor, ram_key, rpc_meta_key
 from mooncake_core.utils.log import get_logger
@@ -58,7 +59,7 @@ class DescriptorPublisher:
     def _loop(self) -> None:
         """Re-publish when the key vanished or is not ours (the service lost it, or a
         predecessor's stale copy) -- checked every ``MC_METADATA_REFRESH_S`` seconds."""
-        period = float(os.environ.get("MC_METADATA_REFRESH_S", "2"))
+        period = envs.MC_METADATA_REFRESH_S
         warned = False
         while not self._stop.wait(period):
             try:

@@ -18,7 +18,6 @@ Why it looks like this:
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import time
 from collections import deque
@@ -28,6 +27,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
+from mooncake_core import envs
 from mooncake_core.transfer.base import (Capabilities, TransferError, TransferOpcode, TransferRequest, Transport,
                                          TransportContext, partition, split_slices)
 from mooncake_core.transfer.conn import POOL_IDLE_MAX, Conn, PeerPool
@@ -57,19 +57,6 @@ VEC_BIG_BLOCK = 256 << 10
 VEC_MIN_REQ = 1 << 20
 #: batches of at least this many bytes are spread over the peer's connections
 VEC_SPREAD = 8 << 20
-
-
-def _env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    if not v:
-        return default
-    try:
-        n = int(v)
-    except ValueError:
-        raise ValueError(f"{name}={v!r} is not an integer") from None
-    if n <= 0:
-        raise ValueError(f"{name}={v!r} must be > 0")
-    return n
 
 
 class _Conn(Conn):
@@ -258,12 +245,12 @@ class TcpTransport(Transport):
 
     def __init__(self, ctx: TransportContext | None = None):
         super().__init__(ctx)
-        self.nconn = _env_int("MC_TCP_CONNECTIONS", 2)
-        self.slice_size = _env_int("MC_SLICE_SIZE", 1 << 20)
+        self.nconn = envs.MC_TCP_CONNECTIONS
+        self.slice_size = envs.MC_SLICE_SIZE
         self.single_max = self.slice_size
         # payload per vectored request; a request may overshoot by one block, so at most
         # half of what a target accepts (tcp_vec.MAX_BYTES)
-        self.vec_bytes = min(_env_int("MC_TCP_VEC_BYTES", 16 << 20), MAX_BYTES // 2)
+        self.vec_bytes = min(envs.MC_TCP_VEC_BYTES, MAX_BYTES // 2)
         self._pools: dict[tuple[str, int], PeerPool] = {}
         self._lock = threading.Lock()
 

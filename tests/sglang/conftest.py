@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from mooncake_core import envs
 from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
 
 HERE = os.path.dirname(os.path.realpath(__file__))
@@ -44,7 +45,7 @@ def sglang_python() -> str:
     py = sglang_venv_python()
     if py is None:
         msg = f"SGLang venv not found or incomplete: {INSTALL_HINT}"
-        if os.environ.get("MOONCAKE_REQUIRE_SGLANG") == "1":
+        if envs.require("sglang"):
             pytest.fail(msg + " (MOONCAKE_REQUIRE_SGLANG=1)")
         pytest.skip(msg)
     return py

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from mooncake_core.store import ReplicateConfig, range_api
+from mooncake_core.store import ReplicateConfig
 from mooncake_core.store import tensor as T
 from mooncake_core.store.range_plan import (
     Coverage,
@@ -350,7 +350,7 @@ def test_put_sessions_and_misc(cluster, monkeypatch) -> None:
     assert [r.segment_name for r in c.get_replica_desc("own")] == [d.get_hostname()]
     assert w.cmd(op="get", key="own")["sha"] == sha(data_b)
     assert d.batch_put_session_start(["old"], [8]) == [0]
-    monkeypatch.setattr(range_api, "PUT_SESSION_MAX_S", 0.2)
+    monkeypatch.setenv("MC_STORE_PUT_SESSION_MAX_S", "0.2")  # read at call time
     time.sleep(0.3)
     assert d.batch_put_from_multi_buffer_ranges(["old"], [[p]], [[8]], [[0]]) == [INVALID]
     assert d.batch_put_session_revoke(["old"]) == [0] and d.is_exist("old") == 0

@@ -14,6 +14,8 @@ from typing import Iterator
 
 import pytest
 
+from mooncake_core import envs
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vllm_harness import LEASE_S, VllmServer, free_port, make_tiny_model, p2p_config, start_all, vllm_python  # noqa: E402
@@ -25,7 +27,7 @@ def vllm_py() -> str:
     if py is None:
         msg = (f"vLLM venv not found at {os.environ.get('VLLM_VENV', '/work/venvs/vllm')} "
                "(create it with scripts/install_vllm.sh, or point VLLM_VENV at one)")
-        if os.environ.get("MOONCAKE_REQUIRE_VLLM") == "1":
+        if envs.require("vllm"):
             pytest.fail(msg)
         pytest.skip(msg)
     return py
