@@ -175,8 +175,6 @@ _VARS: list[EnvVar[Any]] = [
            _TEST),
     EnvVar("MOONCAKE_TEST_REDIS", _str, "", "`host:port` of a running Redis the tests use instead of their own",
            _TEST),
-    EnvVar("MOONCAKE_VLLM_TEST_CORRUPT_KV", _str, "",
-           "test hook of the vLLM P2P connector: `1` / `on_request` overwrites received KV with noise", _TEST),
     EnvVar("MOONCAKE_REQUIRE_<FW>", _flag, False,
            "a missing framework venv/binary fails the tests instead of skipping (set by `.ci/run`)", _TEST),
 ]
@@ -226,7 +224,6 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MOONCAKE_CORE_COMPAT: bool
     MOONCAKE_TEST_ETCD: str
     MOONCAKE_TEST_REDIS: str
-    MOONCAKE_VLLM_TEST_CORRUPT_KV: str
 
 
 def get(name: str, env: Mapping[str, str] | None = None) -> Any:

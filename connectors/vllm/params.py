@@ -74,7 +74,6 @@ class RemotePrefill:
     block_bytes: int = 0  # bytes of one block in one registered KV slab (layout check)
     num_slabs: int = 0  # registered KV slabs (layers x K/V split) -- layout check
     lease_expiry_unix: float = 0.0  # prefill frees the blocks at this time even without a confirmation
-    test_corrupt: bool = False  # test hook: see MOONCAKE_VLLM_TEST_CORRUPT_KV in p2p_connector
 
     @property
     def host(self) -> str:
@@ -135,7 +134,6 @@ class RemotePrefill:
             block_bytes=_non_negative(d, "mooncake_block_bytes", "bytes per block per slab"),
             num_slabs=_non_negative(d, "mooncake_num_slabs", "number of KV slabs"),
             lease_expiry_unix=_unix_time(d, "mooncake_lease_expiry"),
-            test_corrupt=d.get("mooncake_test_corrupt") is True,
         )
 
 

@@ -16,8 +16,10 @@ import pytest
 
 from mooncake_core import envs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = str(Path(__file__).resolve().parent)
+sys.path.insert(0, HERE)
 
+from checkout_shim import shim_pythonpath  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
 from vllm_harness import LEASE_S, VllmServer, free_port, make_tiny_model, p2p_config, start_all, vllm_python  # noqa: E402
 
 
@@ -43,9 +45,12 @@ def pd_pair(vllm_py: str, tiny_model: Path, tmp_path_factory) -> Iterator[tuple[
     logs = tmp_path_factory.mktemp("vllm-logs")
     p = VllmServer(vllm_py, tiny_model, free_port(), 0, logs / "prefill.log",
                    p2p_config("kv_producer", kv_lease_s=LEASE_S))
+    # the decode runs the production connector subclassed with the negative control (noise on
+    # request), loaded by vLLM from tests/vllm through kv_connector_module_path
     d = VllmServer(vllm_py, tiny_model, free_port(), 1, logs / "decode.log",
-                   dict(p2p_config("kv_consumer"), kv_load_failure_policy="recompute"),
-                   env={"MOONCAKE_VLLM_TEST_CORRUPT_KV": "on_request"})
+                   dict(p2p_config("kv_consumer"), kv_load_failure_policy="recompute",
+                        kv_connector="CorruptingMooncakeConnector", kv_connector_module_path="corrupting_connector"),
+                   env={"PYTHONPATH": os.pathsep.join([shim_pythonpath(), HERE])})
     t0 = time.monotonic()
     start_all([p, d])
     print(f"1P1D healthy in {time.monotonic() - t0:.1f} s")
