@@ -23,11 +23,9 @@ import hashlib
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from typing import Any, Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

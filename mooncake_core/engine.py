@@ -58,6 +58,8 @@ SUPPORTED_PROTOCOLS = ("tcp", "rdma")
 
 __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify"]
 
+_Opcode = TransferOpcode  # for annotations inside the class (whose TransferOpcode attribute shadows it)
+
 
 def _rdma_devices() -> list[str]:
     try:
@@ -194,7 +196,12 @@ class TransferEngine:
             metrics.serve_metrics(port_m)
 
         ref = weakref.ref(self)
-        atexit.register(lambda: (lambda e: e and e.close())(ref()))
+
+        def close_at_exit() -> None:
+            e = ref()
+            if e is not None:
+                e.close()
+        atexit.register(close_at_exit)
         log.info("transfer engine ready", extra={
             "segment": seg.name, "rpc_port": seg.port, "bind": bind,
             "metadata": "P2PHANDSHAKE" if p2p else conn, "force_tcp": envs.MC_FORCE_TCP,
@@ -388,7 +395,7 @@ class TransferEngine:
                            transport_hint)
 
     def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
-                      opcode: TransferOpcode, notify: TransferNotify | None = None,
+                      opcode: _Opcode, notify: TransferNotify | None = None,
                       transport_hint: str = "") -> int:
         return self._sync(target_hostname, opcode, [buffer], [peer_buffer_address], [length], notify,
                           transport_hint)
@@ -407,7 +414,7 @@ class TransferEngine:
 
     def batch_transfer_sync(self, target_hostname: str, buffers: Sequence[int],
                             peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
-                            opcode: TransferOpcode, notify: TransferNotify | None = None,
+                            opcode: _Opcode, notify: TransferNotify | None = None,
                             transport_hint: str = "") -> int:
         return self._sync(target_hostname, opcode, buffers, peer_buffer_addresses, lengths, notify,
                           transport_hint)
@@ -427,7 +434,7 @@ class TransferEngine:
 
     def batch_transfer_async(self, target_hostname: str, buffers: Sequence[int],
                              peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
-                             opcode: TransferOpcode, transport_hint: str = "") -> int:
+                             opcode: _Opcode, transport_hint: str = "") -> int:
         return self._submit(target_hostname, opcode, buffers, peer_buffer_addresses, lengths, transport_hint)
 
     def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,

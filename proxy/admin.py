@@ -52,7 +52,7 @@ class AdminApi:
             data = _dec.decode(await request.read())
             if not isinstance(data, dict):
                 raise ValueError("body must be a JSON object {role, url[, bootstrap_port]}")
-            inst = self.server.add_instance(str(data.get("role")), data.get("url"), data.get("bootstrap_port"))
+            inst = self.server.add_instance(str(data.get("role")), data.get("url", ""), data.get("bootstrap_port"))
         except (ValueError, TypeError, msgspec.DecodeError) as e:
             return error_response(400, f"admin add instance: {e}", "invalid_request_error")
         if self.server.health is not None:

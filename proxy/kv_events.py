@@ -30,6 +30,7 @@ from typing import Any, Hashable, Sequence
 
 import msgspec
 
+from mooncake_core.utils.extras import require
 from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake_proxy.kv_events")
@@ -195,9 +196,8 @@ class KvEventsSubscriber:
         return cls(parse_config(value), server)
 
     def start(self) -> None:
-        import zmq.asyncio
-
-        self._ctx = zmq.asyncio.Context()
+        zmq_asyncio = require("zmq.asyncio", "kv-events", "the proxy's KV-event subscriber (--kv-events)")
+        self._ctx = zmq_asyncio.Context()
         for src in self.sources:
             iid = self.server.registry.make_id(src.role, src.instance_url)
             self.appliers[iid] = KvEventApplier(self.server.cluster, self.server.hasher.hasher, iid)

@@ -140,7 +140,7 @@ class ProxyServer:
     def add_instance(self, role: str, url: str, bootstrap_port: int | None = None) -> Instance:
         inst = self.registry.add(role, url, bootstrap_port)
         self.cluster.add_instance(self.sched_mod.InstanceInfo(
-            instance_id=inst.instance_id, role=role,
+            instance_id=inst.instance_id, role=inst.role,
             cache_capacity_blocks=self.cfg.cache_blocks if role == "prefill" else self.cfg.decode_kv_blocks))
         # Not schedulable until its first answered /health (probed at once, see health.py).
         self.cluster.set_healthy(inst.instance_id, False)
@@ -348,14 +348,13 @@ class ProxyServer:
                 log.warning("instance unreachable; retrying on another", extra={
                     "request_id": rid, "instance": e.inst.instance_id})
         assert last is not None
-        e = last
-        if e.body is not None:
-            return web.Response(status=e.status, body=e.body,
-                                content_type=(e.content_type or "application/json").split(";")[0],
+        if last.body is not None:
+            return web.Response(status=last.status, body=last.body,
+                                content_type=(last.content_type or "application/json").split(";")[0],
                                 headers={"X-Request-Id": rid})
-        log.warning("upstream failure", extra={"request_id": rid, "instance": e.inst.instance_id,
-                                               "status": e.status, "error": e.message})
-        return error_response(e.status, e.message, e.err_type, request_id=rid)
+        log.warning("upstream failure", extra={"request_id": rid, "instance": last.inst.instance_id,
+                                               "status": last.status, "error": last.message})
+        return error_response(last.status, last.message, last.err_type, request_id=rid)
 
     async def _schedule_and_run(self, request: web.Request, route: str, rid: str, body: dict[str, Any],
                                 pinfo: Any, t0: float) -> web.StreamResponse:

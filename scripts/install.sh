@@ -26,8 +26,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-echo "[install] pip install -e .[test,torch,plot,fast]"
-$PY -m pip install -q --disable-pip-version-check -e ".[test,torch,plot,fast]"
+echo "[install] pip install -e .[test,torch,plot,fast,lint]"
+$PY -m pip install -q --disable-pip-version-check -e ".[test,torch,plot,fast,lint]"
 if [ "$with_fw" = 1 ]; then
   for fw in sglang vllm; do
     if [ -f "scripts/install_${fw}.sh" ]; then

@@ -43,7 +43,7 @@ def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...], what: str) -
 
 
 def _non_negative(d: dict[str, Any], key: str, what: str) -> int:
-    v = _get(d, key, int, what)
+    v: int = _get(d, key, int, what)
     if v < 0:
         raise ParamsError(f"kv_transfer_params: {key!r} must be >= 0 ({what}), got {v}")
     return v

@@ -77,12 +77,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.redis:
             targets.append(("redis", f"redis://{args.redis}"))
         for name, conn in targets:
-            ours = open_metadata(conn)
+            opened = open_metadata(conn)
+            assert opened is not None  # not P2PHANDSHAKE
+            ours = opened
             key = f"mooncake/ram/bench-{name}"
             ours.set(key, value)
 
             def ours_get(t: int) -> Callable[[int], None]:
-                return lambda i: ours.get(key)
+                def op(i: int) -> None:
+                    ours.get(key)
+                return op
 
             def ours_set(t: int) -> Callable[[int], None]:
                 return lambda i: ours.set(f"{key}-{t}", value)
@@ -143,7 +147,7 @@ def _reference(name: str, conn: str, srv: HttpMetadataServer, key: str, value: d
     import redis
     host, port = conn[len("redis://"):].split(":")
     r = redis.Redis(host=host, port=int(port), socket_timeout=5)
-    return (lambda t: (lambda i: json.loads(r.get(key)))), \
+    return (lambda t: (lambda i: json.loads(r.get(key) or b"null"))), \
            (lambda t: (lambda i: r.set(f"{key}-{t}", json.dumps(value, separators=(",", ":")))))
 
 

@@ -137,7 +137,9 @@ class EtcdMetadataBackend(MetadataBackend):
         else:  # the whole keyspace
             start, end = b"\0", b"\0"
         items = self._call(f"list prefix {prefix!r}",
-                           lambda c: c.get(start, metadata=True, range_end=end, keys_only=True))
+                           # etcd3gw's stub lacks keys_only (the gateway takes it)
+                           lambda c: c.get(start, metadata=True, range_end=end,  # type: ignore[call-overload]
+                                           keys_only=True))
         keys = []
         for _value, meta in items:
             k = meta["key"]

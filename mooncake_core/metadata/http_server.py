@@ -148,8 +148,9 @@ class MetadataHttpService:
     # ---- handlers ------------------------------------------------------------------------
     def _token_ok(self, request: web.Request) -> bool:
         scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        return (scheme.lower() == "bearer" and bool(presented)
-                and hmac.compare_digest(presented.encode(), self.auth_token.encode()))
+        token = self.auth_token
+        return (token is not None and scheme.lower() == "bearer" and bool(presented)
+                and hmac.compare_digest(presented.encode(), token.encode()))
 
     async def _handle_metadata(self, request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
@@ -274,7 +275,7 @@ class HttpMetadataServer:
             self._loop = loop
             asyncio.set_event_loop(loop)
             try:
-                loop.run_until_complete(self.service.start(self.host, self.port, sock=sock))
+                loop.run_until_complete(self.service.start(self.host, self.port or 0, sock=sock))
             except BaseException as e:  # report to start(), do not die silently
                 failure.append(e)
                 ready.set()

@@ -1,8 +1,9 @@
 """The built-in plugins of mooncake_core, registered like any third-party plugin.
 
 Each is a small object whose hook imports its module only when called, so creating the
-plugin manager stays cheap and an optional client library (etcd, Redis) is needed only by
-whoever opens that backend.
+plugin manager stays cheap and an optional client library (etcd, Redis: the ``etcd`` and
+``redis`` extras) is needed only by whoever opens that backend -- and its absence is an error
+naming the extra to install.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pluggy
 
 from mooncake_core.plugins.hookspecs import hookimpl
 from mooncake_core.plugins.specs import MetadataBackendPlugin
+from mooncake_core.utils.extras import require
 
 if TYPE_CHECKING:
     from mooncake_core.metadata.base import MetadataBackend
@@ -52,11 +54,13 @@ def _open_http(spec: Any, timeout: float) -> "MetadataBackend":
 
 
 def _open_etcd(spec: Any, timeout: float) -> "MetadataBackend":
+    require("etcd3gw", "etcd", "the etcd metadata backend (etcd://)")
     from mooncake_core.metadata.etcd_backend import EtcdMetadataBackend
     return EtcdMetadataBackend(spec, timeout=timeout)
 
 
 def _open_redis(spec: Any, timeout: float) -> "MetadataBackend":
+    require("redis", "redis", "the Redis metadata backend (redis://)")
     from mooncake_core.metadata.redis_backend import RedisMetadataBackend
     return RedisMetadataBackend(spec, timeout=timeout)
 

@@ -109,7 +109,7 @@ class MooncakeDistributedStore:
         """0 healthy, 1 not set up / closed, 2 master unreachable (upstream convention)."""
         return self._core.health_check()
 
-    # ================================================================== bytes, buffers, existence / size / removal (ObjectApi)
+    # ================================================================== objects: bytes, buffers, exist/size/remove
     def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         """Store ``value`` (any bytes-like) under ``key``. 0 on success (also when the key
         already exists: objects are immutable, the old value stays); negative code on error."""
@@ -227,7 +227,7 @@ class MooncakeDistributedStore:
         """One code per key: 0, -704, -706."""
         return self._objects.batch_remove(keys, force)
 
-    # ================================================================== tensors (whole, into/from buffers, TP shards) (TensorApi)
+    # ================================================================== tensors: whole, into/from buffers, TP shards
     def put_tensor(self, key: str, tensor: Any) -> int:
         return self._tensors.put_tensor(key, tensor)
 
@@ -345,7 +345,7 @@ class MooncakeDistributedStore:
         """``batch_get_tensor_into`` of rank ``tp_rank``'s shards."""
         return self._tensors.batch_get_tensor_with_tp_into(base_keys, buffer_ptrs, sizes, tp_rank, tp_size)
 
-    # ================================================================== tensors with parallelism (ParallelApi)
+    # ================================================================== tensors with parallelism
     def put_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: Any = None, config: Any = None,
                                     writer_partition: Any = None) -> int:
         """Store ``tensor`` as the object named by ``parallelism`` (full tensor when None), or
@@ -411,7 +411,7 @@ class MooncakeDistributedStore:
                                                targets: Any = None) -> list[Any]:
         return self._parallel.batch_get_tensor_with_parallelism_into(keys, buffer_ptrs, sizes, targets)
 
-    # ================================================================== byte ranges, sessions, replica clearing (RangeApi)
+    # ================================================================== ranges: byte ranges, sessions, replica clearing
     def get_into_ranges(self, buffer_ptrs: list[int], all_keys: list[list[str]],
                         all_dst_offsets: list[list[list[int]]], all_src_offsets: list[list[list[int]]],
                         all_sizes: list[list[list[int]]]) -> list[list[list[int]]]:

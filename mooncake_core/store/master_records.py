@@ -13,8 +13,6 @@ from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.protocol import OffloadTask
 from mooncake_core.utils.range_allocator import RangeAllocator
 
-Rep = tuple  # (Segment, offset)
-
 MAX_REPLICAS = 16
 MAX_SEGMENT_SIZE = 1 << 56
 
@@ -58,6 +56,10 @@ class Segment:
         self.alloc = RangeAllocator(size, alignment, track=False)
 
 
+#: one memory replica: (segment, offset in it)
+Rep = tuple[Segment, int]
+
+
 class DiskReplica:
     __slots__ = ("segment_name", "client_id", "path", "size")
 
@@ -73,7 +75,7 @@ class Extra:
 
     __slots__ = ("hard", "soft", "disk")
 
-    def __init__(self, hard: bool = False, soft: list | None = None, disk: DiskReplica | None = None):
+    def __init__(self, hard: bool = False, soft: list[float] | None = None, disk: DiskReplica | None = None):
         self.hard = hard
         self.soft = soft  # None or [deadline, ttl_s]
         self.disk = disk
@@ -87,22 +89,26 @@ class ObjectMeta:
     read lease (0 = never read). ``extra``: None or Extra (pins, disk replica)."""
 
     __slots__ = ("size", "seg", "off", "lease", "extra")
+    seg: Segment | tuple[Segment, ...] | None
+    off: int | tuple[int, ...] | None
 
-    def __init__(self, size: int, reps: list[tuple[Segment, int]], extra: Extra | None = None):
+    def __init__(self, size: int, reps: list[Rep], extra: Extra | None = None):
         self.size = size
-        self.lease = 0
+        self.lease: float = 0
         self.extra = extra
         self.set_reps(reps)
 
-    def reps(self) -> list[tuple[Segment, int]]:
-        seg = self.seg
+    def reps(self) -> list[Rep]:
+        seg, off = self.seg, self.off
         if seg is None:
             return []
-        if type(seg) is tuple:
-            return list(zip(seg, self.off))
-        return [(seg, self.off)]
+        if isinstance(seg, tuple):
+            assert isinstance(off, tuple)
+            return list(zip(seg, off))
+        assert isinstance(off, int)
+        return [(seg, off)]
 
-    def set_reps(self, reps: list[tuple[Segment, int]]) -> None:
+    def set_reps(self, reps: list[Rep]) -> None:
         if not reps:
             self.seg = self.off = None
         elif len(reps) == 1:
@@ -114,14 +120,14 @@ class ObjectMeta:
     @property
     def n_reps(self) -> int:
         seg = self.seg
-        return 0 if seg is None else len(seg) if type(seg) is tuple else 1
+        return 0 if seg is None else len(seg) if isinstance(seg, tuple) else 1
 
     @property
     def hard(self) -> bool:
         return self.extra is not None and self.extra.hard
 
     @property
-    def soft(self) -> list | None:
+    def soft(self) -> list[float] | None:
         return None if self.extra is None else self.extra.soft
 
     @property
@@ -139,7 +145,7 @@ class ObjectMeta:
 class PendingPut:
     __slots__ = ("client_id", "size", "reps", "start", "upsert", "promote", "hard", "soft_ttl")
 
-    def __init__(self, client_id: str, size: int, reps: list, start: float, upsert: bool,
+    def __init__(self, client_id: str, size: int, reps: list[Rep], start: float, upsert: bool,
                  promote: bool, hard: bool, soft_ttl: float | None):
         self.client_id = client_id
         self.size = size
@@ -174,8 +180,9 @@ class Stats:
                  "put_conflicts", "no_space", "disk_evictions", "expired_clients", "takeovers")
 
     def __init__(self) -> None:
-        for s in self.__slots__:
-            setattr(self, s, 0)
+        self.hits = self.misses = self.evictions = self.lease_refusals = self.offloads = 0
+        self.puts = self.put_conflicts = self.no_space = self.disk_evictions = 0
+        self.expired_clients = self.takeovers = 0
 
 
 def err(code: ErrorCode, msg: str) -> MooncakeError:

@@ -125,7 +125,8 @@ class _StateCollector:
             ("mooncake_master_active_clients", "Clients with a recent heartbeat", n_clients),
             ("mooncake_master_segments", "Mounted memory segments", len(segs)),
         )
-        used = GaugeMetricFamily("mooncake_master_segment_used_bytes", "Bytes allocated in a segment", labels=["segment"])
+        used = GaugeMetricFamily("mooncake_master_segment_used_bytes", "Bytes allocated in a segment",
+                                 labels=["segment"])
         cap = GaugeMetricFamily("mooncake_master_segment_capacity_bytes", "Size of a segment", labels=["segment"])
         for name, u, c in segs:
             used.add_metric([name], u)
@@ -420,7 +421,7 @@ class MasterServer:
             return P.reply_frame(P.PROTOCOL_VERSION, 0, ErrorCode.INVALID_PARAMS,
                                  f"malformed request: frame of {len(frame)} bytes is shorter than the "
                                  f"{P.HEADER_SIZE}-byte header".encode())
-        version, rid = P.unpack_header(frame)
+        version, rid = P.unpack_header(bytes(frame[:P.HEADER_SIZE]))
         if version != P.PROTOCOL_VERSION:
             return P.reply_frame(P.PROTOCOL_VERSION, rid, ErrorCode.INVALID_PARAMS,
                                  f"protocol version mismatch: client speaks v{version}, this master "

@@ -39,7 +39,7 @@ import heapq
 import os
 import secrets
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.protocol import (
@@ -188,15 +188,20 @@ class MasterState:
         its bytes (the client's side of the contract, see GetReply.confirm_after_ms). Fresh
         segments are not held, so a fresh start is not delayed."""
         if not isinstance(client_id, str) or not client_id:
-            raise err(ErrorCode.INVALID_PARAMS, f"mount_segment: client_id must be a non-empty string, got {client_id!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment: client_id must be a non-empty string, got {client_id!r}")
         if not isinstance(segment_name, str) or not segment_name:
-            raise err(ErrorCode.INVALID_PARAMS, f"mount_segment: segment_name must be a non-empty string, got {segment_name!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment: segment_name must be a non-empty string, got {segment_name!r}")
         if not isinstance(base, int) or base < 0:
-            raise err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: base must be an int >= 0, got {base!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment {segment_name!r}: base must be an int >= 0, got {base!r}")
         if not isinstance(size, int) or size <= 0 or size > MAX_SEGMENT_SIZE:
-            raise err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: size must be an int in 1..2^56, got {size!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment {segment_name!r}: size must be an int in 1..2^56, got {size!r}")
         if not isinstance(prev_epoch, int) or prev_epoch < 0:
-            raise err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: prev_epoch must be an int >= 0, got {prev_epoch!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment {segment_name!r}: prev_epoch must be an int >= 0, got {prev_epoch!r}")
         now = self.clock()
         client, _ = self._touch_client(client_id, now)
         old = self.segments.get(segment_name)
@@ -242,7 +247,7 @@ class MasterState:
         lost = 0
         for key, meta in list(self.objects.items()):
             s = meta.seg
-            if s is None or (s is not seg and (type(s) is not tuple or seg not in s)):
+            if s is None or (s is not seg and (not isinstance(s, tuple) or seg not in s)):
                 continue
             meta.set_reps([r for r in meta.reps() if r[0] is not seg])
             if meta.seg is None:
@@ -363,7 +368,8 @@ class MasterState:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise err(ErrorCode.INVALID_PARAMS, f"put {key!r}: size must be an int > 0, got {size!r}")
         if not isinstance(cfg.replica_num, int) or not 1 <= cfg.replica_num <= MAX_REPLICAS:
-            raise err(ErrorCode.INVALID_PARAMS, f"put {key!r}: replica_num must be 1..{MAX_REPLICAS}, got {cfg.replica_num!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"put {key!r}: replica_num must be 1..{MAX_REPLICAS}, got {cfg.replica_num!r}")
         now = self.clock()
         promote = False
         meta = self.objects.get(key)
@@ -394,7 +400,8 @@ class MasterState:
                                         bool(cfg.with_hard_pin), soft_ttl)
         return [self._desc(r, size, "processing") for r in reps]
 
-    def upsert_start(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
+    def upsert_start(self, client_id: str, key: str, size: int,
+                     cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
         return self.put_start(client_id, key, size, cfg, upsert=True)
 
     def _allocate(self, key: str, size: int, cfg: ReplicateConfigMsg, now: float) -> list[Rep]:
@@ -511,8 +518,8 @@ class MasterState:
             self._free(r, p.size)
 
     @staticmethod
-    def _batch(fn: Callable, keys: list, *args) -> list:
-        out = []
+    def _batch(fn: Callable[..., object], keys: list[str], *args: list[Any]) -> list[Any]:
+        out: list[Any] = []
         for i, k in enumerate(keys):
             try:
                 r = fn(k, *(a[i] for a in args))
@@ -522,7 +529,7 @@ class MasterState:
         return out
 
     def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int],
-                        cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> list:
+                        cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> list[Any]:
         if len(keys) != len(sizes):
             raise err(ErrorCode.INVALID_PARAMS, f"batch_put_start: {len(keys)} keys but {len(sizes)} sizes")
         return self._batch(lambda k, s: self.put_start(client_id, k, s, cfg, upsert=upsert), keys, sizes)
@@ -558,7 +565,7 @@ class MasterState:
         self.stats.hits += 1
         return GetReply(self._descs(meta), ttl_ms, self.epoch, self._confirm_after_ms)
 
-    def batch_get_replica_list(self, keys: list[str]) -> list:
+    def batch_get_replica_list(self, keys: list[str]) -> list[Any]:
         return self._batch(self.get_replica_list, keys)
 
     def exist_key(self, key: str) -> bool:

@@ -51,7 +51,8 @@ class ObjectApi:
         cfg = check_config(config, "upsert")
         addr, size, keep = buffer_addr(value, "upsert: value")
         self.core.forget([key])
-        return self.core.call(lambda: self.core.put_many([key], [[(addr, size)]], cfg, upsert=True, op="upsert")[0], keep)
+        return self.core.call(lambda: self.core.put_many([key], [[(addr, size)]], cfg, upsert=True, op="upsert")[0],
+                              keep)
 
     def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
         return self._parts(key, parts, config, upsert=False, op="put_parts")
@@ -163,7 +164,8 @@ class ObjectApi:
         buffer_ptr = check_int(buffer_ptr, "put_from: buffer_ptr", minimum=1)
         size = check_int(size, "put_from: size")
         cfg = check_config(config, "put_from")
-        return self.core.call(lambda: self.core.put_many([key], [[(buffer_ptr, size)]], cfg, upsert=False, op="put_from")[0])
+        return self.core.call(lambda: self.core.put_many([key], [[(buffer_ptr, size)]], cfg, upsert=False,
+                                                         op="put_from")[0])
 
     def upsert_from(self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None) -> int:
         key = check_key(key, "upsert_from")
@@ -197,8 +199,8 @@ class ObjectApi:
             return []
         if upsert:
             self.core.forget(keys)
-        return self.core.call_list(lambda: self.core.put_many(keys, [[ps] for ps in zip(ptrs, sizes)], cfg, upsert=upsert, op=op),
-                               len(keys))
+        parts = [[ps] for ps in zip(ptrs, sizes)]
+        return self.core.call_list(lambda: self.core.put_many(keys, parts, cfg, upsert=upsert, op=op), len(keys))
 
     def batch_get_into(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[int]:
         keys = check_keys(keys, "batch_get_into")

@@ -94,7 +94,8 @@ class ReplicateConfig:
         try:
             SoftPinAction(self.soft_pin_action)
         except ValueError:
-            raise ValueError(f"ReplicateConfig.soft_pin_action: not a SoftPinAction: {self.soft_pin_action!r}") from None
+            raise ValueError(f"ReplicateConfig.soft_pin_action: not a SoftPinAction: "
+                             f"{self.soft_pin_action!r}") from None
         if self.soft_pin_ttl_ms is not None:
             if isinstance(self.soft_pin_ttl_ms, bool) or not isinstance(self.soft_pin_ttl_ms, int):
                 raise TypeError("ReplicateConfig.soft_pin_ttl_ms: expected int milliseconds or None")

@@ -121,11 +121,11 @@ def _vm_op(write: bool, pid: int, pairs: list[tuple[int, int, int]]) -> None:
                                 f"of {want}")
         if got < want:  # partial: requeue the rest
             rest: list[tuple[int, int, int]] = []
-            for l, r, ln in chunk:
+            for lo, r, ln in chunk:
                 if got >= ln:
                     got -= ln
                     continue
-                rest.append((l + got, r + got, ln - got))
+                rest.append((lo + got, r + got, ln - got))
                 got = 0
             if not rest:
                 break

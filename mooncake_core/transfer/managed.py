@@ -74,9 +74,10 @@ class ManagedPool:
                 off = ch.alloc.allocate(length)
                 if off is not None:
                     return ch.addr + off
-            ch = self._new_chunk(max(self.chunk_size, length))
-            if ch is None:
+            new = self._new_chunk(max(self.chunk_size, length))
+            if new is None:
                 return 0
+            ch = new
             off = ch.alloc.allocate(length)
             return 0 if off is None else ch.addr + off
 

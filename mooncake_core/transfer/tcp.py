@@ -197,7 +197,7 @@ class _Conn(Conn):
                         send_iov(sock, iov_array(*runs(local[a:b], length[a:b]),
                                                  head=(head.ctypes.data, head.nbytes)), deadline)
                     else:
-                        sock.sendall(head)
+                        sock.sendall(head.data)
                 if not pending:
                     return
                 rid, j = pending[0]

@@ -16,6 +16,7 @@ def close_piped(proc: subprocess.Popen, command: str = "exit", timeout: float = 
     its return code (None only if even a SIGKILL'd child did not go away within ``timeout``).
     """
     if proc.poll() is None:
+        assert proc.stdin is not None  # started with stdin=PIPE
         try:
             proc.stdin.write(command + "\n")
             proc.stdin.flush()
@@ -54,7 +55,9 @@ def readline_timeout(proc: subprocess.Popen, timeout: float, *, what: str = "chi
     import threading
 
     out: list[str] = []
-    t = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)
+    stdout = proc.stdout
+    assert stdout is not None  # started with stdout=PIPE
+    t = threading.Thread(target=lambda: out.append(stdout.readline()), daemon=True)
     t.start()
     t.join(timeout)
     if t.is_alive():
@@ -91,9 +94,9 @@ def spawn_until(cmd: list[str], pattern: str, timeout: float, env: dict[str, str
 
     For services that print the address they bound (``... listening on http://h:PORT``): the
     caller learns the port without racing for a free one. After the match the output keeps
-    being read (``proc.output_tail``: the last lines), so the child never blocks on a full pipe. The whole wait is bounded by
-    ``timeout`` (each read goes through :func:`readline_timeout`); on timeout or early exit the
-    process is killed and RuntimeError carries its output.
+    being read (``proc.output_tail``: the last lines), so the child never blocks on a full pipe.
+    The whole wait is bounded by ``timeout`` (each read goes through :func:`readline_timeout`); on
+    timeout or early exit the process is killed and RuntimeError carries its output.
     """
     import time
 

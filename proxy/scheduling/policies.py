@@ -186,9 +186,9 @@ class Scheduler(abc.ABC):
                 if e.started_at + e.max_output_tokens * step_now > t:
                     n += 1
                     kv += kv_footprint(e.prompt_tokens, e.max_output_tokens)
-            for e in load.incoming.values():
+            for pe in load.incoming.values():
                 n += 1
-                kv += kv_footprint(e.prompt_tokens, e.max_output_tokens)
+                kv += kv_footprint(pe.prompt_tokens, pe.max_output_tokens)
         cap = inst.cache_capacity_blocks
         if cap and kv > cap * self.cluster.block_size and load.running > 0:
             return None
@@ -257,11 +257,13 @@ class LoadBalanceScheduler(Scheduler):
     policy = "load_balance"
 
     def choose_prefill(self, req: RequestInfo, prefills: Sequence[InstanceInfo], now: float) -> PrefillPlan:
-        best_id, best_q = None, 0.0
+        best_id: str | None = None
+        best_q = 0.0
         for inst in self._rotated(prefills):
             q = self.queue_time(inst.instance_id, now)
             if best_id is None or q < best_q:
                 best_id, best_q = inst.instance_id, q
+        assert best_id is not None  # schedule() only asks with at least one healthy prefill
         return self.local_plan(best_id, req, now, queue=best_q)
 
 
@@ -360,7 +362,7 @@ def policy_names() -> tuple[str, ...]:
 
 
 def make_scheduler(policy: str, cluster: ClusterState, cost: CostModel | None = None,
-                   slo: SloConfig | None = None, seed: int = 0, **options) -> Scheduler:
+                   slo: SloConfig | None = None, seed: int = 0, **options: object) -> Scheduler:
     """Build the scheduler for ``policy`` (a built-in of :data:`POLICIES` or a plugin's).
     ``options`` go to the policy class (``conductor``: ``replicate_hot``, ``hot_threshold``)."""
     from mooncake_proxy.plugins import policies

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any, Callable
 from pathlib import Path
 
 from mooncake_core.utils.log import get_logger, setup_logging
@@ -174,14 +175,14 @@ def main(argv: list[str] | None = None) -> int:
                         replicate_hot=args.replicate_hot and pol == "conductor")
         sim = Simulator(cfg, cost)
         bar = None
+        progress: Callable[[int], None] | None = None
         if show:
             from tqdm import tqdm
             bar = tqdm(total=len(records), desc=pol, unit="req", file=sys.stderr, leave=False)
 
-            def progress(n, bar=bar):
+            def show_progress(n: int, bar: Any = bar) -> None:
                 bar.update(n - bar.n)
-        else:
-            progress = None
+            progress = show_progress
         res = sim.run(records, progress)
         if bar is not None:
             bar.close()

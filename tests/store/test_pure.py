@@ -139,7 +139,9 @@ def test_owned_index_drops_overlapped_entries() -> None:
     from mooncake_core.store.protocol import ReplicaDesc
 
     idx = OwnedIndex()
-    r = lambda addr, size: ReplicaDesc("seg", addr, size)
+    def r(addr: int, size: int) -> ReplicaDesc:
+        return ReplicaDesc("seg", addr, size)
+
     idx.add("a", r(1000, 100), b"fa")
     idx.add("b", r(1100, 100), b"fb")  # adjacent, no overlap
     idx.add("c", r(2000, 50), b"fc")

@@ -20,6 +20,7 @@ HERE = str(Path(__file__).resolve().parent)
 sys.path.insert(0, HERE)
 
 from checkout_shim import shim_pythonpath  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
+from venvs import venv_dir  # noqa: E402
 from vllm_harness import LEASE_S, VllmServer, free_port, make_tiny_model, p2p_config, start_all, vllm_python  # noqa: E402
 
 
@@ -27,7 +28,7 @@ from vllm_harness import LEASE_S, VllmServer, free_port, make_tiny_model, p2p_co
 def vllm_py() -> str:
     py = vllm_python()
     if py is None:
-        msg = (f"vLLM venv not found at {os.environ.get('VLLM_VENV', '/work/venvs/vllm')} "
+        msg = (f"vLLM venv not found at {venv_dir('vllm')} "
                "(create it with scripts/install_vllm.sh, or point VLLM_VENV at one)")
         if envs.require("vllm"):
             pytest.fail(msg)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import os
 import tempfile
 import threading
