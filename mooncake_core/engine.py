@@ -462,9 +462,11 @@ class TransferEngine:
             return self._local
         if self._cma.can_reach(desc):
             return self._cma
-        if desc.same_host_as(self._boot_id, self._pidns):
-            log.info("peer on this host but cross-memory attach is unavailable; falling back to tcp",
-                     extra={"segment": desc.name})
+        if desc.boot_id and desc.boot_id == self._boot_id:
+            # loud on purpose: a same-host peer silently on tcp is what users of the original
+            # could not tell from a working setup (DESIGN.md §6)
+            log.warning("peer on this host but cross-memory attach is unavailable (another pid "
+                        "namespace, or attach not permitted); using tcp", extra={"segment": desc.name})
         return self._tcp
 
     def _peer(self, name: str, refresh: bool = False) -> _Peer:
