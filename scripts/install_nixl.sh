@@ -3,8 +3,10 @@
 #
 # Why in the framework venvs: NIXL's users here are vLLM's NixlConnector and SGLang's nixl
 # disaggregation backend, which import nixl in their own venvs. Each venv gets the nixl build
-# matching its torch (vLLM, CPU torch: nixl-cu12; SGLang, CUDA 13 torch: nixl-cu13; both with
-# the `nixl` meta package, --no-deps so nothing else moves) and its own copy of
+# its processes ask for (the `nixl` meta package picks nixl-cuXX by the CUDA major it detects
+# in the importing process: SGLang's torch and vLLM's cuda-bindings both say 13, so nixl-cu13;
+# vLLM also keeps the nixl-cu12 of install_vllm.sh --with-nixl; all --no-deps so nothing else
+# moves) and its own copy of
 # libplugin_MooncakeCore.so, compiled with the system g++ by `mooncake_nixl_plugin install`
 # beside nixl's bundled plugins (UCX stays available). Venvs that do not exist are skipped
 # (build them first with scripts/install_vllm.sh / scripts/install_sglang.sh).
@@ -16,7 +18,7 @@
 #   NIXL_VERSION  nixl version (default 1.5.1, the release the plugin's ABI was written for)
 set -euo pipefail
 case "${1:-}" in
-  -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
   "") ;;
   *) echo "install_nixl.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
 esac
@@ -50,6 +52,6 @@ for pair in mooncake_core:mooncake_core mooncake_connectors:connectors mooncake_
 done
 trap 'rm -rf "$shim"' EXIT
 
-install_into "${VLLM_VENV:-/work/venvs/vllm}" nixl-cu12
+install_into "${VLLM_VENV:-/work/venvs/vllm}" nixl-cu13
 install_into "${SGLANG_VENV:-/work/venvs/sglang}" nixl-cu13
 echo "[install_nixl] done"

@@ -24,23 +24,31 @@ def _find_checked() -> locate.NixlInstall:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    inst = _find_checked()
-    target = Path(args.plugin_dir) / locate.PLUGIN_FILE if args.plugin_dir else inst.plugin_path
-    print(f"[mooncake_nixl_plugin] nixl {inst.version} ({inst.package}), engine ABI checked "
-          f"({inst.vtable_words()} words); plugin directory {target.parent}", flush=True)
-    want = build.build_id()
-    have = build.installed_build_id(target)
-    if have == want and not args.force:
-        print(f"[mooncake_nixl_plugin] {target} is up to date (build {want})")
-        return 0
-    print(f"[mooncake_nixl_plugin] compiling {build.SOURCE.name} with {build.find_compiler(args.cxx)} ...", flush=True)
-    try:
-        bid = build.compile_plugin(target, args.cxx)
-    except PermissionError as e:
-        raise build.BuildFailed(f"cannot write {target}: {e}; run with a user that owns the environment, or "
-                                "pass --plugin-dir (then NIXL_PLUGIN_DIR must name it, which hides the "
-                                "bundled backends)") from None
-    print(f"[mooncake_nixl_plugin] installed {target} (build {bid}); select it with backends=['MooncakeCore']")
+    if args.plugin_dir:
+        insts = [_find_checked()]
+        targets = [Path(args.plugin_dir) / locate.PLUGIN_FILE]
+    else:  # every nixl build of this environment (see locate.find_all)
+        insts = locate.find_all()
+        for inst in insts:
+            inst.check_abi()
+        targets = [inst.plugin_path for inst in insts]
+    for inst, target in zip(insts, targets):
+        print(f"[mooncake_nixl_plugin] nixl {inst.version} ({inst.package}), engine ABI checked "
+              f"({inst.vtable_words()} words); plugin directory {target.parent}", flush=True)
+        want = build.build_id()
+        have = build.installed_build_id(target)
+        if have == want and not args.force:
+            print(f"[mooncake_nixl_plugin] {target} is up to date (build {want})")
+            continue
+        print(f"[mooncake_nixl_plugin] compiling {build.SOURCE.name} with {build.find_compiler(args.cxx)} ...",
+              flush=True)
+        try:
+            bid = build.compile_plugin(target, args.cxx)
+        except PermissionError as e:
+            raise build.BuildFailed(f"cannot write {target}: {e}; run with a user that owns the environment, or "
+                                    "pass --plugin-dir (then NIXL_PLUGIN_DIR must name it, which hides the "
+                                    "bundled backends)") from None
+        print(f"[mooncake_nixl_plugin] installed {target} (build {bid}); select it with backends=['MooncakeCore']")
     return 0
 
 

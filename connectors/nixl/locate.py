@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from pathlib import Path
 from mooncake_connectors.nixl import abi
 
 PLUGIN_FILE = "libplugin_MooncakeCore.so"
+#: the nixl wheel builds, in the order the ``nixl`` meta package tries them without CUDA
+BUILDS = ("nixl_cu13", "nixl_cu12", "nixl_rocm")
 
 
 class NixlNotFound(RuntimeError):
@@ -49,7 +52,7 @@ def _backend_module() -> str:
     pkg = getattr(nixl, "_pkg", None)  # the nixl meta package's chosen build
     if pkg is not None:
         return pkg.__name__
-    for name in ("nixl_cu13", "nixl_cu12", "nixl_rocm"):
+    for name in BUILDS:
         if name in sys.modules:
             return name
     raise NixlNotFound("cannot tell which nixl build (nixl_cu12 / nixl_cu13 / ...) the nixl package uses")
@@ -57,9 +60,25 @@ def _backend_module() -> str:
 
 def find_nixl() -> NixlInstall:
     """The nixl build ``import nixl`` uses in this interpreter."""
-    name = _backend_module()
-    mod = importlib.import_module(name)
-    site = Path(mod.__file__).resolve().parent.parent
+    return _install_of(_backend_module())
+
+
+def find_all() -> list[NixlInstall]:
+    """Every nixl build installed here (found without importing them). A venv may hold two:
+    the ``nixl`` meta package picks one by the CUDA major it detects *in the importing
+    process* (vLLM's processes import cuda-bindings, a plain script does not), so the plugin
+    goes beside each of them."""
+    found = [_install_of(n) for n in BUILDS if importlib.util.find_spec(n) is not None]
+    if not found:
+        _backend_module()  # raises NixlNotFound with the install hint
+    return found
+
+
+def _install_of(name: str) -> NixlInstall:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin:
+        raise NixlNotFound(f"nixl build {name} is not importable")
+    site = Path(spec.origin).resolve().parent.parent
     dist = name.replace("_", "-")
     try:
         version = md.version(dist)
