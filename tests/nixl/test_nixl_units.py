@@ -76,7 +76,9 @@ def test_vtable_size_read_from_a_compiled_plugin(tmp_path: Path) -> None:
 
 def test_cli_refuses_other_nixl(tmp_path: Path, monkeypatch, capsys) -> None:
     d = _fake_nixl(tmp_path, 25)
-    monkeypatch.setattr(locate, "find_nixl", lambda: locate.NixlInstall("nixl_cu12", "1.6.0", d))
+    fake = locate.NixlInstall("nixl_cu12", "1.6.0", d)
+    monkeypatch.setattr(locate, "find_nixl", lambda: fake)
+    monkeypatch.setattr(locate, "find_all", lambda: [fake])
     for cmd in ("install", "path"):
         assert cli.main([cmd]) == 2
         err = capsys.readouterr().err
