@@ -58,15 +58,19 @@ def run_py(py: str, *args: str, env: dict | None = None, timeout: float = 300) -
                           env={**os.environ, "PYTHONPATH": shim_pythonpath(), **(env or {})})
 
 
-@pytest.fixture(scope="session")
-def plugin_env(nixl_py: str, tmp_path_factory) -> dict[str, str]:
-    """Env for NIXL subprocesses: the checkout's plugin + links to the bundled ones."""
-    d = tmp_path_factory.mktemp("nixl-plugins")
-    r = run_py(nixl_py, "-m", "mooncake_connectors.nixl.cli", "install", "--plugin-dir", str(d))
+def make_plugin_env(py: str, d: Path) -> dict[str, str]:
+    """Env for NIXL subprocesses of ``py``: the checkout's plugin built into ``d`` beside links
+    to the plugins bundled with the nixl build ``py`` uses."""
+    r = run_py(py, "-m", "mooncake_connectors.nixl.cli", "install", "--plugin-dir", str(d))
     assert r.returncode == 0, f"building the plugin failed:\n{r.stdout}\n{r.stderr}"
-    bundled = run_py(nixl_py, "-c", "from mooncake_connectors.nixl.locate import find_nixl; print(find_nixl().plugin_dir)")
+    bundled = run_py(py, "-c", "from mooncake_connectors.nixl.locate import find_nixl; print(find_nixl().plugin_dir)")
     assert bundled.returncode == 0, bundled.stderr
     for p in Path(bundled.stdout.strip()).iterdir():
         if p.name.endswith(".so") and not (d / p.name).exists():
             (d / p.name).symlink_to(p)
     return {"NIXL_PLUGIN_DIR": str(d), "PYTHONPATH": shim_pythonpath(), "MC_TRANSFER_TIMEOUT": "10"}
+
+
+@pytest.fixture(scope="session")
+def plugin_env(nixl_py: str, tmp_path_factory) -> dict[str, str]:
+    return make_plugin_env(nixl_py, tmp_path_factory.mktemp("nixl-plugins"))
