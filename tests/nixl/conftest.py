@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
+from nixl_env import make_plugin_env, run_py  # noqa: F401  (run_py: used by the test modules)
 
 HERE = Path(__file__).resolve().parent
-INSTALL_HINT = ("install nixl into a framework venv: scripts/install_vllm.sh --with-nixl "
+INSTALL_HINT = ("install nixl into the framework venvs: scripts/install_nixl.sh "
                 "(or set MOONCAKE_NIXL_PYTHON to a python that has nixl 1.5.1 and this repo)")
 
 
@@ -51,24 +52,6 @@ def nixl_py() -> str:
     if py is None:
         require(f"no python with nixl found: {INSTALL_HINT}")
     return py
-
-
-def run_py(py: str, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([py, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": shim_pythonpath(), **(env or {})})
-
-
-def make_plugin_env(py: str, d: Path) -> dict[str, str]:
-    """Env for NIXL subprocesses of ``py``: the checkout's plugin built into ``d`` beside links
-    to the plugins bundled with the nixl build ``py`` uses."""
-    r = run_py(py, "-m", "mooncake_connectors.nixl.cli", "install", "--plugin-dir", str(d))
-    assert r.returncode == 0, f"building the plugin failed:\n{r.stdout}\n{r.stderr}"
-    bundled = run_py(py, "-c", "from mooncake_connectors.nixl.locate import find_nixl; print(find_nixl().plugin_dir)")
-    assert bundled.returncode == 0, bundled.stderr
-    for p in Path(bundled.stdout.strip()).iterdir():
-        if p.name.endswith(".so") and not (d / p.name).exists():
-            (d / p.name).symlink_to(p)
-    return {"NIXL_PLUGIN_DIR": str(d), "PYTHONPATH": shim_pythonpath(), "MC_TRANSFER_TIMEOUT": "10"}
 
 
 @pytest.fixture(scope="session")

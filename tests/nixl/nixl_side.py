@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -99,9 +100,10 @@ def pair():
 
 # ------------------------------------------------------------------ one-process scenarios
 def sc_plugins() -> dict:
-    a = agent("A")
+    a = nixl_agent("A", nixl_agent_config(backends=[BACKEND, "UCX"]))  # UCX still loads beside ours
     return {"plugins": a.get_plugin_list(), "mems": a.get_plugin_mem_types(BACKEND),
-            "params": a.get_plugin_params(BACKEND), "backend_mems": a.get_backend_mem_types(BACKEND)}
+            "params": a.get_plugin_params(BACKEND), "backend_mems": a.get_backend_mem_types(BACKEND),
+            "created": sorted(a.backends)}
 
 
 def sc_write_read() -> dict:
@@ -309,6 +311,10 @@ def main() -> None:
         role_initiator()
     else:
         say(**SCENARIOS[what]())
+    if what == "plugins":
+        # nixl 1.5.1's UCX plugin can crash in its exit handlers on CPU-only hosts; the result is out
+        sys.stdout.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

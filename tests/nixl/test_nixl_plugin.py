@@ -29,6 +29,7 @@ def test_listed_beside_the_bundled_backends(nixl_py, plugin_env) -> None:
     assert "MooncakeCore" in out["plugins"] and "UCX" in out["plugins"] and "POSIX" in out["plugins"]
     assert out["mems"] == ["DRAM_SEG"] and out["backend_mems"] == ["DRAM_SEG"]
     assert set(out["params"]) == {"local_hostname", "metadata_server", "num_workers"}
+    assert out["created"] == ["MooncakeCore", "UCX"]
 
 
 def test_scattered_write_and_read_byte_exact_with_notification(nixl_py, plugin_env) -> None:
@@ -146,5 +147,6 @@ def test_installed_plugin_sits_beside_ucx(nixl_py) -> None:
     out = subprocess.run([nixl_py, SIDE, "plugins"], capture_output=True, text=True, timeout=120,
                          env=dict(env, PYTHONPATH=shim_pythonpath()))
     assert out.returncode == 0, out.stderr[-3000:]
-    plugins = json.loads(out.stdout.strip().splitlines()[-1])["plugins"]
-    assert "MooncakeCore" in plugins and "UCX" in plugins
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "MooncakeCore" in res["plugins"] and "UCX" in res["plugins"]
+    assert res["created"] == ["MooncakeCore", "UCX"]
