@@ -18,6 +18,7 @@
 // Built with the system g++ by `mooncake_nixl_plugin install` (no NIXL headers: nixl_abi.h).
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -55,6 +56,7 @@ constexpr long long kAdapterAbi = 1;  // must equal ADAPTER_ABI in backend.py
 // releases refuse each other with a message instead of misreading each other.
 constexpr const char *kConnPrefix = "mooncake-core-nixl/1 ";
 constexpr const char *kMetaPrefix = "mc1:";
+constexpr int kPollPauseUs = 20;  // pause of a checkXfer that finds the request still in flight
 
 void log_error(const std::string &msg) { std::fprintf(stderr, "[MooncakeCore] error: %s\n", msg.c_str()); }
 
@@ -103,8 +105,9 @@ struct Payload {
 // One posting of a request: the atomic status checkXfer reads, and a completion signal for
 // waiters (release of an in-flight request, destruction).
 struct Posting {
+    enum Phase { QUEUED = 0, RUNNING = 1, CANCELLED = 2 };
     std::atomic<int> status{ST_IN_PROG};
-    std::atomic<bool> cancelled{false};
+    std::atomic<int> phase{QUEUED};  // QUEUED -> RUNNING (worker) or QUEUED -> CANCELLED (release)
     std::mutex mu;
     std::condition_variable cv;
     bool finished = false;
@@ -242,9 +245,9 @@ class Runtime {
     }
 
     void run(Job &job) {
-        if (job.posting->cancelled.load(std::memory_order_acquire)) {
-            job.posting->finish(ST_ERR_CANCELED);
-            return;
+        int queued = Posting::QUEUED;
+        if (!job.posting->phase.compare_exchange_strong(queued, Posting::RUNNING)) {
+            return;  // released before it started: already finished as cancelled
         }
         if (stopping_now() || !py_.alive()) {
             job.posting->finish(ST_ERR_BACKEND);
@@ -511,18 +514,30 @@ class MooncakeCoreEngine final : public EngineBase {
         auto *h = dynamic_cast<Request *>(req);
         if (h == nullptr) return ST_ERR_INVALID_PARAM;
         if (!h->current) return ST_ERR_NOT_POSTED;
-        return static_cast<Status>(h->current->status.load(std::memory_order_acquire));
+        const int st = h->current->status.load(std::memory_order_acquire);
+        if (st == ST_IN_PROG) {
+            // A caller spinning on checkXfer from Python re-takes the GIL between checks; our
+            // workers need it between the engine's syscalls. Pausing here a few us (outside
+            // the GIL: NIXL's binding released it) lets them have it.
+            std::this_thread::sleep_for(std::chrono::microseconds(kPollPauseUs));
+        }
+        return static_cast<Status>(st);
     }
 
     Status release(BackendRequest *req) const override {
         auto *h = dynamic_cast<Request *>(req);
         if (h == nullptr) return ST_ERR_INVALID_PARAM;
         if (h->current && h->current->status.load(std::memory_order_acquire) == ST_IN_PROG) {
-            // Not started yet: the worker drops it. Started: wait until the bytes stopped
-            // moving (bounded by the TE's MC_TRANSFER_TIMEOUT), so the caller may free memory.
-            h->current->cancelled.store(true, std::memory_order_release);
-            GilDrop nogil(py_);
-            h->current->wait();
+            // Not started yet: cancelled here, the worker skips it. Started: wait until the
+            // bytes stopped moving (bounded by the TE's MC_TRANSFER_TIMEOUT), so the caller
+            // may free the memory afterwards.
+            int queued = Posting::QUEUED;
+            if (h->current->phase.compare_exchange_strong(queued, Posting::CANCELLED)) {
+                h->current->finish(ST_ERR_CANCELED);
+            } else {
+                GilDrop nogil(py_);
+                h->current->wait();
+            }
         }
         delete h;
         return ST_SUCCESS;
