@@ -11,7 +11,8 @@ slots in random order), for each mode:
   ucx           backends=["UCX"], UCX_TLS=tcp,self,sm UCX_NET_DEVICES=lo (what vLLM on one host uses)
   mooncake-tcp  MooncakeCore with MC_FORCE_TCP=1 (our tcp transport)
   ucx-tcp       UCX with UCX_TLS=tcp,self
-Ratios: mooncake / ucx and mooncake-tcp / ucx-tcp (median GB/s of --reps runs each).
+Ratios: mooncake / ucx and mooncake-tcp / ucx-tcp (median GB/s of --reps runs each). The
+initiator checks completion every --poll-us (50 us); --poll-us 0 spins on check_xfer_state.
 
 Part 2: bench/bench_vllm_pd.py's 1P1D TTFT with vLLM's NixlConnector on UCX ("nixl") and on
 MooncakeCore ("nixl-mc"), same prompts, one run.
@@ -49,7 +50,7 @@ MODES = {
 
 
 # ------------------------------------------------------------------ worker (runs in the nixl venv)
-def worker(role: str, backend: str, reps: int) -> None:
+def worker(role: str, backend: str, reps: int, poll_s: float) -> None:
     import numpy as np
     from nixl._api import nixl_agent, nixl_agent_config
 
@@ -79,6 +80,8 @@ def worker(role: str, backend: str, reps: int) -> None:
                 t0 = time.perf_counter()
                 st = a.transfer(h)
                 while st == "PROC":
+                    if poll_s:
+                        time.sleep(poll_s)
                     st = a.check_xfer_state(h)
                 dt = time.perf_counter() - t0
                 if st != "DONE":
@@ -92,11 +95,11 @@ def worker(role: str, backend: str, reps: int) -> None:
 
 
 # ------------------------------------------------------------------ driver
-def run_pair(py: str, mode: str, reps: int, env: dict) -> dict[str, list[float]]:
+def run_pair(py: str, mode: str, reps: int, env: dict, poll_s: float) -> dict[str, list[float]]:
     backend, extra = MODES[mode]
     e = {**os.environ, **env, **extra}
     err = open(Path(env["NIXL_PLUGIN_DIR"]).parent / f"{Path(env['NIXL_PLUGIN_DIR']).name}-{mode}.log", "ab")
-    procs = [subprocess.Popen([py, __file__, "--worker", role, backend, str(reps)], stdin=subprocess.PIPE,
+    procs = [subprocess.Popen([py, __file__, "--worker", role, backend, str(reps), str(poll_s)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=err, text=True, env=e)
              for role in ("target", "initiator")]
     for p in procs:
@@ -134,13 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="nixl-level modes, in order")
     ap.add_argument("--rounds", type=int, default=2,
                     help="run the mode sequence this many times and pool the runs (default 2: ABAB)")
+    ap.add_argument("--poll-us", type=float, default=50.0,
+                    help="sleep between completion checks, in us (default 50, as an application polling "
+                         "between other work; 0 = spin on check_xfer_state, which keeps the GIL busy that "
+                         "MooncakeCore's workers need)")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM NixlConnector TTFT part")
     ap.add_argument("--requests", type=int, default=16, help="vLLM part: prompts per mode (default 16)")
     ap.add_argument("--prompt-len", type=int, default=400, help="vLLM part: tokens per prompt (default 400)")
-    ap.add_argument("--worker", nargs=3, metavar=("ROLE", "BACKEND", "REPS"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=4, metavar=("ROLE", "BACKEND", "REPS", "POLL_S"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        worker(a.worker[0], a.worker[1], int(a.worker[2]))
+        worker(a.worker[0], a.worker[1], int(a.worker[2]), float(a.worker[3]))
         return 0
     from vllm_harness import vllm_python
 
@@ -155,18 +162,21 @@ def main(argv: list[str] | None = None) -> int:
     for rnd in range(a.rounds):
         for m in a.modes:
             print(f"[bench_nixl] round {rnd + 1}/{a.rounds}: {m} ...", file=sys.stderr, flush=True)
-            for k, v in run_pair(py, m, a.reps, env).items():
+            for k, v in run_pair(py, m, a.reps, env, a.poll_us * 1e-6).items():
                 pooled[m].setdefault(k, []).extend(v)
     keys = list(next(iter(pooled.values())).keys())
-    print(f"\nnixl 1.5.1, two processes on one host, GB/s (median of {a.rounds} x {a.reps} posts)")
-    print(f"{'workload':22}" + "".join(f"{m:>14}" for m in a.modes) + "   mooncake/ucx  tcp: mooncake/ucx")
+    print(f"\nnixl 1.5.1, two processes on one host, GB/s (median of {a.rounds} x {a.reps} posts, "
+          f"completion checked every {a.poll_us:g} us)")
     med = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in pooled.items()}
+    print(f"{'workload':22}" + "".join(f"{m:>14}" for m in a.modes)
+          + ("   mooncake/ucx" if "mooncake" in med and "ucx" in med else "")
+          + ("  tcp: mooncake/ucx" if "mooncake-tcp" in med and "ucx-tcp" in med else ""))
     for k in keys:
         row = f"{k:22}" + "".join(f"{med[m][k]:14.2f}" for m in a.modes)
         if "mooncake" in med and "ucx" in med:
-            row += f"   {med['mooncake'][k] / med['ucx'][k]:11.2f}x"
+            row += f"   {med['mooncake'][k] / med['ucx'][k]:11.2f}x "
         if "mooncake-tcp" in med and "ucx-tcp" in med:
-            row += f"   {med['mooncake-tcp'][k] / med['ucx-tcp'][k]:14.2f}x"
+            row += f"  {med['mooncake-tcp'][k] / med['ucx-tcp'][k]:17.2f}x"
         print(row)
     if a.no_vllm:
         return 0
