@@ -12,7 +12,7 @@ slots in random order), for each mode:
   mooncake-tcp  MooncakeCore with MC_FORCE_TCP=1 (our tcp transport)
   ucx-tcp       UCX with UCX_TLS=tcp,self
 Ratios: mooncake / ucx and mooncake-tcp / ucx-tcp (median GB/s of --reps runs each). The
-initiator checks completion every --poll-us (50 us); --poll-us 0 spins on check_xfer_state.
+initiator spins on check_xfer_state (UCX progresses inside it); --poll-us N sleeps N us between checks.
 
 Part 2: bench/bench_vllm_pd.py's 1P1D TTFT with vLLM's NixlConnector on UCX ("nixl") and on
 MooncakeCore ("nixl-mc"), same prompts, one run.
@@ -137,10 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="nixl-level modes, in order")
     ap.add_argument("--rounds", type=int, default=2,
                     help="run the mode sequence this many times and pool the runs (default 2: ABAB)")
-    ap.add_argument("--poll-us", type=float, default=50.0,
-                    help="sleep between completion checks, in us (default 50, as an application polling "
-                         "between other work; 0 = spin on check_xfer_state, which keeps the GIL busy that "
-                         "MooncakeCore's workers need)")
+    ap.add_argument("--poll-us", type=float, default=0.0,
+                    help="sleep between completion checks, in us (default 0: spin on check_xfer_state, UCX's "
+                         "best case -- it progresses inside the check; e.g. 50 for an application that polls "
+                         "between other work)")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM NixlConnector TTFT part")
     ap.add_argument("--requests", type=int, default=16, help="vLLM part: prompts per mode (default 16)")
     ap.add_argument("--prompt-len", type=int, default=400, help="vLLM part: tokens per prompt (default 400)")
