@@ -13,6 +13,7 @@ import pytest
 
 from checkout_shim import shim_pythonpath
 from conftest import HERE, require, run_py
+from mooncake_connectors.nixl.config import PARAMS
 
 pytestmark = pytest.mark.integration
 SIDE = str(HERE / "nixl_side.py")
@@ -28,7 +29,8 @@ def test_listed_beside_the_bundled_backends(nixl_py, plugin_env) -> None:
     out = scenario(nixl_py, plugin_env, "plugins")
     assert "MooncakeCore" in out["plugins"] and "UCX" in out["plugins"] and "POSIX" in out["plugins"]
     assert out["mems"] == ["DRAM_SEG"] and out["backend_mems"] == ["DRAM_SEG"]
-    assert set(out["params"]) == {"local_hostname", "metadata_server", "num_workers"}
+    # the C++ plugin's advertised defaults are the Python adapter's (config.PARAMS)
+    assert out["params"] == {k: v[0] for k, v in PARAMS.items()}
     assert out["created"] == ["MooncakeCore", "UCX"]
 
 
