@@ -6,9 +6,9 @@
 # its processes ask for (the `nixl` meta package picks nixl-cuXX by the CUDA major it detects
 # in the importing process: SGLang's torch and vLLM's cuda-bindings both say 13, so nixl-cu13;
 # vLLM also keeps the nixl-cu12 of install_vllm.sh --with-nixl; all --no-deps so nothing else
-# moves) and its own copy of
-# libplugin_MooncakeCore.so, compiled with the system g++ by `mooncake_nixl_plugin install`
-# beside nixl's bundled plugins (UCX stays available). Venvs that do not exist are skipped
+# moves) and its own copy of libplugin_MooncakeCore.so, compiled with the system g++ by
+# `mooncake_nixl_plugin install` beside nixl's bundled plugins (UCX stays available), once per
+# nixl build in the venv. Venvs that do not exist are skipped
 # (build them first with scripts/install_vllm.sh / scripts/install_sglang.sh).
 #
 # Idempotent: nixl is installed only when missing, the plugin is rebuilt only when its source
@@ -18,7 +18,7 @@
 #   NIXL_VERSION  nixl version (default 1.5.1, the release the plugin's ABI was written for)
 set -euo pipefail
 case "${1:-}" in
-  -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
   "") ;;
   *) echo "install_nixl.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
 esac
