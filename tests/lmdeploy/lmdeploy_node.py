@@ -117,22 +117,29 @@ class StandInScheduler:
         return [seq.block_ids for seq in seqs]
 
 
-def build(args: argparse.Namespace) -> tuple[FastAPI, dict[str, Any]]:
-    role = EngineRole[args.role]
-    half = args.entry_bytes // 2
+def make_cache_engine(role: EngineRole, layers: int, blocks: int, entry_bytes: int,
+                      seed: int) -> tuple[CacheEngine, torch.Tensor]:
+    """A real ``CacheEngine`` (made with ``__new__``: its constructor needs a CUDA stream) over a CPU
+    pool realised by LMDeploy's own ``PackedBlockCacheLayout``, filled with random bytes."""
+    half = entry_bytes // 2
     layout = PackedBlockCacheLayout(tensor_specs=(CacheTensorSpec("k_cache", CacheDesc([half], torch.uint8)),
                                                   CacheTensorSpec("v_cache", CacheDesc([half], torch.uint8))),
-                                    num_layers=args.layers)
-    allocation = layout.allocate(args.blocks, "cpu")
+                                    num_layers=layers)
+    allocation = layout.allocate(blocks, "cpu")
     pool = allocation.pools[0].tensor  # (layers, blocks, entry bytes): LMDeploy's PD layout
-    torch.manual_seed(args.seed)
-    pool.copy_(torch.randint(0, 256, pool.shape, dtype=torch.uint8))  # no block starts out as zeros
-
-    cache_config = CacheConfig(max_batches=8, block_size=BLOCK_TOKENS, num_cpu_blocks=0, num_gpu_blocks=args.blocks,
+    pool.copy_(torch.randint(0, 256, pool.shape, dtype=torch.uint8,
+                             generator=torch.Generator().manual_seed(seed)))  # no block starts out as zeros
+    cache_config = CacheConfig(max_batches=8, block_size=BLOCK_TOKENS, num_cpu_blocks=0, num_gpu_blocks=blocks,
                                role=role, migration_backend=MigrationBackend.Mooncake)
     ce = CacheEngine.__new__(CacheEngine)
     ce.rank, ce.tp_rank, ce.cache_config, ce.gpu_allocation = 0, 0, cache_config, allocation
     ce.migration_backend_impl, ce._pd_cache_pool_infos, ce._remote_pd_cache_pool_infos = None, None, {}
+    return ce, pool
+
+
+def build(args: argparse.Namespace) -> tuple[FastAPI, dict[str, Any]]:
+    role = EngineRole[args.role]
+    ce, pool = make_cache_engine(role, args.layers, args.blocks, args.entry_bytes, args.seed)
 
     sched = StandInScheduler(args.blocks, args.seed, scatter=role == EngineRole.Decode)
     executor = UniExecutor.__new__(UniExecutor)
