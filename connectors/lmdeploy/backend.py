@@ -157,6 +157,9 @@ class MooncakeCoreBackend(MigrationBackendImpl):
 
     def __init__(self, holder: ProcessEngine | None = None) -> None:
         self.links: dict[str, MooncakeLink] = {}
+        # a link replaced by a re-initialization, released once its successor is connected (so the
+        # pool is never unregistered between the two and an in-flight read is never cut short)
+        self._superseded: dict[str, MooncakeLink] = {}
         self._holder = holder or PROCESS_ENGINE
         self._pool: ThreadPoolExecutor | None = None
         if os.environ.get("LMDEPLOY_USE_ASYNC_MIGRATION"):
@@ -166,11 +169,15 @@ class MooncakeCoreBackend(MigrationBackendImpl):
     # ------------------------------------------------------------------ connection set-up
     def p2p_initialize(self, init_request: Any) -> None:
         """Create (or replace, on a proxy retry) the link to ``init_request.remote_engine_id``."""
+        peer = init_request.remote_engine_id
         new = MooncakeLink(init_request, self._holder)  # acquire first: a replaced link keeps the engine up
-        old = self.links.get(init_request.remote_engine_id)
-        self.links[init_request.remote_engine_id] = new
+        old = self.links.get(peer)
+        self.links[peer] = new
         if old is not None:
-            old.release()
+            older = self._superseded.pop(peer, None)
+            self._superseded[peer] = old
+            if older is not None:
+                older.release()
 
     def register_memory_region(self, register_mr_request: Any) -> None:
         link = self._link(register_mr_request.remote_engine_id, "register_memory_region")
@@ -192,6 +199,9 @@ class MooncakeCoreBackend(MigrationBackendImpl):
             log.warning("peer advertises fewer memory regions than this engine; migrations touching "
                         "them will be refused", extra={"remote_engine_id": remote_engine_id,
                                                        "missing_mr_keys": ",".join(missing)})
+        old = self._superseded.pop(remote_engine_id, None)
+        if old is not None:
+            old.release()
         log.info("lmdeploy link connected", extra={"remote_engine_id": remote_engine_id,
                                                    "remote_session_id": link.remote.session_id,
                                                    "regions": len(link.remote.mr_info)})
@@ -201,9 +211,12 @@ class MooncakeCoreBackend(MigrationBackendImpl):
 
         LMDeploy 0.18's ``EngineP2PConnection.p2p_drop_connect`` does not call the backend yet
         (its TODO); a re-``p2p_initialize`` of the same peer releases the old link as well."""
+        old = self._superseded.pop(remote_engine_id, None)
+        if old is not None:
+            old.release()
         link = self.links.pop(remote_engine_id, None)
         if link is None:
-            return False
+            return old is not None
         link.release()
         return True
 
