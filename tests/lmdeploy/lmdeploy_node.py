@@ -174,7 +174,7 @@ def build(args: argparse.Namespace) -> tuple[FastAPI, dict[str, Any]]:
     app.include_router(router)
 
     state: dict[str, Any] = {"requests": 0, "migrations": 0, "failed": 0, "paused": False, "go": None,
-                             "pause_next": False, "decodes": [], "prefills": {}, "errors": []}
+                             "pause_next": False, "decodes": [], "prefills": {}, "errors": [], "failures": []}
 
     def block_digests(ids: list[int]) -> list[str]:
         return [hashlib.sha256(pool[:, b, :].numpy().tobytes()).hexdigest()[:16] for b in ids]
@@ -199,7 +199,8 @@ def build(args: argparse.Namespace) -> tuple[FastAPI, dict[str, Any]]:
                 "links": sorted(getattr(backend, "links", {}) or {}),
                 "engine_users": holder.users if holder is not None else None,
                 "registered": len(holder.registered()) if holder is not None else None,
-                "decodes": state["decodes"], "prefills": state["prefills"], "errors": state["errors"]}
+                "decodes": state["decodes"], "prefills": state["prefills"], "errors": state["errors"],
+                "failures": state["failures"]}
 
     @app.get("/test/backend")
     async def test_backend() -> dict[str, Any]:
@@ -261,11 +262,12 @@ def build(args: argparse.Namespace) -> tuple[FastAPI, dict[str, Any]]:
             sched.end_session(sess.session_id)
             try:
                 await asyncio.wait_for(engine.engine_conn.zmq_send(remote_engine_id=mr.remote_engine_id,
-                                                                   remote_session_id=mr.remote_session_id), 2)
+                                                                   remote_session_id=mr.remote_session_id), 1)
             except Exception as ze:  # the prefill is gone: nothing left to free there
                 state["errors"].append(f"free after failure not sent: {ze!r}")
             err = f"{type(e).__name__}: {e}"
             state["errors"].append(err)
+            state["failures"].append({"error": err, "seconds": took})
             emit("migration_failed", error=err, seconds=took)
             return create_error_response(500, f"KV migration failed after {took:.2f} s: {err}")
         took = time.monotonic() - t0

@@ -90,13 +90,16 @@ def test_failures_mid_migration_deadline_and_unreachable_peer(lmdeploy_python, n
     kl = f["killed"]  # prefill SIGKILLed mid-migration: fails at once (well inside the deadline)
     msg = kl["response"]["body"]["message"]
     assert "MigrationError" in msg and f["p1"] in msg
-    assert kl["seconds_after_kill"] < 4.0
+    frozen_fail, killed_fail, unreachable_fail = f["decode_after"]["failures"]
+    assert 3.5 < frozen_fail["seconds"] < 4 + 5.0  # the migration itself, as the decode timed it
+    assert killed_fail["seconds"] < 3.5  # killed 1 s after the migration started: well before the 4 s deadline
+    assert kl["seconds_after_kill"] < 10
 
     assert text_of(f["r4"]).startswith("kv=")  # the decode serves the next request from a new prefill
 
     ur = f["unreachable"]["body"]["message"]  # engine address unreachable: a clear error naming it
     assert "MigrationError" in ur and f["p3"] in ur and "192.0.2.1" in ur and "unreachable" in ur
-    assert f["unreachable"]["seconds"] < 4.0
+    assert unreachable_fail["seconds"] < 2.0
     assert_no_leaks(f["p3_after"])
     assert text_of(f["r6"]).startswith("kv=")
     da = f["decode_after"]
