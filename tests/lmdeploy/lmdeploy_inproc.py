@@ -148,8 +148,10 @@ async def theirs(facts: dict[str, Any]) -> None:
     p_ce, p_pool = make_cache_engine(EngineRole.Prefill, LAYERS, BLOCKS, entry, 3)
     d_ce, d_pool = make_cache_engine(EngineRole.Decode, LAYERS, BLOCKS, entry, 4)
     refusals = {}
-    path = os.environ["PATH"]
     ip = shutil.which("ip") or "/sbin/ip"
+    # PATH without a real ibv_devices, should this host have rdma-core tools
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
+                           if d and not os.path.exists(os.path.join(d, "ibv_devices")))
 
     def attempt(name: str) -> None:
         p_ce.migration_backend_impl = theirs_mod.MooncakeBackend()

@@ -186,11 +186,18 @@ def prompt(n_blocks: int, tag: str) -> str:
     return (tag * (16 * n_blocks))[: 16 * n_blocks - 3]  # just under n blocks of 16 tokens
 
 
+def no_ibv_path() -> str:
+    """PATH without any directory holding an ibv_devices (a host with rdma-core tools installed)."""
+    return os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not os.path.exists(os.path.join(d, "ibv_devices")))
+
+
 def scenario_ours(cl: Cluster) -> dict[str, Any]:
-    facts: dict[str, Any] = {"route": route_address(), "ibv_devices": shutil.which("ibv_devices")}
+    path = no_ibv_path()
+    facts: dict[str, Any] = {"route": route_address(), "ibv_devices": shutil.which("ibv_devices", path=path)}
     cl.start_proxy()
-    p = cl.start_node("prefill", "Prefill", seed=11)
-    d = cl.start_node("decode", "Decode", seed=22, LMDEPLOY_USE_ASYNC_MIGRATION="1")
+    p = cl.start_node("prefill", "Prefill", seed=11, PATH=path)
+    d = cl.start_node("decode", "Decode", seed=22, LMDEPLOY_USE_ASYNC_MIGRATION="1", PATH=path)
     cl.ready("prefill", "decode")
     facts["backends"] = [requests.get(f"{u}/test/backend", timeout=5).json() for u in (p, d)]
     facts["sequential"] = [cl.complete(prompt(n, t)) for n, t in ((1, "a"), (3, "bc"), (7, "def"))]
