@@ -3,14 +3,16 @@
 # system services used by the tests (etcd, Redis) and the Python package with its extras.
 #   --with-frameworks   also build the framework venvs the connector tests use (outside the repo):
 #                       SGLang (scripts/install_sglang.sh, ~3 min, ~7 GB) and vLLM for CPU
-#                       (scripts/install_vllm.sh, ~2 min, ~3.5 GB), then NIXL in both with our
-#                       NIXL plugin built there (scripts/install_nixl.sh). Without them those tests skip.
+#                       (scripts/install_vllm.sh, ~2 min, ~3.5 GB), LMDeploy with CPU torch
+#                       (scripts/install_lmdeploy.sh, ~2 min, ~1.7 GB), then NIXL in the SGLang and vLLM
+#                       venvs with our NIXL plugin built there (scripts/install_nixl.sh).
+#                       Without them those tests skip.
 set -euo pipefail
 with_fw=0
 for arg in "$@"; do
   case "$arg" in
     --with-frameworks) with_fw=1 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -31,7 +33,7 @@ PY=${PYTHON:-python3}
 echo "[install] pip install -e .[test,torch,plot,fast]"
 $PY -m pip install -q --disable-pip-version-check -e ".[test,torch,plot,fast]"
 if [ "$with_fw" = 1 ]; then
-  for fw in sglang vllm nixl; do  # nixl last: it installs into the other two
+  for fw in sglang vllm lmdeploy nixl; do  # nixl last: it installs into the sglang and vllm venvs
     if [ -f "scripts/install_${fw}.sh" ]; then
       t=$(date +%s)
       bash "scripts/install_${fw}.sh"
