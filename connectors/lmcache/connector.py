@@ -48,6 +48,7 @@ __all__ = ["MooncakeCoreConnector"]
 logger = init_logger(__name__)
 
 _RPC_FAIL = int(ErrorCode.RPC_FAIL)
+_NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
 
 
 def _code_name(rc: int) -> str:
@@ -101,11 +102,15 @@ class MooncakeCoreConnector(RemoteConnector):
             logger.error("%s: %s", where, msg)
             raise RuntimeError(f"{where}: {msg}")
         self.store = store
-        self.replica_config = ReplicateConfig()
-        self.replica_config.replica_num = 1
-        if self.settings.prefer_local_alloc:
-            self.replica_config.preferred_segment = store.get_hostname()
-        self._register_cpu_buffer()
+        try:
+            self.replica_config = ReplicateConfig()
+            self.replica_config.replica_num = 1
+            if self.settings.prefer_local_alloc:
+                self.replica_config.preferred_segment = store.get_hostname()
+            self._register_cpu_buffer()
+        except BaseException:
+            store.close()  # LMCache drops this object: do not leave a mounted segment behind
+            raise
         logger.info("MooncakeCoreConnector ready: master %s, segment %s, chunk metadata %s",
                     self.settings.setup.get("master_server_address"), store.get_hostname(),
                     "stored with each chunk" if self.save_chunk_meta else "local (zero-copy layout)")
@@ -191,14 +196,20 @@ class MooncakeCoreConnector(RemoteConnector):
             for i in idx:
                 objs[i].ref_count_down()
             raise
+        failed: list[tuple[str, int]] = []
         for j, (i, rc) in enumerate(zip(idx, got)):
             obj = objs[i]
             nbytes = rc - self.remote_metadata_bytes if self.save_chunk_meta else rc
             if rc <= 0 or nbytes <= 0 or (self.save_chunk_meta and not self._check_header(
                     names[j], hdrs[j].tobytes(), nbytes)):
                 obj.ref_count_down()
+                if rc < 0 and rc != _NOT_FOUND:
+                    failed.append((names[j], rc))
                 continue
             out[i] = self._finish(names[j], obj, nbytes)
+        if failed:  # a plain miss (-704) is not worth a line; anything else is
+            logger.warning("read of %d chunk(s): %d failed (first %s: %s)", len(names), len(failed),
+                           failed[0][0], _code_name(failed[0][1]))
         return out
 
     def _put_many(self, keys: Sequence[CacheEngineKey], objs: Sequence[MemoryObj]) -> list[int]:

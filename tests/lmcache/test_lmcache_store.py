@@ -135,3 +135,20 @@ def test_native_ping_and_numa_binding(cluster) -> None:
     assert info["remote"] == [True]
     log = w.log_text()
     assert "NUMA node 0 binding done" in log and "unable to import bind_to_numa_node" not in log
+
+
+def test_vllm_plugin_gives_lmcache_our_store(lmc_py) -> None:
+    """In a vLLM process our general plugin installs the alias, so the LMCache adapter's
+    ``from mooncake.store import MooncakeDistributedStore, bind_to_numa_node`` is ours."""
+    import subprocess
+
+    code = ("from vllm.plugins import load_general_plugins; load_general_plugins()\n"
+            "from mooncake.store import MooncakeDistributedStore, ReplicateConfig, bind_to_numa_node\n"
+            "from mooncake.engine import TransferEngine\n"
+            "import lmcache.v1.distributed.transfer_channel.factory as f\n"
+            "import lmcache.v1.distributed.transfer_channel\n"
+            "print(MooncakeDistributedStore.__module__, TransferEngine.__module__,\n"
+            "      'mooncake_te' in f._TRANSFER_CHANNEL_FACTORY_REGISTRY)\n")
+    out = subprocess.run([lmc_py, "-c", code], capture_output=True, text=True, timeout=180, env=peer_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-3:] == ["mooncake_core.store.client", "mooncake_core.engine", "True"], out.stdout
