@@ -46,7 +46,7 @@ from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import free_port, parse_host_port
 
-__all__ = ["MooncakeDistributedStore", "ReplicaStatus", "ReplicateConfig", "SoftPinAction"]
+__all__ = ["EXIST_ERROR", "MooncakeDistributedStore", "ReplicaStatus", "ReplicateConfig", "SoftPinAction"]
 
 log = get_logger("mooncake.store.client")
 
@@ -62,6 +62,29 @@ _RPC_FAIL = int(ErrorCode.RPC_FAIL)
 REGEX_BUDGET_S = 1.0
 
 HEARTBEAT_INTERVAL_S = float(os.environ.get("MC_STORE_HEARTBEAT_INTERVAL", "1.0"))
+
+
+
+class _FalsyCode(int):
+    """A negative return code that is falsy.
+
+    ``is_exist`` answers 1 / 0 / -1 (upstream); code that uses the answer as a truth value
+    would count the error -1 as "exists". This int keeps the value -1 (``== -1``, ``< 0``,
+    JSON ``-1``) but is False in a boolean context, so such code sees a miss.
+    """
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+#: what ``is_exist`` / ``batch_is_exist`` return when the answer is unknown (master unreachable,
+#: store not set up): -1, and falsy.
+EXIST_ERROR = _FalsyCode(-1)
 
 # --------------------------------------------------------------------------- raw memory helpers
 _memmove = ctypes.memmove
@@ -547,7 +570,10 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
             try:
                 self._setup(cfg, engine)
             except MooncakeError as e:
-                log.error("store setup failed: %s", e, extra={"master": cfg.master_server_addr})
+                # name the setting to fix: frameworks (LMCache) often log nothing else
+                hint = (f" (check master_server_address={cfg.master_server_addr!r})"
+                        if e.code == _RPC_FAIL else "")
+                log.error("store setup failed: %s%s", e, hint, extra={"master": cfg.master_server_addr})
                 self._teardown(quiet=True)
                 return e.code
             except OSError as e:
@@ -1532,16 +1558,21 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
 
     # ================================================================== public API: metadata ops
     def is_exist(self, key: str) -> int:
-        """1 exists, 0 does not, -1 error (upstream convention)."""
+        """1 exists, 0 does not, -1 error (upstream convention).
+
+        The -1 is :data:`EXIST_ERROR`, an int that is *falsy*: callers that test the result
+        as a truth value (LMCache's Mooncake adapter does ``if store.is_exist(k)``) read an
+        unreachable master as a miss, not as a hit, while ``== -1`` / ``< 0`` still hold."""
         key = _check_key(key, "is_exist")
         try:
             self._require_ready("is_exist")
             return 1 if self._master.exist_key(key) else 0
         except MooncakeError as e:
             log.warning("is_exist(%r): %s", key, e)
-            return -1
+            return EXIST_ERROR
 
     def batch_is_exist(self, keys: list[str]) -> list[int]:
+        """Per key 1 / 0, or :data:`EXIST_ERROR` (a falsy -1) for every key on an error."""
         keys = _check_keys(keys, "batch_is_exist")
         if not keys:
             return []
@@ -1550,7 +1581,7 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
             return [1 if x else 0 for x in self._master.batch_exist_key(keys)]
         except MooncakeError as e:
             log.warning("batch_is_exist: %s", e)
-            return [-1] * len(keys)
+            return [EXIST_ERROR] * len(keys)
 
     def get_size(self, key: str) -> int:
         """Object size in bytes, or negative (-704 missing)."""
