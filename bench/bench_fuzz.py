@@ -39,6 +39,7 @@ from fuzz.surfaces import (EvilPeer, FuzzFailure, HttpFuzzer, MasterRpcFuzzer, T
 from mooncake_core.utils.proc import close_piped, spawn_until, stop_process  # noqa: E402
 
 SURFACES = ("te", "master", "metadata", "proxy", "handshake", "params")
+TIMEOUT = [10.0]  # --timeout: how long a server may take to answer one input before it is a hang
 
 
 def proc_stats(pid: int) -> dict[str, int]:
@@ -71,6 +72,8 @@ class Run:
                 self.one(random.Random(seed * 1_000_003 + i))
             except FuzzFailure as e:
                 self.failures.append({"input": i, "error": str(e)[:500]})
+                print(f"  [{self.name}] FAILURE at input {i} (--seed {seed} --start {i}): {str(e)[:300]}",
+                      file=sys.stderr, flush=True)
                 if len(self.failures) >= 5:
                     break
             done += 1
@@ -101,7 +104,7 @@ def surface_te(cleanup: list) -> Run:
 
     t = start_te_target(sys.executable)
     cleanup.append(lambda: close_piped(t.proc))
-    fz = TeWireFuzzer("127.0.0.1", t.rpc_port, t.base, t.size, t.initial())
+    fz = TeWireFuzzer("127.0.0.1", t.rpc_port, t.base, t.size, t.initial(), timeout=TIMEOUT[0])
     eng = TransferEngine()
     assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
     buf = np.zeros(t.size, dtype=np.uint8)
@@ -139,14 +142,15 @@ def _store_live(m: Any, c: Any) -> Callable[[], None]:
 
 def surface_master(cleanup: list) -> Run:
     m, c = _master(cleanup)
-    fz = MasterRpcFuzzer("127.0.0.1", m.port)
+    fz = MasterRpcFuzzer("127.0.0.1", m.port, timeout=TIMEOUT[0])
     return Run("master", fz.one, _store_live(m, c), m.proc.pid,
                lambda: {"kinds": dict(fz.kinds), "statuses": dict(fz.statuses)})
 
 
 def surface_metadata(cleanup: list) -> Run:
     m, c = _master(cleanup)
-    fz = HttpFuzzer("127.0.0.1", m.http_port, metadata_routes(), lambda r: rand_bytes(r, r.randrange(0, 2000)))
+    fz = HttpFuzzer("127.0.0.1", m.http_port, metadata_routes(), lambda r: rand_bytes(r, r.randrange(0, 2000)),
+                    timeout=TIMEOUT[0])
     return Run("metadata", fz.one, _store_live(m, c), m.proc.pid, lambda: {"statuses": dict(fz.statuses)})
 
 
@@ -169,7 +173,7 @@ def surface_proxy(cleanup: list) -> Run:
                   "127.0.0.1", "--prefiller-ports", str(ports[0]), "--decoder-hosts", "127.0.0.1",
                   "--decoder-ports", str(ports[1]), "--admin-key", "K", "--policy", "conductor"], "mooncake_proxy")
     url = f"http://127.0.0.1:{port}"
-    fz = HttpFuzzer("127.0.0.1", port, proxy_routes(), json_body)
+    fz = HttpFuzzer("127.0.0.1", port, proxy_routes(), json_body, timeout=TIMEOUT[0])
 
     def check() -> None:
         assert all(p.poll() is None for p in procs), "a process died"
@@ -248,9 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1, help="base seed (input i uses seed*1000003+i)")
     p.add_argument("--start", type=int, default=0, help="index of the first input (replay a failure)")
     p.add_argument("--check-every", type=int, default=1000, help="liveness/invariant check interval (inputs)")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds a server may take to answer one input before it counts as a hang (raise it "
+                        "on a loaded machine: a descheduled server is not a hung one)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     a = p.parse_args(argv)
+    TIMEOUT[0] = a.timeout
     from mooncake_core.utils.log import setup_logging
 
     setup_logging("CRITICAL")  # every refused input is logged by design; the report counts them

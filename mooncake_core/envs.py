@@ -137,8 +137,9 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MC_REDIS_USERNAME", _secret, None, "Redis user when the `redis://` string has none", _META),
     EnvVar("MC_REDIS_PASSWORD", _secret, None, "Redis password when the `redis://` string has none", _META),
     EnvVar("MC_REDIS_DB_INDEX", _int(0), 0, "Redis database when the `redis://` string names none", _META),
-    EnvVar("MC_STORE_RPC_TIMEOUT", _float, None, "seconds a store client waits for the master per call", _STORE,
-           "5"),
+    EnvVar("MC_STORE_RPC_TIMEOUT", _float, None,
+           "seconds a store client waits for the master per call (LMCache: `mooncake_rpc_timeout` in "
+           "`extra_config`)", _STORE, "5"),
     EnvVar("MC_STORE_HEARTBEAT_INTERVAL", _float, 1.0, "seconds between a store client's heartbeats", _STORE),
     EnvVar("MC_STORE_PREFAULT", _flag, True,
            "fault pages in before transfers write there (and populate a new segment)", _STORE),
@@ -167,6 +168,9 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MOONCAKE_CLIENT_HTTP_PORT", _str, "", "port of that HTTP server", _STORE, "9300"),
     EnvVar("MOONCAKE_VLLM_CPU_SHIM", _flag, False,
            "let vLLM's built-in Mooncake connector start on a CPU-only torch", _FW),
+    EnvVar("MOONCAKE_LMDEPLOY_BACKEND", _str, "core",
+           "`core`: our backend under LMDeploy's `--migration-backend Mooncake`; `lmdeploy`: keep LMDeploy's "
+           "own (on our engine)", _FW),
     EnvVar("MC_LOG_LEVEL", _str, "INFO", "log level of services (`DEBUG`, `INFO`, ...)", _GEN),
     EnvVar("MC_LOG_JSON", _flag, False, "one JSON object per log line", _GEN),
     EnvVar("MOONCAKE_CORE_COMPAT", _flag, False,
@@ -219,6 +223,7 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MOONCAKE_ENABLE_CLIENT_HTTP_SERVER: str
     MOONCAKE_CLIENT_HTTP_PORT: str
     MOONCAKE_VLLM_CPU_SHIM: bool
+    MOONCAKE_LMDEPLOY_BACKEND: str
     MC_LOG_LEVEL: str
     MC_LOG_JSON: bool
     MOONCAKE_CORE_COMPAT: bool

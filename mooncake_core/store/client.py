@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mooncake_core.store.codes import EXIST_ERROR
 from mooncake_core.store.config import StoreConfig
 from mooncake_core.store.core import StoreCore
 from mooncake_core.store.object_api import ObjectApi
@@ -31,7 +32,7 @@ from mooncake_core.store.range_api import RangeApi
 from mooncake_core.store.tensor_api import TensorApi
 from mooncake_core.store.types import ReplicaStatus, ReplicateConfig, SoftPinAction
 
-__all__ = ["MooncakeDistributedStore", "ReplicaStatus", "ReplicateConfig", "SoftPinAction"]
+__all__ = ["EXIST_ERROR", "MooncakeDistributedStore", "ReplicaStatus", "ReplicateConfig", "SoftPinAction"]
 
 OK = 0
 
@@ -201,10 +202,15 @@ class MooncakeDistributedStore:
                                                           prefer_alloc_in_same_node)
 
     def is_exist(self, key: str) -> int:
-        """1 exists, 0 does not, -1 error (upstream convention)."""
+        """1 exists, 0 does not, -1 error (upstream convention).
+
+        The -1 is :data:`EXIST_ERROR`, an int that is *falsy*: callers that test the result
+        as a truth value (LMCache's Mooncake adapter does ``if store.is_exist(k)``) read an
+        unreachable master as a miss, not as a hit, while ``== -1`` / ``< 0`` still hold."""
         return self._objects.is_exist(key)
 
     def batch_is_exist(self, keys: list[str]) -> list[int]:
+        """Per key 1 / 0, or :data:`EXIST_ERROR` (a falsy -1) for every key on an error."""
         return self._objects.batch_is_exist(keys)
 
     def get_size(self, key: str) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 
 from mooncake_core import envs
 from mooncake_core.errors import MooncakeError
-from mooncake_core.store.codes import EXISTS, INTERNAL, INVALID, LEASE_EXPIRED, NOT_FOUND, OK, TRANSFER_FAIL
+from mooncake_core.store.codes import EXISTS, INTERNAL, INVALID, LEASE_EXPIRED, NOT_FOUND, OK, RPC_FAIL, TRANSFER_FAIL
 from mooncake_core.store.config import StoreConfig
 from mooncake_core.store.internals import EngineLike, Parts
 from mooncake_core.store.maintenance import Maintenance
@@ -125,7 +125,10 @@ class StoreCore:
             try:
                 self._setup(cfg, engine)
             except MooncakeError as e:
-                log.error("store setup failed: %s", e, extra={"master": cfg.master_server_addr})
+                # name the setting to fix: frameworks (LMCache) often log nothing else
+                hint = (f" (check master_server_address={cfg.master_server_addr!r})"
+                        if e.code == RPC_FAIL else "")
+                log.error("store setup failed: %s%s", e, hint, extra={"master": cfg.master_server_addr})
                 self.teardown(quiet=True)
                 return e.code
             except OSError as e:

@@ -400,10 +400,18 @@ class MasterServer:
         try:
             with self.lock:
                 self.state.tick()
-                deletes = self.state.take_file_deletes()
         except Exception:  # noqa: BLE001 - a bug in a periodic rule must not stop the server
             log.exception("master tick failed")
             return
+        self._delete_files()
+
+    def _delete_files(self) -> None:
+        """Unlink the SSD-tier files the state released. Also run right after each request, so a
+        file dropped to make room for an offload is gone before the reply hands out the task."""
+        if not self.state.pending_file_deletes:
+            return
+        with self.lock:
+            deletes = self.state.take_file_deletes()
         root = self.state.cfg.root_fs_dir
         for rel in deletes:
             if not root:
@@ -448,4 +456,6 @@ class MasterServer:
             log.exception("master request failed", extra={"method": cls.__name__})
             status, payload = int(ErrorCode.INTERNAL_ERROR), f"internal error in {cls.__name__}: {e!r}".encode()
         self._lat[cls].observe(time.perf_counter() - t0)
+        if self.state.pending_file_deletes:
+            self._delete_files()
         return P.reply_frame(version, rid, status, payload)

@@ -677,7 +677,7 @@ class MasterState:
         nbytes = meta.size * len(reps)
         if self.cfg.enable_offload and meta.disk is None:
             owner = self.clients.get(reps[0][0].client_id)
-            if owner is not None:
+            if owner is not None and self._disk_room(meta.size, now):
                 owner.tasks.append(OffloadTask(key, self._desc(reps[0], meta.size)))
                 self.offloading[key] = now
                 return 0, nbytes
@@ -729,12 +729,34 @@ class MasterState:
             del self.objects[key]
         self.stats.evictions += 1
 
-    def _enforce_disk_quota(self, now: float) -> None:
+    def _offload_reserved(self) -> int:
+        """Disk bytes promised to offloads in flight (their files are being written now)."""
+        n = 0
+        for key in self.offloading:
+            meta = self.objects.get(key)
+            if meta is not None:
+                n += meta.size
+        return n
+
+    def _disk_room(self, size: int, now: float) -> bool:
+        """Make room for a ``size``-byte file *before* the owner writes it (least recently used
+        files are dropped first), so the tier never exceeds --quota_bytes even for a moment.
+        The original filled the disk because it never evicted (its issue #2475). False when the
+        file cannot fit: the object is then evicted without a disk copy."""
         quota = self.cfg.disk_quota_bytes
-        if quota <= 0 or self.disk_used <= quota:
+        if quota <= 0:
+            return True
+        if size > quota:
+            return False
+        self._enforce_disk_quota(now, incoming=size + self._offload_reserved())
+        return self.disk_used + self._offload_reserved() + size <= quota
+
+    def _enforce_disk_quota(self, now: float, incoming: int = 0) -> None:
+        quota = self.cfg.disk_quota_bytes
+        if quota <= 0 or self.disk_used + incoming <= quota:
             return
         for key in list(self.disk_lru):
-            if self.disk_used <= quota:
+            if self.disk_used + incoming <= quota:
                 break
             meta = self.objects.get(key)
             if meta is None or meta.disk is None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mooncake_core.errors import MooncakeError
-from mooncake_core.store.codes import INTERNAL, INVALID, NOT_FOUND, OK
+from mooncake_core.store.codes import EXIST_ERROR, INTERNAL, INVALID, NOT_FOUND, OK
 from mooncake_core.store.internals import StoreInternals
 from mooncake_core.store.memory import buffer_addr
 from mooncake_core.store.owned import OwnedEntry
@@ -238,7 +238,7 @@ class ObjectApi:
             return 1 if self.core.master.exist_key(key) else 0
         except MooncakeError as e:
             log.warning("is_exist(%r): %s", key, e)
-            return -1
+            return EXIST_ERROR
 
     def batch_is_exist(self, keys: list[str]) -> list[int]:
         keys = check_keys(keys, "batch_is_exist")
@@ -249,7 +249,7 @@ class ObjectApi:
             return [1 if x else 0 for x in self.core.master.batch_exist_key(keys)]
         except MooncakeError as e:
             log.warning("batch_is_exist: %s", e)
-            return [-1] * len(keys)
+            return [EXIST_ERROR] * len(keys)
 
     def get_size(self, key: str) -> int:
         key = check_key(key, "get_size")

@@ -229,8 +229,10 @@ class CmaTransport(Transport):
             _vm_op(False, desc.pid, [(ctypes.addressof(b), desc.buffers[0].addr, 1)])
             return True
         except TransferError as e:
-            log.info("cross-memory attach not permitted, will use tcp",
-                     extra={"segment": desc.name, "pid": desc.pid, "error": str(e)})
+            # a warning, not info: a same-host peer silently running over tcp is what users of the
+            # original could not tell from a working setup (DESIGN.md §6)
+            log.warning("cross-memory attach not permitted, using tcp for this same-host peer",
+                        extra={"segment": desc.name, "pid": desc.pid, "error": str(e)})
             return False
 
     def transfer(self, desc: SegmentDescriptor, reqs: list[TransferRequest], deadline: float) -> None:

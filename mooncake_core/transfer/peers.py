@@ -128,9 +128,11 @@ class PeerTable:
         for t in self.transports:
             if not kinds <= t.capabilities.locations or not t.can_reach(desc):
                 continue
-            if t is tcp and desc.same_host_as(self.segment.boot_id, self.segment.pidns):
-                log.info("peer on this host but no same-host transport can reach it; falling back to tcp",
-                         extra={"segment": desc.name})
+            if t is tcp and desc.boot_id and desc.boot_id == self.segment.boot_id:
+                # loud on purpose: a same-host peer silently on tcp is what users of the original
+                # could not tell from a working setup (docs/transfer-engine.md)
+                log.warning("peer on this host but cross-memory attach is unavailable (another pid "
+                            "namespace, or attach not permitted); using tcp", extra={"segment": desc.name})
             return t
         raise TransferError(f"no transport can reach segment {desc.name!r} with memory {sorted(kinds)} (tried "
                             f"{', '.join(t.name for t in self.transports)})", ErrorCode.SEGMENT_NOT_FOUND)

@@ -32,7 +32,7 @@ class Matcher:
         try:
             self.rx = regex.compile(pattern)
         except (regex.error, TypeError, ValueError, OverflowError) as e:
-            raise PatternError(f"{what}: bad pattern {pattern!r:.200}: {e}") from None
+            raise PatternError(f"{what}: invalid regular expression {pattern!r:.200}: {e}") from None
         self.pattern, self.budget_s, self.what, self.clock = pattern, budget_s, what, clock
         self.deadline: float | None = None
         self.calls = 0

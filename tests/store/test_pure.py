@@ -4,6 +4,7 @@ argument checking before any network use (milliseconds, no sockets)."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 
 import numpy as np
@@ -129,6 +130,9 @@ def test_api_argument_errors_before_setup() -> None:
     assert s.get("k") == b""
     assert s.put("k", b"x") == -600
     assert s.is_exist("k") == -1
+    # ... and falsy: LMCache's adapter does `if store.is_exist(k)`, an error must read as a miss
+    assert not s.is_exist("k") and not s.batch_is_exist(["k", "j"])[1]
+    assert s.batch_is_exist(["k"]) == [-1] and json.dumps(s.batch_is_exist(["k"])) == "[-1]"
     assert s.get_size("k") == -600
     assert s.remove("k") == -600
     assert s.close() == 0

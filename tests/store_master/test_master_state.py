@@ -523,6 +523,39 @@ def test_disk_quota_evicts_lru_files() -> None:
     assert st.stats.disk_evictions == 1
 
 
+def test_offload_makes_disk_room_before_the_file_is_written() -> None:
+    """Files for offloads in flight are counted before they exist, and the oldest files are
+    released when a task is handed out -- so the tier never exceeds its quota, even briefly."""
+    st, clock = make(n_segs=1, seg_size=20 * 1024, enable_offload=True, root_fs_dir="/tmp/x",
+                     disk_quota_bytes=25 * 1024, eviction_high_watermark_ratio=1.0, eviction_ratio=0.5,
+                     default_kv_lease_ttl_ms=1)
+    peak = 0
+    for i in range(8):
+        clock.advance(0.01)
+        while True:
+            try:
+                st.put_start("c0", f"k{i}", 10 * 1024)
+                break
+            except MooncakeError as e:
+                assert e.code == ErrorCode.NO_AVAILABLE_HANDLE
+            for t in st.heartbeat("c0").offload_tasks:  # the owner writes the file, then reports
+                peak = max(peak, st.disk_used + st._offload_reserved())
+                st.offload_done("c0", t.key, f"f/{t.key}", 10 * 1024)
+        st.put_end("c0", f"k{i}")
+        peak = max(peak, st.disk_used + st._offload_reserved())
+    assert 0 < peak <= 25 * 1024
+    assert st.stats.disk_evictions > 0 and st.take_file_deletes()
+
+
+def test_object_bigger_than_the_disk_quota_is_evicted_without_a_file() -> None:
+    st, _ = make(n_segs=1, seg_size=20 * 1024, enable_offload=True, root_fs_dir="/tmp/x",
+                 disk_quota_bytes=4 * 1024, eviction_high_watermark_ratio=1.0, eviction_ratio=0.5)
+    put(st, "a", 10 * 1024)
+    put(st, "b", 10 * 1024)
+    put(st, "c", 10 * 1024)  # room made by plain eviction: no offload task for 10 KiB > 4 KiB quota
+    assert st.heartbeat("c0").offload_tasks == [] and not st.exist_key("a")
+
+
 def test_memory_per_object_is_small() -> None:
     import tracemalloc
 
