@@ -9,7 +9,7 @@
 #
 # Idempotent: re-running only fixes what is missing. Every pip call that changes the venv holds
 # `flock /work/venvs/.vllm.lock`, since several checkouts share that venv.
-#   LMCACHE_VENV      venv location (default $VLLM_VENV, else /work/venvs/vllm)
+#   LMCACHE_VENV      venv location (default $VLLM_VENV, else ~/.cache/mooncake-core/venvs/vllm)
 #   LMCACHE_VERSION   lmcache version (default 0.5.6; the connector targets LMCache 0.5.6's
 #                     RemoteConnector / ConnectorAdapter API)
 set -euo pipefail
@@ -20,9 +20,9 @@ for a in "$@"; do
   esac
 done
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="${LMCACHE_VENV:-${VLLM_VENV:-/work/venvs/vllm}}"
+VENV="${LMCACHE_VENV:-${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/vllm}}"
 VER="${LMCACHE_VERSION:-0.5.6}"
-LOCK="/work/venvs/.$(basename "$VENV").lock"
+LOCK="$(dirname "$VENV")/.$(basename "$VENV").lock"  # /work/venvs/.vllm.lock for the shared venv
 start=$(date +%s)
 
 VPY="$VENV/bin/python"

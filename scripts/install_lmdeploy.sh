@@ -3,7 +3,7 @@
 #
 # Why a separate venv: LMDeploy pins its own torch/transformers and must not disturb the main
 # development environment. The LMDeploy tests (tests/lmdeploy/) look for it at $LMDEPLOY_VENV or
-# /work/venvs/lmdeploy and skip with a message naming this script when it is absent
+# ~/.cache/mooncake-core/venvs/lmdeploy and skip with a message naming this script when it is absent
 # (MOONCAKE_REQUIRE_LMDEPLOY=1 turns the skip into a failure).
 #
 # Why not plain `pip install lmdeploy==0.18.0`: its requirements pull CUDA torch, triton, tilelang,
@@ -14,7 +14,7 @@
 # About 1.5 GB, ~2 min.
 #
 # Idempotent: re-running only fixes what is missing.
-#   LMDEPLOY_VENV     venv location (default /work/venvs/lmdeploy, outside the repo)
+#   LMDEPLOY_VENV     venv location (default ${XDG_CACHE_HOME:-~/.cache}/mooncake-core/venvs/lmdeploy)
 #   PYTHON            interpreter used to create the venv (default python3)
 #   LMDEPLOY_VERSION  lmdeploy version (default 0.18.0; the connector targets its disagg API)
 # Options:
@@ -27,7 +27,7 @@ for a in "$@"; do
   esac
 done
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="${LMDEPLOY_VENV:-/work/venvs/lmdeploy}"
+VENV="${LMDEPLOY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/lmdeploy}"
 PY="${PYTHON:-python3}"
 VER="${LMDEPLOY_VERSION:-0.18.0}"
 start=$(date +%s)

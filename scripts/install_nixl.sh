@@ -13,8 +13,8 @@
 #
 # Idempotent: nixl is installed only when missing, the plugin is rebuilt only when its source
 # changed.
-#   VLLM_VENV     vLLM venv (default /work/venvs/vllm)
-#   SGLANG_VENV   SGLang venv (default /work/venvs/sglang)
+#   VLLM_VENV     vLLM venv (default ~/.cache/mooncake-core/venvs/vllm)
+#   SGLANG_VENV   SGLang venv (default ~/.cache/mooncake-core/venvs/sglang)
 #   NIXL_VERSION  nixl version (default 1.5.1, the release the plugin's ABI was written for)
 set -euo pipefail
 case "${1:-}" in
@@ -52,6 +52,6 @@ for pair in mooncake_core:mooncake_core mooncake_connectors:connectors mooncake_
 done
 trap 'rm -rf "$shim"' EXIT
 
-install_into "${VLLM_VENV:-/work/venvs/vllm}" nixl-cu13
-install_into "${SGLANG_VENV:-/work/venvs/sglang}" nixl-cu13
+install_into "${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/vllm}" nixl-cu13
+install_into "${SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/sglang}" nixl-cu13
 echo "[install_nixl] done"

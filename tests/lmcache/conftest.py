@@ -1,7 +1,7 @@
 """Fixtures for the LMCache tests: the LMCache venv's python, real masters, LMCache peers.
 
 LMCache 0.5.6 lives in the vLLM venv (``scripts/install_lmcache.sh``; ``$LMCACHE_VENV``, else
-``$VLLM_VENV``, else /work/venvs/vllm). Without it the tests skip naming the script, unless
+``$VLLM_VENV``, else ~/.cache/mooncake-core/venvs/vllm). Without it the tests skip naming the script, unless
 ``MOONCAKE_REQUIRE_LMCACHE=1`` (CI) turns the skip into a failure.
 """
 

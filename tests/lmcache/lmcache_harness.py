@@ -18,11 +18,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PEER = HERE / "lmcache_peer.py"
-DEFAULT_VENV = "/work/venvs/vllm"
 INSTALL_HINT = "run scripts/install_lmcache.sh (after scripts/install_vllm.sh), or point LMCACHE_VENV at a venv with lmcache==0.5.6"
 
 sys.path.insert(0, str(REPO / "tests"))
 from checkout_shim import shim_pythonpath  # noqa: E402
+from venvs import venv_dir  # noqa: E402
+
+DEFAULT_VENV = str(venv_dir("vllm"))  # $VLLM_VENV, else the user's cache dir (tests/venvs.py)
 
 from mooncake_core.utils.proc import readline_timeout, stop_process  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Fixtures for the LMDeploy connector tests.
 
 LMDeploy 0.18.0 lives in its own venv (``scripts/install_lmdeploy.sh``; ``$LMDEPLOY_VENV`` or
-/work/venvs/lmdeploy) with a CPU torch. The tests run the LMDeploy side as subprocesses of that
+~/.cache/mooncake-core/venvs/lmdeploy) with a CPU torch. The tests run the LMDeploy side as subprocesses of that
 venv's python; without the venv they skip with a message naming the install script, unless
 ``MOONCAKE_REQUIRE_LMDEPLOY=1`` (CI) turns the skip into a failure. The PD scenarios run in a
 network namespace with only loopback (``unshare -n``, needs root or CAP_SYS_ADMIN); where that is

@@ -8,6 +8,7 @@ import subprocess
 from typing import Any
 
 from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
+from venvs import venv_dir
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -16,7 +17,7 @@ INSTALL_HINT = "run scripts/install_lmdeploy.sh (or set LMDEPLOY_VENV to an LMDe
 
 def lmdeploy_venv_python() -> str | None:
     """The LMDeploy venv's python if it has lmdeploy 0.18 and this repo installed, else None."""
-    venv = os.environ.get("LMDEPLOY_VENV") or "/work/venvs/lmdeploy"
+    venv = str(venv_dir("lmdeploy"))  # $LMDEPLOY_VENV, else the user's cache dir (tests/venvs.py)
     py = os.path.join(venv, "bin", "python")
     if not os.access(py, os.X_OK):
         return None

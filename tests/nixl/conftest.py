@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
+from venvs import venv_python
 from nixl_env import make_plugin_env, run_py  # noqa: F401  (run_py: used by the test modules)
 
 HERE = Path(__file__).resolve().parent
@@ -28,8 +29,7 @@ INSTALL_HINT = ("install nixl into the framework venvs: scripts/install_nixl.sh 
 def nixl_python() -> str | None:
     """A framework venv's python that imports nixl and this repo, or None."""
     given = os.environ.get("MOONCAKE_NIXL_PYTHON")
-    cands = [given] if given else [os.path.join(os.environ.get("VLLM_VENV", "/work/venvs/vllm"), "bin", "python"),
-                                   os.path.join(os.environ.get("SGLANG_VENV", "/work/venvs/sglang"), "bin", "python")]
+    cands = [given] if given else [str(venv_python("vllm")), str(venv_python("sglang"))]  # tests/venvs.py
     for py in cands:
         if not os.access(py, os.X_OK):
             continue
