@@ -272,7 +272,8 @@ class MooncakeCoreBackend(MigrationBackendImpl):
             log.error("KV migration wait gave up; the engine did not finish by its deadline",
                       extra={"remote_engine_id": peer, "remote_session_id": session, "deadline_s": deadline})
             raise MigrationError(f"KV migration from {peer} (mooncake session {session}) did not finish within "
-                                 f"{deadline + WAIT_GRACE_S:.0f} s ({plan.nbytes} bytes in {len(plan)} ranges)") from None
+                                 f"{deadline + WAIT_GRACE_S:.0f} s ({plan.nbytes} bytes in {len(plan)} ranges)"
+                                 ) from None
         if rc != 0:
             log.error("KV migration failed", extra={"remote_engine_id": peer, "remote_session_id": session,
                                                     "error": err, "seconds": round(took, 3)})

@@ -48,7 +48,8 @@ def _backend_module() -> str:
         nixl = importlib.import_module("nixl")
     except ImportError as e:
         raise NixlNotFound(f"nixl is not installed in {sys.executable} ({e}); install it first, e.g. "
-                           f"pip install --no-deps nixl-cu12=={max(abi.SUPPORTED)} nixl=={max(abi.SUPPORTED)}") from None
+                           f"pip install --no-deps nixl-cu12=={max(abi.SUPPORTED)} nixl=={max(abi.SUPPORTED)}"
+                           ) from None
     pkg = getattr(nixl, "_pkg", None)  # the nixl meta package's chosen build
     if pkg is not None:
         return pkg.__name__
