@@ -2,43 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import tempfile
-from dataclasses import dataclass
 from typing import Iterator
 
 import pytest
+from transfer.te_helpers import Peer, spawn_peer  # tests/ is on sys.path (rootdir conftest)
 
-from mooncake_core.utils.proc import close_piped
-
-TE_PEER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "transfer", "te_peer.py")
 TOKEN = "s3cret-token-for-tests"
 
 
-@dataclass
-class TePeer:
-    proc: subprocess.Popen
-    segment: str
-    addr: int
-    size: int
-    pid: int
-    rpc_port: int
-    log_path: str
+def peer_log(peer: Peer) -> str:
+    """What a peer started by ``start_te_peer`` wrote to stderr (its log) so far."""
+    with open(LOGS[peer.pid], encoding="utf-8", errors="replace") as f:
+        return f.read()
 
-    def cmd(self, line: str) -> str:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        out = self.proc.stdout.readline()
-        if not out:
-            raise RuntimeError(f"peer exited (rc={self.proc.poll()}) while running {line!r}")
-        return out.strip()
 
-    def log(self) -> str:
-        with open(self.log_path, encoding="utf-8", errors="replace") as f:
-            return f.read()
+LOGS: dict[int, str] = {}
 
 
 def child_env(token: str | None, **extra: str) -> dict[str, str]:
@@ -59,28 +39,37 @@ def _no_ambient_token(monkeypatch) -> None:
 
 @pytest.fixture
 def start_te_peer(python_exe) -> Iterator:
-    started: list[TePeer] = []
+    started: list[Peer] = []
     logs = tempfile.mkdtemp(prefix="mc-sec-")
 
-    def start(token: str | None, metadata: str = "P2PHANDSHAKE", size: int = 1 << 20) -> TePeer:
+    def start(token: str | None, metadata: str = "P2PHANDSHAKE", size: int = 1 << 20) -> Peer:
         log_path = os.path.join(logs, f"peer{len(started)}.log")
         with open(log_path, "w") as err:
-            proc = subprocess.Popen([python_exe, TE_PEER, "--metadata", metadata, "--size", str(size)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                                    env=child_env(token))
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            proc.kill()
-            raise RuntimeError(f"peer failed to start (rc={proc.wait()}): {open(log_path).read()}")
-        info = json.loads(line)
-        if "error" in info:
-            proc.kill()
-            raise RuntimeError(f"peer failed to initialize: {info['error']}")
-        p = TePeer(proc, info["segment"], info["addr"], info["size"], info["pid"], info["rpc_port"], log_path)
+            p = spawn_peer(python_exe, metadata, size=size, env=child_env(token), stderr=err)
+        LOGS[p.pid] = log_path
         started.append(p)
         return p
 
     yield start
     for p in started:
-        close_piped(p.proc)
+        p.stop()
+
+
+@pytest.fixture(scope="session")
+def self_signed(tmp_path_factory) -> tuple[str, str]:
+    """(cert.pem, key.pem) of a self-signed certificate for 127.0.0.1, made by the openssl CLI."""
+    import shutil
+    import subprocess
+
+    openssl = shutil.which("openssl")
+    if not openssl:
+        msg = "openssl CLI not installed (apt-get install openssl)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = str(d / "cert.pem"), str(d / "key.pem")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
