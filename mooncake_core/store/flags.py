@@ -193,6 +193,11 @@ MASTER_FLAGS = [
     Flag("http_metadata_server_tls_cert", "str", "", "PEM certificate: serve the embedded HTTP metadata server "
          "over HTTPS (with --http_metadata_server_tls_key; clients then use https://HOST:PORT/metadata)."),
     Flag("http_metadata_server_tls_key", "str", "", "PEM private key of --http_metadata_server_tls_cert."),
+    Flag("max_batch_keys", "int", 1 << 20, "Most keys one batch request may carry; a larger batch is refused "
+         "with -600 naming this limit (ours: bounds the time one request holds the master).", _positive),
+    Flag("max_value_size", "size", 0, "Largest value (bytes or '1 GB') a put may store; a larger one is "
+         "refused with -600 naming this limit. 0 = no limit (a put larger than the free space gets -200).",
+         _non_negative),
     Flag("metrics_port", "int", 9003, "Port of the Prometheus metrics endpoint (/metrics). 0 = any free port.", _port),
     Flag("enable_metric_reporting", "bool", True, "Serve Prometheus metrics on --metrics_port."),
     Flag("default_kv_lease_ttl", "int", 10000, "Lease (ms) granted to a reader by every "

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from mooncake_core import auth
 from mooncake_core.store.flags import FlagError, HelpRequested, apply_config_file, master_flagset
+from mooncake_core.store.limits import RequestLimits
 from mooncake_core.store.master_server import MasterServer
 from mooncake_core.store.master_state import MasterConfig, MasterState
 from mooncake_core.utils.log import get_logger, setup_logging
@@ -90,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         advertise_host = host
     server = MasterServer(state, host or "0.0.0.0", port, registry=registry,
-                          busy_poll_us=v["rpc_busy_poll_us"], auth_token=token)
+                          busy_poll_us=v["rpc_busy_poll_us"], auth_token=token,
+                          limits=RequestLimits(v["max_batch_keys"], v["max_value_size"]))
     http_meta = None
     election = None
     try:

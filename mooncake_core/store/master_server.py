@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from mooncake_core import auth
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store import protocol as P
+from mooncake_core.store.limits import RequestLimits
 from mooncake_core.store.master_state import MasterState
 from mooncake_core.utils.busypoll import Poller
 from mooncake_core.utils.log import get_logger
@@ -191,8 +192,10 @@ class MasterServer:
     def __init__(self, state: MasterState, host: str = "0.0.0.0", port: int = 50051, *,
                  advertise_address: str | None = None, tick_interval: float = 0.1,
                  registry: CollectorRegistry | None = None, busy_poll_us: int = DEFAULT_BUSY_POLL_US,
-                 auth_token: str | None = None, max_conns_per_peer: int = MAX_CONNS_PER_PEER) -> None:
+                 auth_token: str | None = None, max_conns_per_peer: int = MAX_CONNS_PER_PEER,
+                 limits: RequestLimits | None = None) -> None:
         self.state = state
+        self.limits = limits or RequestLimits()
         #: the shared secret clients must prove (None: auth off); never logged
         self.auth_token = auth_token if auth_token is not None else auth.resolve_token()
         self.max_conns_per_peer = max_conns_per_peer
@@ -506,6 +509,9 @@ class MasterServer:
                                  f"{self.address} is not the master leader (a follower, or its etcd "
                                  f"lease lapsed); use master_server_addr=etcd://... to find the "
                                  f"leader".encode())
+        problem = self.limits.check(req)
+        if problem is not None:
+            return P.reply_frame(version, rid, ErrorCode.INVALID_PARAMS, problem.encode())
         t0 = time.perf_counter()
         try:
             with self.lock:
