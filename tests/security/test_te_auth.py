@@ -101,3 +101,52 @@ def test_open_target_accepts_an_initiator_with_a_token(start_te_peer, monkeypatc
         assert _write(eng, peer, np.ones(4096, dtype=np.uint8)) == 0, eng.last_error
     finally:
         eng.close()
+
+
+def test_random_answers_never_authenticate(start_te_peer, monkeypatch) -> None:
+    """Hypothesis-drawn answers to a real challenge (random bytes, the right length, a proof for
+    another nonce or another channel) are all refused; the target keeps serving a real engine."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from mooncake_core import auth
+
+    peer = start_te_peer(TOKEN)
+    stale = [b""]
+
+    def exchange(s: socket.socket, op: int, aux: bytes) -> tuple[int, bytes]:
+        s.sendall(W.Request(op, 9, aux_len=len(aux)).pack() + aux)
+        hdr = b""
+        while len(hdr) < W.RESP.size:
+            chunk = s.recv(W.RESP.size - len(hdr))
+            assert chunk, "closed without a reply"
+            hdr += chunk
+        resp = W.unpack_response(hdr)
+        body = b""
+        while len(body) < resp.aux_len:
+            body += s.recv(resp.aux_len - len(body))
+        return resp.status, body
+
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(kind=st.sampled_from(["random", "32", "stale", "other-channel", "other-token"]),
+           data=st.binary(max_size=64))
+    def one(kind: str, data: bytes) -> None:
+        with socket.create_connection(("127.0.0.1", peer.rpc_port), timeout=5) as s:
+            status, nonce = exchange(s, W.Op.AUTH, b"")
+            assert status == W.Status.OK and len(nonce) == auth.NONCE_BYTES
+            answer = {"random": data or b"\0", "32": (data * 32)[:32] or b"\1" * 32,
+                      "stale": stale[0] or b"\2" * 32,
+                      "other-channel": auth.prove(TOKEN, nonce, auth.MASTER_CONTEXT),
+                      "other-token": auth.prove(TOKEN + "x", nonce, auth.TE_CONTEXT)}[kind]
+            stale[0] = auth.prove(TOKEN, nonce, auth.TE_CONTEXT)  # right for this nonce only
+            status, msg = exchange(s, W.Op.AUTH, answer)
+            assert status == W.Status.UNAUTHORIZED and b"wrong token" in msg, (kind, status, msg)
+            assert s.recv(1) == b""
+
+    one()
+    monkeypatch.setenv("MC_FORCE_TCP", "1")
+    monkeypatch.setenv("MOONCAKE_AUTH_TOKEN", TOKEN)
+    eng = _engine()
+    try:
+        assert _write(eng, peer, np.ones(4096, dtype=np.uint8)) == 0, eng.last_error
+    finally:
+        eng.close()
