@@ -183,6 +183,10 @@ def _run_chunk(write: bool, pid: int, plan: Plan, k: int) -> None:
     _vm_op(write, pid, rest)
 
 
+#: seconds a same-host peer has to report its regions when we first consider attaching to it
+PROBE_TIMEOUT = 5.0
+
+
 class CmaTransport(Transport):
     name = "cma"
     priority = 80  # same host, no network stack: below only the in-process copy
@@ -254,11 +258,17 @@ class CmaTransport(Transport):
             log.warning("segment descriptor names a local process that does not serve its port; using tcp",
                         extra={"segment": desc.name, "pid": desc.pid, "port": desc.port})
             return False
-        if not desc.buffers:
+        try:  # its own word on what it registered, not the descriptor's (see _check_claims)
+            starts, _ = self._target_regions(desc, time.monotonic() + PROBE_TIMEOUT)
+        except TransferError as e:
+            log.warning("same-host peer did not report its regions over its control channel; using tcp",
+                        extra={"segment": desc.name, "pid": desc.pid, "error": str(e)})
+            return False
+        if not len(starts):
             return os.path.exists(f"/proc/{desc.pid}")
         b = ctypes.create_string_buffer(1)
         try:
-            _vm_op(False, desc.pid, [(ctypes.addressof(b), desc.buffers[0].addr, 1)])
+            _vm_op(False, desc.pid, [(ctypes.addressof(b), int(starts[0]), 1)])
             return True
         except TransferError as e:
             # a warning, not info: a same-host peer silently running over tcp is what users of the
