@@ -23,7 +23,9 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from mooncake_core import auth
 from mooncake_core.utils.log import get_logger
+from mooncake_core.utils.tls import server_context
 
 from . import scheduling
 from .admin import AdminApi
@@ -71,6 +73,11 @@ class ProxyConfig:
     kv_events_config: str | None = None
     admin_key: str | None = None
     seed: int = 0
+    #: largest request body accepted (413 above, naming the limit)
+    max_request_bytes: int = 64 * 1024 * 1024
+    #: serve HTTPS with this PEM certificate and key (both or neither)
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
 class ProxyServer:
@@ -177,7 +184,7 @@ class ProxyServer:
 
     # ------------------------------------------------------------------ app
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=self.cfg.max_request_bytes)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/generate", self._generate)
@@ -263,7 +270,12 @@ class ProxyServer:
         return resp
 
     async def _handle_inner(self, request: web.Request, route: str, rid: str, t0: float) -> web.StreamResponse:
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.cfg.max_request_bytes
+            return error_response(413, f"request body exceeds the proxy's limit of {limit} bytes "
+                                       f"(--max-request-bytes)", "invalid_request_error", request_id=rid)
         try:
             body = _dec.decode(raw)
         except msgspec.DecodeError as e:
@@ -495,13 +507,21 @@ async def start_server(cfg: ProxyConfig | ProxyServer, host: str,
     """Start in the running loop (tests, embedding); returns the bound port (``port=0`` picks one)."""
     server = cfg if isinstance(cfg, ProxyServer) else ProxyServer(cfg)
     cfg = server.cfg
+    ssl_context = server_context(cfg.tls_cert, cfg.tls_key)  # ValueError naming the flag
     app = server.make_app()
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True, ssl_context=ssl_context)
     await site.start()
     bound = port
     for s in runner.addresses:
         bound = s[1]
         break
+    scheme = "https" if ssl_context is not None else "http"
+    log.info("proxy listening", extra={"url": f"{scheme}://{host}:{bound}", "admin_auth": bool(cfg.admin_key),
+                                       "tls": ssl_context is not None})
+    warn = auth.exposure_warning("the proxy's admin API", host, cfg.admin_key,
+                                 "add, remove and redirect the instances requests go to")
+    if warn:
+        log.warning(warn, extra={"host": host, "port": bound})
     return server, runner, bound

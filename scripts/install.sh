@@ -22,6 +22,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server etcd-client)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # self-signed certificates of tests/security
 [ "$with_fw" = 1 ] && ! command -v g++ >/dev/null 2>&1 && need_apt+=(g++)  # builds the NIXL plugin
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
