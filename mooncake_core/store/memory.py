@@ -22,8 +22,8 @@ import numpy as np
 from mooncake_core import envs
 from mooncake_core.store.offload import mem_view
 
-__all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "fingerprint", "madvise_populate", "memmove",
-           "new_bytes", "populate_range", "prefault_enabled", "spans"]
+__all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "fingerprint", "fingerprint_of", "madvise_populate",
+           "memmove", "new_bytes", "populate_range", "prefault_enabled", "spans"]
 
 memmove = ctypes.memmove
 _PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
@@ -84,15 +84,22 @@ def fingerprint(addr: int, size: int) -> bytes:
     Recorded at put time and re-checked before re-reporting an object after a master
     restart, so that a range whose memory was meanwhile reused is never re-published.
     """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(size.to_bytes(8, "little"))
+    return fingerprint_of(mem_view(addr, size))
+
+
+def fingerprint_of(view: memoryview) -> bytes:
+    """``fingerprint`` of the bytes of ``view`` (a byte view). Taking a slice of a view of the
+    whole segment is what makes this cheap for small objects: a ctypes view per object cost
+    more than hashing its kilobyte."""
+    size = len(view)
+    h = hashlib.blake2b(size.to_bytes(8, "little"), digest_size=16)
     if size <= 1024:
-        h.update(mem_view(addr, size))
+        h.update(view)
         return h.digest()
     step = (size - 64) // 15
     for i in range(16):
         off = min(i * step, size - 64)
-        h.update(mem_view(addr + off, 64))
+        h.update(view[off:off + 64])
     return h.digest()
 
 
