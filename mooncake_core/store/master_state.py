@@ -366,7 +366,9 @@ class MasterState:
         check_key(key)
         cfg = cfg or ReplicateConfigMsg()
         self._check_cfg(cfg, key)
-        return self._put_start_one(client_id, key, size, cfg, self._soft_ttl(cfg), self.clock(), upsert)
+        now = self.clock()
+        return self._put_start_one(client_id, key, size, cfg, self._soft_ttl(cfg), now, upsert,
+                                   self._direct_target(cfg, now))
 
     @staticmethod
     def _check_cfg(cfg: ReplicateConfigMsg, what: str) -> None:
@@ -380,11 +382,20 @@ class MasterState:
         ttl_ms = cfg.soft_pin_ttl_ms if cfg.soft_pin_ttl_ms is not None else self.cfg.default_kv_soft_pin_ttl_ms
         return ttl_ms / 1000.0
 
+    def _direct_target(self, cfg: ReplicateConfigMsg, now: float) -> Segment | None:
+        """The segment every put with ``cfg`` goes to when placement has no choice to make
+        (one mounted segment, no recovery hold: replicas must be on distinct segments, and a
+        preference can only name that one), else None. Worked out once per batch."""
+        if len(self.segments) != 1 or now < self._holds_until:
+            return None
+        return next(iter(self.segments.values()))
+
     def _put_start_one(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg,
-                       soft_ttl: float | None, now: float, upsert: bool) -> list[ReplicaDesc]:
+                       soft_ttl: float | None, now: float, upsert: bool,
+                       direct: Segment | None = None) -> list[ReplicaDesc]:
         """put_start of one key whose ``cfg`` was validated (once per batch). Every step is
         O(1) (dict lookups, the allocator's top block) or O(log free blocks) -- never a walk
-        over the stored objects."""
+        over the stored objects. ``direct``: see _direct_target."""
         if size.__class__ is not int or size <= 0:
             raise err(ErrorCode.INVALID_PARAMS, f"put {key!r}: size must be an int > 0, got {size!r}")
         promote = False
@@ -407,9 +418,15 @@ class MasterState:
             for r in p.reps:
                 self._free(r, p.size)
             del self.inflight[key]
-        reps = self._allocate(key, size, cfg, now)
-        self.inflight[key] = PendingPut(client_id, self._intern_size(size), reps, now, upsert, promote,
-                                        bool(cfg.with_hard_pin), soft_ttl)
+        reps: list[Rep] | None = None
+        if direct is not None and size <= direct.size:
+            off = direct.alloc.allocate(size)
+            if off is not None:
+                reps = [(direct, off)]
+        if reps is None:  # a choice to make, or no room: the general path (it may evict)
+            reps = self._allocate(key, size, cfg, now)
+        self.inflight[key] = PendingPut(client_id, self._sizes.get(size) or self._intern_size(size), reps, now,
+                                        upsert, promote, bool(cfg.with_hard_pin), soft_ttl)
         return [ReplicaDesc(seg.name, seg.base + off, size, "memory", "", "processing") for seg, off in reps]
 
     def upsert_start(self, client_id: str, key: str, size: int,
@@ -558,13 +575,14 @@ class MasterState:
             return [e.code] * len(keys)
         soft_ttl = self._soft_ttl(cfg)
         now = self.clock()
+        direct = self._direct_target(cfg, now)
         one = self._put_start_one
         out: list[Any] = []
         for k, size in zip(keys, sizes):
             try:
                 if k.__class__ is not str or not k:
                     check_key(k)
-                out.append(one(client_id, k, size, cfg, soft_ttl, now, upsert))
+                out.append(one(client_id, k, size, cfg, soft_ttl, now, upsert, direct))
             except MooncakeError as e:
                 out.append(e.code)
         return out

@@ -35,7 +35,7 @@ class RangeAllocator:
     """Allocate ``[offset, offset + size)`` ranges inside ``[0, capacity)``."""
 
     __slots__ = ("_capacity", "_alignment", "_free_by_off", "_free_by_size", "_allocated", "_used",
-                 "_track", "_sizes", "_top")
+                 "_track", "_sizes", "_top", "_need")
 
     def __init__(self, capacity: int, alignment: int = 64, *, track: bool = True) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
@@ -50,6 +50,7 @@ class RangeAllocator:
         self._used = 0
         self._track = track
         self._sizes: dict[int, int] = {}  # interned rounded sizes (few distinct ones in practice)
+        self._need: dict[int, int] = {}  # requested size -> its interned rounded size (validated)
         self._top = 0  # the free tail [_top, capacity) lives outside the indexes
 
     # ------------------------------------------------------------------ properties
@@ -137,8 +138,12 @@ class RangeAllocator:
     def allocate(self, size: int) -> int | None:
         """Best-fit allocate ``size`` bytes; returns the offset, or None when no free block
         is large enough (the caller decides whether to evict and retry)."""
-        self._check_size(size)
-        need = self._round(size)
+        need = self._need.get(size) if size.__class__ is int else None
+        if need is None:
+            self._check_size(size)
+            need = self._round(size)
+            if len(self._need) < 1024:
+                self._need[size] = need
         top = self._top
         top_size = self._capacity - top
         by_size = self._free_by_size
@@ -156,7 +161,9 @@ class RangeAllocator:
                     return int(boff)
         if need <= top_size:
             self._top = top + need
-            self._record(top, need)
+            if self._track:
+                self._allocated[top] = need
+            self._used += need
             return top
         # The top block may be shorter than a rounded request yet still hold ``size`` bytes
         # (capacity not a multiple of the alignment): accept an exact tail fit.
