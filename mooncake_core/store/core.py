@@ -330,8 +330,13 @@ class StoreCore:
         """Write ``(source parts, object size, replica)`` jobs: memcpy into our own segment,
         one ``batch_transfer_sync_write`` per remote segment. Raises MooncakeError(-800)."""
         remote: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        mine = self.segment_name if self.segment is not None else None
         for parts, total, rep in jobs:
-            own = rep.segment_name == self.segment_name and self.segment is not None
+            own = rep.segment_name == mine
+            if own and len(parts) == 1 and parts[0][1] >= total:  # one piece into our memory
+                if total:
+                    memmove(rep.addr, parts[0][0], total)
+                continue
             for src, dst, n in spans(parts, rep.addr, total):
                 if own:
                     memmove(dst, src, n)
@@ -364,7 +369,7 @@ class StoreCore:
             msg.preferred_segments.insert(0, self.segment_name)  # local first: a memcpy
         master = self.master
         n = len(keys)
-        sizes = [sum(sz for _, sz in parts) for parts in srcs]
+        sizes = [parts[0][1] if len(parts) == 1 else sum(sz for _, sz in parts) for parts in srcs]
         results = [OK] * n
         allocs: list[list[ReplicaDesc] | int]
         try:

@@ -31,9 +31,28 @@ _PyBytes_FromStringAndSize.restype = ctypes.py_object
 _PyBytes_FromStringAndSize.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
-def bytes_addr(b: bytes) -> int:
-    """Address of a bytes object's payload (c_char_p aliases it; no copy)."""
+def _bytes_addr_ctypes(b: bytes) -> int:
     return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0
+
+
+def _payload_offset() -> int | None:
+    """Offset of a bytes object's payload from its ``id`` in this CPython (the header size),
+    when it is the same for every probe; None elsewhere (then ctypes is asked every time)."""
+    probes = [b"x" * n for n in (1, 7, 100, 5000)]
+    offs = {_bytes_addr_ctypes(b) - id(b) for b in probes}
+    return offs.pop() if len(offs) == 1 else None
+
+
+_BYTES_PAYLOAD = _payload_offset() if sys.implementation.name == "cpython" else None
+
+
+def bytes_addr(b: bytes) -> int:
+    """Address of a bytes object's payload (no copy). In CPython that is ``id(b)`` plus the
+    object header (checked at import): ~30x cheaper than the ctypes round trip, which was a
+    noticeable share of a batch of small puts."""
+    if _BYTES_PAYLOAD is not None and b.__class__ is bytes:
+        return id(b) + _BYTES_PAYLOAD
+    return _bytes_addr_ctypes(b)
 
 
 def new_bytes(size: int) -> tuple[bytes, int]:

@@ -224,3 +224,16 @@ def test_owned_index_matches_eager_overlap_rule() -> None:
                 assert got == want, f"step {step}"
     finally:
         owned_mod._FIRST_SWEEP = old_first
+
+
+def test_bytes_addr_is_the_payload_address() -> None:
+    import ctypes
+
+    from mooncake_core.store.memory import bytes_addr
+
+    class B(bytes):
+        pass
+
+    for b in (b"", b"a", b"xyz" * 333, bytes(1 << 16), B(b"subclass")):
+        assert bytes_addr(b) == (ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0)
+        assert ctypes.string_at(bytes_addr(b), len(b)) == b
