@@ -92,11 +92,15 @@ def test_store_client_without_the_token_fails_setup_clearly(master) -> None:
 def test_listening_beyond_loopback_without_a_token_warns(python_exe, tmp_path) -> None:
     m = Master(python_exe, str(tmp_path), rpc_address="0.0.0.0", http_metadata_server_host="0.0.0.0",
                metrics_address="127.0.0.1").start()
+    want = ("master RPC listening", "HTTP metadata server listening", "metrics listening",
+            "SECURITY: the master RPC listens on 0.0.0.0", "SECURITY: the HTTP metadata server listens on 0.0.0.0")
     try:
+        # the master is up once its port answers; its log lines may reach the pipe a moment later
+        deadline = time.monotonic() + 20
+        while any(w not in m.log_tail() for w in want) and time.monotonic() < deadline:
+            time.sleep(0.1)
         log = m.log_tail()
-        assert "master RPC listening" in log and "HTTP metadata server listening" in log
-        assert "metrics listening" in log
-        assert "SECURITY: the master RPC listens on 0.0.0.0" in log
-        assert "SECURITY: the HTTP metadata server listens on 0.0.0.0" in log
+        for w in want:
+            assert w in log, f"{w!r} not in the master's log:\n{log}"
     finally:
         m.stop()
