@@ -92,10 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                      else f"{advertise_host}:{server.port}")
         server.advertise_address = advertise
         if v["enable_metric_reporting"]:
+            from mooncake_core.store.master_dashboard import MasterDashboard, routes
             from mooncake_core.utils.metrics import start_metrics_server
 
-            mport = start_metrics_server(v["metrics_port"], host="0.0.0.0", registry=registry)
-            log.info("metrics at /metrics", extra={"port": mport})
+            dash = MasterDashboard(server, ha_enabled=v["enable_ha"],
+                                   te_endpoints=v["dashboard_te_metrics"].split(","))
+            mport = start_metrics_server(v["metrics_port"], host="0.0.0.0", registry=registry,
+                                         routes=routes(dash))
+            log.info("metrics at /metrics, dashboard at /dashboard", extra={"port": mport})
         if v["enable_http_metadata_server"]:
             from mooncake_core.metadata.http_server import HttpMetadataServer
 
