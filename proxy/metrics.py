@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+_TBT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
 _LAT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -16,6 +17,9 @@ class ProxyMetrics:
         self.ttft = Histogram("mooncake_proxy_ttft_seconds",
                               "Time from request arrival to the first response byte sent to the client",
                               ["route"], buckets=_LAT_BUCKETS, registry=r)
+        self.tbt = Histogram("mooncake_proxy_tbt_seconds",
+                             "Time between two streamed decode chunks (time between tokens for SSE)",
+                             ["route"], buckets=_TBT_BUCKETS, registry=r)
         self.e2e = Histogram("mooncake_proxy_e2e_seconds", "Request latency until the last byte",
                              ["route"], buckets=_LAT_BUCKETS, registry=r)
         self.rejections = Counter("mooncake_proxy_rejections",
@@ -31,6 +35,11 @@ class ProxyMetrics:
         self.cached_blocks = Counter("mooncake_proxy_scheduler_cached_blocks",
                                      "Prompt blocks the scheduler expected to be cached at the prefill",
                                      registry=r)
+        self.prompt_blocks = Counter("mooncake_proxy_prefill_prompt_blocks",
+                                     "Prompt blocks sent to a prefill instance", ["instance"], registry=r)
+        self.prompt_cached_blocks = Counter("mooncake_proxy_prefill_cached_blocks",
+                                            "Prompt blocks expected cached at the prefill instance chosen "
+                                            "(prefix-cache hits)", ["instance"], registry=r)
         self.upstream_errors = Counter("mooncake_proxy_upstream_errors",
                                        "Failed upstream calls by instance and kind",
                                        ["instance", "kind"], registry=r)
