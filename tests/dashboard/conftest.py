@@ -37,8 +37,19 @@ def _which(names: tuple[str, ...]) -> str | None:
     return None
 
 
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[Any]:
+    """The session's Chromium on a blank page with an empty console log; left on a blank page
+    afterwards, so a page whose service has stopped does not keep logging failed polls into
+    the next test's console."""
+    chromium.get("about:blank")
+    chromium.get_log("browser")  # reading drains it
+    yield chromium
+    chromium.get("about:blank")
+
+
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+def chromium() -> Iterator[Any]:
     """A headless Chromium (Selenium WebDriver) that records the page's console messages."""
     try:
         from selenium import webdriver
