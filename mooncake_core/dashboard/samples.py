@@ -55,6 +55,12 @@ def metric_names(families: Iterable[Any]) -> set[str]:
     out: set[str] = set()
     for fam in families:
         out.add(fam.name)
+        # a labelled family without children yet exports only its HELP/TYPE lines: still a
+        # metric of this service (its series appear with the first event)
+        out.update(fam.name + sfx for sfx in _SUFFIXES.get(fam.type, ()))
         for x in fam.samples:
             out.add(x.name)
     return out
+
+
+_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
