@@ -90,6 +90,8 @@ def test_master_page_shows_segment_and_moving_figures(browser: Any, master: Mast
         # (same host: cma, else tcp)
         te = wait_for("a Transfer Engine row", lambda: text(browser, "#te") if "B/s" in text(browser, "#te") else "")
         assert "write" in te and ("cma" in te or "tcp" in te), te
+        # narrow window (see conftest): the page itself never scrolls sideways, wide tables do inside
+        assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
         polls = int(browser.execute_script("return document.body.dataset.polls"))
         assert polls >= 3  # live: it kept polling without a reload
     finally:
