@@ -101,3 +101,18 @@ def test_samples_from_a_registry_and_from_scraped_text_agree() -> None:
     names = metric_names(reg.collect())
     assert {"demo_requests_total", "demo_ttft_seconds_bucket", "demo_ttft_seconds_sum"} <= names
     assert not any(math.isnan(v) for v in a.counters["demo_requests_total"].values())
+
+
+def test_proxy_tbt_plain_histogram_exports_like_a_prometheus_one() -> None:
+    from mooncake_proxy.metrics import ProxyMetrics
+
+    m = ProxyMetrics()
+    h = m.tbt.labels("/v1/completions")
+    for v in (0.0005, 0.012, 0.012, 9.0):  # on a bound, inside, above the last bound
+        h.observe(v)
+    s = sample_from_text(0.0, m.render().decode())
+    hist = s.histogram("mooncake_proxy_tbt_seconds", {"route": "/v1/completions"})
+    assert hist is not None and hist.total == 4
+    assert hist.counts[0] == 1 and hist.counts[-1] == 1  # le is inclusive, 9 s lands in +Inf
+    assert s.value("mooncake_proxy_tbt_seconds_sum") == pytest.approx(9.0245)
+    assert quantile(hist, 0.5) is not None and 0.01 < quantile(hist, 0.5) <= 0.02
