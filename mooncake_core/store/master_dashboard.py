@@ -154,6 +154,8 @@ class MasterDashboard:
         note = "; ".join(f"{ep}: {err}" for ep, err in self.te_errors.items()) if self.te_errors else None
         if not self.te_endpoints:
             note = "no Transfer Engine endpoint given (mooncake_master --dashboard_te_metrics=host:port,...)"
+        elif not rows and note is None:
+            note = f"no transfer yet on {', '.join(self.te_endpoints)}"
         return {"te": rows, "te_note": note}
 
 

@@ -51,6 +51,8 @@ def test_segments_objects_rates_and_te_rows() -> None:
     assert d["summary"]["put_rate"] == 2.0  # 4 puts in 2 s
     assert d["clients"][0]["id"] == "c1" and d["clients"][0]["last_heartbeat_s"] == 2.0
     [row] = d["te"]
+    idle = MasterDashboard(server, te_endpoints=["node:9400"], clock=clock, scrape=lambda u, t: "")
+    assert idle.data()["te_note"] == "no transfer yet on node:9400"  # reachable, nothing moved: said so
     assert (row["endpoint"], row["transport"], row["op"], row["bytes_per_s"]) == ("node:9400", "tcp", "write", 4 << 20)
 
 
