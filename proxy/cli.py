@@ -23,11 +23,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mooncake_proxy",
         description="OpenAI-compatible prefill/decode (PD) disaggregation proxy with Mooncake's "
                     "Conductor scheduler. Sends each request to a prefill instance, hands the KV "
-                    "cache off to a decode instance and streams the decode answer back.",
+                    "cache off to a decode instance and streams the decode answer back. "
+                    "On its port: /metrics (Prometheus) and /dashboard, a live page of the "
+                    "instances, requests/s, TTFT/TBT percentiles and rejections (add ?token=T when "
+                    "the services use an auth token).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("listening")
     g.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    g.add_argument("--port", type=int, default=8000, help="port to listen on (0 = pick a free one)")
+    g.add_argument("--port", type=int, default=8000,
+                   help="port to listen on (0 = pick a free one); also serves /metrics and /dashboard")
     g = p.add_argument_group("instances (vLLM/Mooncake proxy style)")
     g.add_argument("--prefiller-hosts", "--prefiller-host", nargs="+", default=[],
                    help="host of each prefill instance (pairs with --prefiller-ports)")

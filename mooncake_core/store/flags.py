@@ -198,8 +198,13 @@ MASTER_FLAGS = [
     Flag("max_value_size", "size", 0, "Largest value (bytes or '1 GB') a put may store; a larger one is "
          "refused with -600 naming this limit. 0 = no limit (a put larger than the free space gets -200).",
          _non_negative),
-    Flag("metrics_port", "int", 9003, "Port of the Prometheus metrics endpoint (/metrics). 0 = any free port.", _port),
-    Flag("enable_metric_reporting", "bool", True, "Serve Prometheus metrics on --metrics_port."),
+    Flag("metrics_port", "int", 9003, "HTTP port of the master: Prometheus metrics at /metrics and the live "
+         "dashboard at /dashboard (open http://HOST:PORT/dashboard in a browser; add ?token=T when the "
+         "services use an auth token). 0 = any free port.", _port),
+    Flag("enable_metric_reporting", "bool", True, "Serve /metrics and /dashboard on --metrics_port."),
+    Flag("dashboard_te_metrics", "str", "", "Transfer Engine metrics endpoints (host:port or URLs, separated "
+         "by ',') whose bytes/s per transport /dashboard shows (engines started with MC_METRICS_PORT); "
+         "each is scraped with a 0.5 s timeout per page refresh."),
     Flag("default_kv_lease_ttl", "int", 10000, "Lease (ms) granted to a reader by every "
          "GetReplicaList: the object is neither evicted nor removed (without force) while leased, "
          "and a read that outlives its lease fails with -707.", _positive),
@@ -255,7 +260,7 @@ MASTER_FLAGS = [
 
 MASTER_DESCRIPTION = ("Mooncake Store master: keeps object -> replica locations, allocates space in the "
                       "memory segments clients mount, grants read leases, evicts, and tracks client "
-                      "liveness. Never on the data path.")
+                      "liveness. Never on the data path. Live dashboard: http://HOST:METRICS_PORT/dashboard.")
 
 
 def master_flagset() -> FlagSet:

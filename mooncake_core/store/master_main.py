@@ -101,11 +101,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                      else f"{advertise_host}:{server.port}")
         server.advertise_address = advertise
         if v["enable_metric_reporting"]:
+            from mooncake_core.store.master_dashboard import MasterDashboard, routes
             from mooncake_core.utils.metrics import start_metrics_server
 
             mhost = v["metrics_address"] or "0.0.0.0"
-            mport = start_metrics_server(v["metrics_port"], host=mhost, registry=registry)
-            log.info("metrics listening (read-only, no authentication)",
+            dash = MasterDashboard(server, ha_enabled=v["enable_ha"],
+                                   te_endpoints=v["dashboard_te_metrics"].split(","))
+            mport = start_metrics_server(v["metrics_port"], host=mhost, registry=registry,
+                                         routes=routes(dash))
+            log.info("metrics listening (read-only, no authentication); dashboard at /dashboard",
                      extra={"url": f"http://{mhost}:{mport}/metrics", "port": mport})
         if v["enable_http_metadata_server"]:
             from mooncake_core.metadata.http_server import HttpMetadataServer

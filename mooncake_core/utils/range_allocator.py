@@ -35,7 +35,7 @@ class RangeAllocator:
     """Allocate ``[offset, offset + size)`` ranges inside ``[0, capacity)``."""
 
     __slots__ = ("_capacity", "_alignment", "_free_by_off", "_free_by_size", "_allocated", "_used",
-                 "_track", "_sizes", "_top", "_need")
+                 "_track", "_sizes", "_top", "_need", "_count")
 
     def __init__(self, capacity: int, alignment: int = 64, *, track: bool = True) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
@@ -48,6 +48,7 @@ class RangeAllocator:
         self._free_by_size: SortedList = SortedList()
         self._allocated: dict[int, int] = {}
         self._used = 0
+        self._count = 0  # live allocations, also without track (the master's per-segment object count)
         self._track = track
         self._sizes: dict[int, int] = {}  # interned rounded sizes (few distinct ones in practice)
         self._need: dict[int, int] = {}  # requested size -> its interned rounded size (validated)
@@ -82,8 +83,8 @@ class RangeAllocator:
 
     @property
     def num_allocations(self) -> int:
-        """Live allocations (only known with track=True)."""
-        return len(self._allocated)
+        """Live allocations (counted also with track=False)."""
+        return self._count
 
     @property
     def num_free_blocks(self) -> int:
@@ -118,6 +119,7 @@ class RangeAllocator:
         if self._track:
             self._allocated[off] = size
         self._used += size
+        self._count += 1
 
     def _add_free(self, off: int, size: int) -> None:
         self._free_by_off[off] = size
@@ -164,6 +166,7 @@ class RangeAllocator:
             if self._track:
                 self._allocated[top] = need
             self._used += need
+            self._count += 1
             return top
         # The top block may be shorter than a rounded request yet still hold ``size`` bytes
         # (capacity not a multiple of the alignment): accept an exact tail fit.
@@ -234,6 +237,7 @@ class RangeAllocator:
                     raise ValueError(f"RangeAllocator: free of [{offset}, {offset + size}) that is "
                                      f"(partly) free already (double free)")
         self._used -= size
+        self._count -= 1
         start, end = offset, offset + size
         # merge with the following free block (or into the top block)
         nxt = self._free_by_off.get(end)
