@@ -107,7 +107,7 @@ class ProxyServer:
         if cfg.tokenizer:
             from .prompt import load_tokenizer
 
-            tokenize = load_tokenizer(cfg.tokenizer)
+            tokenize = load_tokenizer(cfg.tokenizer, add_special_tokens=bool(cfg.store_master))
         self.store_view: Any = None
         if cfg.store_master:
             from .store_view import StoreBlockHasher, make_store_view

@@ -10,8 +10,11 @@ compute them, with the same output.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +25,7 @@ import pytest
 from master_proc import MasterProc
 from mooncake_connectors.vllm.store_hint import HINT_KEY, make_hint
 from mooncake_core.store.master_client import MasterClient
+from checkout_shim import shim_pythonpath
 from vllm_harness import VllmServer, completion, free_port, http_json, http_text, metric, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -53,7 +57,7 @@ def hint_pair(vllm_py: str, tiny_model: Path, tmp_path_factory) -> Iterator[tupl
         master.kill(signal.SIGTERM)
 
 
-def _saved_by_a(a, prompt: list[int]) -> None:
+def _saved_by_a(a, prompt: list[int] | str) -> None:
     n = a.log_text().count("kv saved")
     completion(a.url, prompt, 2)
     deadline = time.monotonic() + 60
@@ -107,3 +111,29 @@ def test_stale_hint_recomputes_with_the_same_output(hint_pair):
     assert _hits(b) == h0, "nothing should load for a stale hint"
     assert "hinted=3 found=0" in b.log_text()
     assert got == _reference(b, prompt, 12), "a stale hint changed the output"
+
+
+PROXY_KEYS = r"""
+import json, sys
+from mooncake_proxy.prompt import PromptHasher, load_tokenizer
+from mooncake_proxy.store_view import StoreBlockHasher, store_key
+model, text = sys.argv[1], sys.argv[2]
+ph = PromptHasher(StoreBlockHasher(model + "|torch.float32", 32), load_tokenizer(model, add_special_tokens=True))
+print(json.dumps([store_key(h) for h in ph.info({"prompt": text}, "/v1/completions").block_hashes]))
+"""
+
+
+def test_proxy_keys_from_text_are_the_connectors_keys(hint_pair, vllm_py, tiny_model):
+    """The proxy, with the engine's tokenizer and block size, computes exactly the keys the
+    connector wrote for a text prompt (run in the vLLM venv: it has ``transformers``)."""
+    a, _, master = hint_pair
+    text = " ".join(f"word{i} of the shared system prompt number {i * 7}" for i in range(12))
+    _saved_by_a(a, text)
+    env = {**os.environ, "PYTHONPATH": shim_pythonpath()}
+    out = subprocess.run([vllm_py, "-c", PROXY_KEYS, str(tiny_model), text], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    keys = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(keys) >= 3, keys
+    with MasterClient(master) as c:
+        assert c.batch_exist_key(keys) == [True] * len(keys), "the proxy's keys differ from the connector's"
