@@ -85,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON file or inline JSON mapping instance URLs to vLLM KV event ZMQ publisher "
                         "endpoints, e.g. '{\"http://p1:8100\": \"tcp://p1:5557\"}'; the proxy subscribes "
                         "and keeps its prefix index in sync with the engines' evictions")
+    g.add_argument("--store-master", default=None,
+                   help="Mooncake Store master (host:port): the scheduler's store tier follows what the "
+                        "store really holds, and prefills lacking a prefix the store holds get the "
+                        "'mooncake_store_prefix' hint in kv_transfer_params (default: no store tier)")
+    g.add_argument("--store-view", choices=("events", "query"), default="events",
+                   help="events: follow the master's key events (stale by ~20 ms, no per-request RPC); "
+                        "query: batch_is_exist per request with a 0.5 s cache (bench/bench_store_view.py)")
+    g.add_argument("--store-model-tag", default=None,
+                   help="the engines' '<model>|<dtype>' as their store connector seeds its keys with "
+                        "(vLLM model_config.model and dtype, e.g. 'Qwen/Qwen3-0.6B|torch.bfloat16'); "
+                        "with --block-size = the engines' block size and --tokenizer (or token-id prompts)")
     g.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     g = p.add_argument_group("hand-off and robustness")
     g.add_argument("--handoff", choices=handoff_names(), default="vllm",
@@ -183,7 +194,8 @@ def config_from_args(a: argparse.Namespace):
         block_size=a.block_size, cache_blocks=a.cache_blocks,
         decode_kv_blocks=a.decode_kv_blocks, tokenizer=a.tokenizer,
         kv_events_config=a.kv_events_config, admin_key=a.admin_key or auth.resolve_token(), seed=a.seed,
-        max_request_bytes=a.max_request_bytes, tls_cert=a.tls_cert, tls_key=a.tls_key)
+        max_request_bytes=a.max_request_bytes, tls_cert=a.tls_cert, tls_key=a.tls_key,
+        store_master=a.store_master, store_view=a.store_view, store_model_tag=a.store_model_tag)
 
 
 async def _serve(server, host: str, port: int) -> None:

@@ -111,12 +111,15 @@ class PromptHasher:
         return PromptInfo(n, list(hashes), max_output_tokens(body))
 
 
-def load_tokenizer(name: str) -> Callable[[str], Sequence[int]]:
-    """A HuggingFace tokenizer's encode function; clear error when transformers is missing."""
+def load_tokenizer(name: str, add_special_tokens: bool = False) -> Callable[[str], Sequence[int]]:
+    """A HuggingFace tokenizer's encode function; clear error when transformers is missing.
+
+    ``add_special_tokens=True`` tokenizes as vLLM's ``/v1/completions`` does (BOS included) --
+    needed when the block hashes must equal the engine's store keys (``--store-master``)."""
     try:
         from transformers import AutoTokenizer  # type: ignore[import-not-found]
     except ImportError:
         raise SystemExit(f"--tokenizer {name}: the 'transformers' package is not installed "
                          "(pip install transformers), or omit --tokenizer to hash prompt text") from None
     tok = AutoTokenizer.from_pretrained(name)
-    return lambda text: tok.encode(text, add_special_tokens=False)
+    return lambda text: tok.encode(text, add_special_tokens=add_special_tokens)

@@ -79,6 +79,21 @@ class ProxyConfig:
     #: serve HTTPS with this PEM certificate and key (both or neither)
     tls_cert: str | None = None
     tls_key: str | None = None
+    store_master: str | None = None
+    store_view: str = "events"
+    store_model_tag: str | None = None
+
+
+def with_store_hint(payload: dict[str, Any], decision: Any, block_size: int) -> dict[str, Any]:
+    """The prefill payload with the store prefix hint (``connectors/vllm/store_hint.py``): the
+    scheduler counted on the prefill loading ``cached_blocks`` leading blocks, the ones it lacks
+    from the store. Hand-offs without ``kv_transfer_params`` (SGLang) are left as they are."""
+    params = payload.get("kv_transfer_params")
+    if not isinstance(params, dict):
+        return payload
+    from mooncake_connectors.vllm.store_hint import HINT_KEY, make_hint
+
+    return {**payload, "kv_transfer_params": {**params, HINT_KEY: make_hint(decision.cached_blocks, block_size)}}
 
 
 class ProxyServer:
@@ -100,8 +115,20 @@ class ProxyServer:
         if cfg.tokenizer:
             from .prompt import load_tokenizer
 
-            tokenize = load_tokenizer(cfg.tokenizer)
-        self.hasher = PromptHasher(sched.BlockHasher(block_size=cfg.block_size), tokenize)
+            tokenize = load_tokenizer(cfg.tokenizer, add_special_tokens=bool(cfg.store_master))
+        self.store_view: Any = None
+        if cfg.store_master:
+            from .store_view import StoreBlockHasher, make_store_view
+
+            if not cfg.store_model_tag:
+                raise ValueError("--store-master needs --store-model-tag (the engine's '<model>|<dtype>', "
+                                 "e.g. 'Qwen/Qwen3-0.6B|torch.bfloat16') to compute the connector's block keys")
+            hasher: Any = StoreBlockHasher(cfg.store_model_tag, cfg.block_size)
+            self.store_view = make_store_view(cfg.store_view, cfg.store_master)
+            self.cluster.set_store_view(self.store_view)
+        else:
+            hasher = sched.BlockHasher(block_size=cfg.block_size)
+        self.hasher = PromptHasher(hasher, tokenize)
         self.handoff: HandoffProtocol = make_handoff(cfg.handoff)
         self.registry = Registry()
         self.metrics = ProxyMetrics()
@@ -222,10 +249,14 @@ class ProxyServer:
         self.health.start()
         if self.kv_events is not None:
             self.kv_events.start()
+        if self.store_view is not None:  # its first pull (a snapshot) may take a moment
+            await asyncio.get_running_loop().run_in_executor(None, self.store_view.start)
 
     async def _on_cleanup(self, app: web.Application) -> None:
         if self.kv_events is not None:
             await self.kv_events.stop()
+        if self.store_view is not None:
+            self.store_view.stop()
         if self.health is not None:
             await self.health.stop()
         if self.session is not None:
@@ -400,6 +431,8 @@ class ProxyServer:
                 if extra:
                     pheaders = {**headers, **extra}
             ppayload = ho.prefill_payload(body, route, p.addr, ctx)
+            if decision.remote_source == self.sched_mod.STORE and decision.remote_blocks:
+                ppayload = with_store_hint(ppayload, decision, self.cfg.block_size)
             if not ho.concurrent:
                 presp = await self.relay.post_json(p, route, ppayload, pheaders, "prefill")
                 prefill_finished()

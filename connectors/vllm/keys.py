@@ -21,20 +21,34 @@ def namespace(model: str, block_size: int, layout: str, salt: str | None = None)
     return hashlib.sha256(f"{model}\x00{block_size}\x00{layout}\x00{salt or ''}".encode()).digest()
 
 
-def chained_block_keys(seed: bytes, tokens: Sequence[int], block_size: int, max_blocks: int | None = None) -> list[str]:
-    """Keys of the full blocks of ``tokens`` (at most ``max_blocks``), prefix-chained."""
+def chain_step(prev: bytes, block: Sequence[int]) -> bytes:
+    """Digest of one block given the previous block's digest (or the namespace seed)."""
+    return hashlib.sha256(prev + struct.pack(f"<{len(block)}q", *block)).digest()
+
+
+def key_of(digest: bytes) -> str:
+    """The store key of a block digest (what the connector writes and the master publishes)."""
+    return f"{KEY_PREFIX}/{digest.hex()[:40]}"
+
+
+def chained_digests(seed: bytes, tokens: Sequence[int], block_size: int, max_blocks: int | None = None) -> list[bytes]:
+    """Chain digests of the full blocks of ``tokens`` (at most ``max_blocks``)."""
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
     n = len(tokens) // block_size
     if max_blocks is not None:
         n = min(n, max_blocks)
-    out: list[str] = []
+    out: list[bytes] = []
     h = seed
     for i in range(n):
-        blk = tokens[i * block_size:(i + 1) * block_size]
-        h = hashlib.sha256(h + struct.pack(f"<{block_size}q", *blk)).digest()
-        out.append(f"{KEY_PREFIX}/{h.hex()[:40]}")
+        h = chain_step(h, tokens[i * block_size:(i + 1) * block_size])
+        out.append(h)
     return out
+
+
+def chained_block_keys(seed: bytes, tokens: Sequence[int], block_size: int, max_blocks: int | None = None) -> list[str]:
+    """Keys of the full blocks of ``tokens`` (at most ``max_blocks``), prefix-chained."""
+    return [key_of(d) for d in chained_digests(seed, tokens, block_size, max_blocks)]
 
 
 def leading_hits(exists: Sequence[int]) -> int:

@@ -19,7 +19,9 @@ its blocks through ``get_block_ids_with_load_errors`` (``kv_load_failure_policy`
 Store configuration, in ``kv_connector_extra_config`` (else the upstream env vars
 ``MOONCAKE_MASTER``, ``MOONCAKE_TE_META_DATA_SERVER``, ... / ``MOONCAKE_CONFIG_PATH``):
 ``master_server_address``, ``metadata_server``, ``global_segment_size`` (memory this worker
-contributes to the pool, default 256MB), ``local_buffer_size``, ``local_hostname``, ``protocol``.
+contributes to the pool, default 256MB), ``local_buffer_size``, ``local_hostname``, ``protocol``;
+``store_lookup``: "always" (default) or "hint" -- look the store up only for requests that carry
+the proxy's store prefix hint (``store_hint.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from mooncake_core import envs
 from mooncake_connectors.vllm.keys import chained_block_keys, leading_hits, namespace
 from mooncake_connectors.vllm.layout import Slab, slabs_of
+from mooncake_connectors.vllm.store_hint import LOOKUP_MODES, hinted_blocks
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -94,6 +97,10 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             # The scheduler only asks the master what exists: it contributes no memory.
             self.store = _store_from_config(vllm_config, segment="0")
+            self.lookup = vllm_config.kv_transfer_config.get_from_extra_config("store_lookup", "always")
+            if self.lookup not in LOOKUP_MODES:
+                raise ValueError(f"MooncakeCoreStoreConnector: store_lookup must be one of {LOOKUP_MODES}, "
+                                 f"got {self.lookup!r}")
             self._keys: dict[str, list[str]] = {}
             self._start: dict[str, int] = {}
             self._loads: dict[str, list[tuple[str, int]]] = {}
@@ -122,9 +129,17 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
         # at least one prompt token must be computed locally to produce logits
         usable = min(len(keys), (len(request.prompt_token_ids or ()) - 1) // self.block_size)
         start = num_computed_tokens // self.block_size
+        hint = hinted_blocks(getattr(request, "kv_transfer_params", None), self.block_size)
+        if self.lookup == "hint":
+            if hint is None:
+                return 0, False
+            usable = min(usable, hint)
         if usable <= start:
             return 0, False
         hits = leading_hits(self.store.batch_is_exist(keys[start:usable]))
+        if hint is not None:
+            logger.info("MooncakeCoreStoreConnector: store hint request=%s hinted=%d found=%d", request.request_id,
+                        hint, start + hits)
         self._start[request.request_id] = start
         n = (start + hits) * self.block_size - num_computed_tokens
         return (n, False) if n > 0 else (0, False)

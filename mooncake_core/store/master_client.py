@@ -423,5 +423,10 @@ class MasterClient:
     def offload_done(self, client_id: str, key: str, path: str, size: int) -> None:
         self._call(P.OffloadDoneReq(client_id, key, path, size))
 
+    def watch_keys(self, after: int, prefix: str = "", limit: int = 0, epoch: int = 0,
+                   timeout: float | None = None) -> "P.KeyEventsReply":
+        """Key events after cursor ``after`` (0 = a snapshot first); see store/key_events.py."""
+        return self._call(P.WatchKeysReq(after, prefix, limit, epoch), timeout)
+
     def offload_failed(self, client_id: str, key: str) -> None:
         self._call(P.OffloadFailedReq(client_id, key))

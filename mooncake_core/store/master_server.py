@@ -65,6 +65,7 @@ def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, C
         P.BatchRemoveReq: lambda r: st.batch_remove(r.keys, r.force),
         P.OffloadDoneReq: lambda r: st.offload_done(r.client_id, r.key, r.path, r.size),
         P.OffloadFailedReq: lambda r: st.offload_failed(r.client_id, r.key),
+        P.WatchKeysReq: lambda r: st.watch_keys(r.after, r.prefix, r.limit, r.epoch),
     }
 
 

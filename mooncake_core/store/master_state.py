@@ -42,8 +42,9 @@ import time
 from typing import Any, Callable, Iterable
 
 from mooncake_core.errors import ErrorCode, MooncakeError
+from mooncake_core.store.key_events import KeyEventKind, KeyEventLog
 from mooncake_core.store.protocol import (
-    GetReply, HeartbeatReply, MountReply, OffloadTask, ReplicaDesc, ReplicateConfigMsg,
+    GetReply, HeartbeatReply, KeyEventsReply, MountReply, OffloadTask, ReplicaDesc, ReplicateConfigMsg,
 )
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE, ClientInfo,
                                                  DiskReplica, Extra, MasterConfig, ObjectMeta, PendingPut, Rep,
@@ -94,6 +95,8 @@ class MasterState:
         # hold for margin (the reader's clock starts before the grant, the hold after it). 0 = the
         # hold is off and so is the check (the original's behaviour).
         self._confirm_after_ms = int(self.cfg.recovery_hold_s * 800)
+        #: existence changes of keys, for subscribers such as the proxy's scheduler (key_events.py)
+        self.key_events = KeyEventLog()
 
     def begin_leadership(self) -> None:
         """Called when this master starts serving as elected HA leader: a new epoch, so that
@@ -151,6 +154,7 @@ class MasterState:
     def _drop_object(self, key: str, meta: ObjectMeta, now: float) -> None:
         """Remove a complete object; memory/file reuse waits for an active lease."""
         del self.objects[key]
+        self.key_events.publish("remove", key)
         if self.reported:
             self.reported.pop(key, None)
         self.offloading.pop(key, None)
@@ -236,8 +240,9 @@ class MasterState:
                        f"client {seg.client_id!r}, not {client_id!r}")
         self._unmount(seg, self.clock())
 
-    def _unmount(self, seg: Segment, now: float) -> int:
-        """Forget a segment and every replica on it. Returns how many objects were lost."""
+    def _unmount(self, seg: Segment, now: float, kind: KeyEventKind = "remove") -> int:
+        """Forget a segment and every replica on it. Returns how many objects were lost
+        (published as ``kind`` events: "expire" when the owner stopped heart-beating)."""
         del self.segments[seg.name]
         del self.segs_by_id[seg.seg_id]
         self._largest_seg = None
@@ -254,6 +259,7 @@ class MasterState:
                 self.offloading.pop(key, None)
                 if meta.disk is None:
                     del self.objects[key]
+                    self.key_events.publish(kind, key)
                     lost += 1
         for key, p in list(self.inflight.items()):
             if any(r[0] is seg for r in p.reps):
@@ -331,6 +337,7 @@ class MasterState:
                 if meta is None:
                     meta = self.objects[key] = ObjectMeta(self._intern_size(d.size), [])
                     self.reported[key] = version
+                    self.key_events.publish("put", key)
                 if meta.disk is None:
                     meta.set_disk(DiskReplica(d.segment_name, client_id, d.path, d.size))
                     self.disk_used += d.size
@@ -352,6 +359,7 @@ class MasterState:
             if meta is None:
                 self.objects[key] = ObjectMeta(self._intern_size(d.size), [(seg, off)])
                 self.reported[key] = version
+                self.key_events.publish("put", key)
             else:
                 meta.set_reps(meta.reps() + [(seg, off)])
             accepted += 1
@@ -537,6 +545,7 @@ class MasterState:
         self.objects[key] = ObjectMeta(p.size, p.reps, extra)
         self.reported.pop(key, None)
         self.stats.puts += 1
+        self.key_events.publish("put", key)
         return self._new_version()
 
     def put_revoke(self, client_id: str, key: str) -> None:
@@ -749,6 +758,7 @@ class MasterState:
         meta.set_reps([])
         if meta.disk is None:
             del self.objects[key]
+            self.key_events.publish("evict", key)
         self.stats.evictions += 1
         return nbytes, 0
 
@@ -790,6 +800,7 @@ class MasterState:
         meta.set_reps([])
         if meta.disk is None:
             del self.objects[key]
+            self.key_events.publish("evict", key)
         self.stats.evictions += 1
 
     def _offload_reserved(self) -> int:
@@ -830,6 +841,7 @@ class MasterState:
             self._drop_disk(key, meta, 0)
             if meta.seg is None:
                 del self.objects[key]
+                self.key_events.publish("evict", key)
             self.stats.disk_evictions += 1
 
     # ================================================================ periodic work
@@ -845,7 +857,7 @@ class MasterState:
                 for name in list(c.segments):
                     seg = self.segments.get(name)
                     if seg is not None and seg.client_id == cid:
-                        lost += self._unmount(seg, now)
+                        lost += self._unmount(seg, now, "expire")
                 for key, p in list(self.inflight.items()):
                     if p.client_id == cid:
                         for r in p.reps:
@@ -871,6 +883,22 @@ class MasterState:
         if cap and self.used - self.offloading_bytes() >= self.cfg.eviction_high_watermark_ratio * cap:
             self._evict(0, now)
         self._enforce_disk_quota(now)
+
+    def watch_keys(self, after: int, prefix: str = "", limit: int = 0, epoch: int = 0) -> KeyEventsReply:
+        """Key events after cursor ``after`` (see key_events.py). On a gap (the subscriber fell
+        behind the ring, is new -- ``after`` 0 -- or its cursor is from another ``epoch``) the
+        reply carries a snapshot of the current complete keys under ``prefix`` instead: O(keys)
+        once, then O(events) per call."""
+        log_ = self.key_events
+        if after < 0:
+            raise err(ErrorCode.INVALID_PARAMS, f"watch_keys: after must be >= 0, got {after!r}")
+        gap = after == 0 or (epoch != 0 and epoch != self.epoch)
+        if not gap:
+            events, cursor, gap = log_.since(after, prefix, limit or 1 << 14)
+            if not gap:
+                return KeyEventsReply(events, cursor, False, self.epoch, [])
+        snapshot = [k for k in self.objects if k.startswith(prefix)]
+        return KeyEventsReply([], log_.last_seq, True, self.epoch, snapshot)
 
     def take_file_deletes(self) -> list[str]:
         """Paths (relative to root_fs_dir) whose files may be deleted now."""

@@ -170,6 +170,19 @@ class MasterInfo(msgspec.Struct, array_like=True):
     epoch: int = 0
 
 
+class KeyEventsReply(msgspec.Struct, array_like=True):
+    """Answer to WatchKeysReq: ``events`` are ``(seq, kind, key)`` (kind 1 put, 2 remove,
+    3 evict, 4 expire); pass ``cursor`` and ``epoch`` back next time. ``gap``: events were
+    lost (or this is the first call) -- ``snapshot`` then lists every current key under the
+    prefix and replaces what the subscriber knew."""
+
+    events: list[tuple[int, int, str]]
+    cursor: int
+    gap: bool
+    epoch: int
+    snapshot: list[str]
+
+
 # --------------------------------------------------------------------------- requests
 class _Req(msgspec.Struct, array_like=True, tag_field="m"):
     pass
@@ -313,12 +326,22 @@ class OffloadFailedReq(_Req, tag="offload_failed"):
     key: str
 
 
+class WatchKeysReq(_Req, tag="watch_keys"):
+    """Pull the key events after ``after`` (0 = start with a snapshot) under ``prefix``."""
+
+    after: int
+    prefix: str = ""
+    limit: int = 0
+    epoch: int = 0
+
+
 Request = Union[
     PingReq, AuthChallengeReq, AuthReq, MountSegmentReq, UnmountSegmentReq, HeartbeatReq, ReportObjectsReq,
     PutStartReq, UpsertStartReq, PutEndReq, PutRevokeReq, BatchPutStartReq,
     BatchUpsertStartReq, BatchPutEndReq, BatchPutRevokeReq, GetReplicaListReq,
     BatchGetReplicaListReq, ExistKeyReq, BatchExistKeyReq, GetSizeReq, RemoveReq,
     RemoveAllReq, RemoveByRegexReq, BatchRemoveReq, OffloadDoneReq, OffloadFailedReq,
+    WatchKeysReq,
 ]
 
 #: result type of each method (what the success payload decodes to)
@@ -349,6 +372,7 @@ RESULT_TYPES: dict[type, object] = {
     BatchRemoveReq: list[int],
     OffloadDoneReq: None,
     OffloadFailedReq: None,
+    WatchKeysReq: KeyEventsReply,
 }
 
 request_encoder = msgspec.msgpack.Encoder()
@@ -363,6 +387,6 @@ __all__ = [
     "PROTOCOL_VERSION", "MAX_FRAME", "HEADER_SIZE", "REPLY_HEADER_SIZE", "LEN_SIZE", "pack_header",
     "unpack_header", "pack_status", "unpack_status", "unpack_len", "request_frame", "reply_frame",
     "parse_reply", "ReplicaDesc", "ReplicateConfigMsg", "OffloadTask", "HeartbeatReply",
-    "GetReply", "MountReply", "MasterInfo", "Request", "RESULT_TYPES", "request_encoder",
+    "GetReply", "MountReply", "MasterInfo", "KeyEventsReply", "Request", "RESULT_TYPES", "request_encoder",
     "request_decoder", "result_encoder", "result_decoders",
 ] + [t.__name__ for t in RESULT_TYPES]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 from .datatypes import Decision, InstanceInfo, RequestInfo, Role, ROLES
 from .lru import LruBlockCache
@@ -88,6 +88,14 @@ class DecodeLoad:
         return len(self.entries)
 
 
+class StoreView(Protocol):
+    """What the store tier needs from a view of the real store (``proxy/store_view.py``)."""
+
+    def prefix_len(self, block_hashes: Sequence[int]) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
 def kv_footprint(prompt_tokens: int, max_output_tokens: int) -> int:
     """Average KV tokens a request holds while decoding: its prompt plus half its output."""
     return prompt_tokens + max_output_tokens // 2
@@ -113,6 +121,7 @@ class ClusterState:
         self._pending: dict[str, dict[int, int]] = {}
         self._decode: dict[str, DecodeLoad] = {}
         self._store: LruBlockCache | None = None
+        self._store_view: StoreView | None = None
         if store_capacity_blocks is not None:
             self._store = LruBlockCache(store_capacity_blocks)
 
@@ -299,11 +308,19 @@ class ClusterState:
     # store tier
     @property
     def store_enabled(self) -> bool:
-        return self._store is not None
+        return self._store is not None or self._store_view is not None
 
     @property
     def store_capacity_blocks(self) -> int | None:
+        if self._store_view is not None:
+            return 0
         return self._store.capacity if self._store is not None else None
+
+    def set_store_view(self, view: StoreView | None) -> None:
+        """Answer the store tier from what the store really holds (``view``) instead of the
+        LRU model below; the model's records are then ignored (the store publishes its own
+        puts and evictions). None goes back to the model."""
+        self._store_view = view
 
     def enable_store(self, capacity_blocks: int = 0) -> None:
         """Turn on (or resize) the global store tier; 0 = unlimited."""
@@ -313,16 +330,25 @@ class ClusterState:
             self._store.set_capacity(capacity_blocks)
 
     def store_record(self, block_hashes: Sequence[int]) -> list[int]:
-        """The store now holds these blocks (LRU touch). No-op when the tier is disabled."""
-        return self._store.insert(block_hashes) if self._store is not None else []
+        """The store now holds these blocks (LRU touch). No-op when the tier is disabled or
+        answered by a real view (the store reports its puts itself)."""
+        if self._store_view is not None or self._store is None:
+            return []
+        return self._store.insert(block_hashes)
 
     def store_remove(self, block_hashes: Iterable[int]) -> int:
-        return len(self._store.remove(block_hashes)) if self._store is not None else 0
+        if self._store_view is not None or self._store is None:
+            return 0
+        return len(self._store.remove(block_hashes))
 
     def store_hit_blocks(self, block_hashes: Sequence[int]) -> int:
+        if self._store_view is not None:
+            return self._store_view.prefix_len(block_hashes)
         return self._store.prefix_len(block_hashes) if self._store is not None else 0
 
     def store_block_count(self) -> int:
+        if self._store_view is not None:
+            return len(self._store_view)
         return len(self._store) if self._store is not None else 0
 
     # ------------------------------------------------------------------ load
@@ -439,5 +465,5 @@ class ClusterState:
                               est_s=max(0.0, decision.est_ttft_s - decision.est_queue_s))
         if record:
             self.record_blocks(decision.prefill_id, req.block_hashes)
-        if decision.replicate_blocks and self._store is not None:
+        if decision.replicate_blocks:
             self.store_record(req.block_hashes[: decision.replicate_blocks])

@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prediction-horizon", type=_pos_float, default=None,
                    help="seconds: enable prediction-based early rejection (project decode load to when the "
                         "request's prefill ends, at most this far ahead)")
+    p.add_argument("--rejection", choices=("early", "decode", "early+decode"), default="early",
+                   help="where SLO-breaking requests are rejected: early = on arrival (the scheduler's "
+                        "checks); decode = the paper's baseline (Table 3): no TBT check on arrival, a "
+                        "request whose decode instance would break --tbt-slo when its prefill ends is "
+                        "rejected there (prefill wasted); early+decode = both (default: early)")
     p.add_argument("--profile", default=None,
                    help="cost profile JSON (prefill/decode/transfer coefficients); default: the shipped "
                         "derived LLaMA2-70B on 8xA800 profile")
@@ -172,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     for pol in args.policy:
         cfg = SimConfig(policy=pol, prefill=args.prefill, decode=args.decode, cache_blocks=args.cache_blocks,
                         store_blocks=args.store_blocks, speed=args.speed, slo=slo, seed=args.seed,
-                        replicate_hot=args.replicate_hot and pol == "conductor")
+                        replicate_hot=args.replicate_hot and pol == "conductor",
+                        rejection=args.rejection)
         sim = Simulator(cfg, cost)
         bar = None
         progress: Callable[[int], None] | None = None

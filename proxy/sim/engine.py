@@ -41,6 +41,9 @@ from .trace import TRACE_BLOCK_SIZE, TraceRecord
 __all__ = ["SimConfig", "RequestOutcome", "SimResult", "Simulator", "simulate"]
 
 
+REJECTION_MODES = ("early", "decode", "early+decode")
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """Cluster shape and knobs of one simulation run."""
@@ -55,6 +58,11 @@ class SimConfig:
     seed: int = 0
     replicate_hot: bool = False
     block_size: int = TRACE_BLOCK_SIZE
+    #: where requests breaking the SLOs are rejected (the rows of the paper's Table 3):
+    #: "early" -- on arrival only (the scheduler's checks); "decode" -- the paper's baseline: no
+    #: TBT check on arrival, a request whose decode instance would break ``slo.tbt_s`` when its
+    #: prefill ends is rejected there (its prefill wasted); "early+decode" -- both.
+    rejection: str = "early"
 
     def __post_init__(self) -> None:
         if self.prefill < 1 or self.decode < 1:
@@ -63,6 +71,8 @@ class SimConfig:
             raise ValueError(f"speed must be > 0, got {self.speed}")
         if self.cache_blocks < 0:
             raise ValueError(f"cache_blocks must be >= 0 (0 = unlimited), got {self.cache_blocks}")
+        if self.rejection not in REJECTION_MODES:
+            raise ValueError(f"rejection must be one of {REJECTION_MODES}, got {self.rejection!r}")
 
 
 @dataclass(slots=True)
@@ -138,7 +148,13 @@ class Simulator:
         for d in self.decode_ids:
             self.cluster.add_instance(InstanceInfo(d, "decode"))
         opts = {"replicate_hot": True} if c.replicate_hot else {}
-        self.scheduler = make_scheduler(c.policy, self.cluster, self.cost, c.slo, c.seed, **opts)
+        slo = c.slo
+        self.decode_tbt_limit: float | None = None
+        if c.rejection != "early":
+            self.decode_tbt_limit = slo.tbt_s
+        if c.rejection == "decode":
+            slo = SloConfig(ttft_s=slo.ttft_s, retry_after_s=slo.retry_after_s)
+        self.scheduler = make_scheduler(c.policy, self.cluster, self.cost, slo, c.seed, **opts)
 
     def run(self, records: Sequence[TraceRecord], progress: Callable[[int], None] | None = None) -> SimResult:
         import time as _time
@@ -209,8 +225,14 @@ class Simulator:
                 o = outcomes[idx]
                 req = reqs[idx]
                 di = decs[o.decode_id]
-                cluster.on_decode_start(o.decode_id, req, ev_time)
                 di.advance(ev_time)
+                if tbt_limit is not None and cost.decode_step_time(
+                        len(di.info) + 1, int(di.kv()) + o.input_length) > tbt_limit:
+                    o.rejected = True  # decode-stage rejection (baseline): the prefill was wasted
+                    o.reason = "tbt_at_decode"
+                    cluster.on_decode_done(o.decode_id, req, ev_time)
+                    return
+                cluster.on_decode_start(o.decode_id, req, ev_time)
                 k = o.output_length - 1
                 di.info[idx] = (di.v, ev_time, o.input_length, req)
                 di.sum_prompt += o.input_length
@@ -240,6 +262,7 @@ class Simulator:
 
         speed = c.speed
         store_on = cluster.store_enabled
+        tbt_limit = self.decode_tbt_limit
         for n, rec in enumerate(records):
             arrival = rec.timestamp / 1000.0 / speed
             while heap and heap[0][0] <= arrival:

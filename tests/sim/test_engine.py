@@ -102,6 +102,23 @@ def test_tbt_slo_and_prediction_based_rejection(subset) -> None:
     assert pred["slo_violations"] < plain["slo_violations"] / 4
 
 
+def test_decode_stage_rejection_baseline(subset) -> None:
+    """The paper's Table 3 baseline: rejecting at the decode stage wastes the prefill of every
+    rejected request; neither it nor prediction-based early rejection admits a TBT violator.
+    (Which rejects fewer depends on the regime: see BENCHMARKS.md.)"""
+    base = dict(policy="conductor", prefill=8, decode=1, cache_blocks=5000, speed=4.0)
+    res = simulate(subset, SimConfig(**base, slo=SloConfig(tbt_s=0.04), rejection="decode"))
+    late = [o for o in res.outcomes if o.rejected]
+    assert late and all(o.reason == "tbt_at_decode" and not math.isnan(o.ttft) for o in late)
+    baseline = summarize(res)
+    pred = summarize(simulate(subset, SimConfig(**base, slo=SloConfig(tbt_s=0.04, prediction_horizon_s=30.0),
+                                                rejection="early+decode")))
+    assert baseline["slo_violations"] == 0 and pred["slo_violations"] == 0
+    assert pred["rejected"] > 0 and baseline["completed"] + baseline["rejected"] == baseline["requests"]
+    with pytest.raises(ValueError, match="rejection"):
+        SimConfig(rejection="late")
+
+
 def test_conductor_with_store_reaches_global_cache_bound(subset) -> None:
     """With an unlimited store every prefix ever computed is reachable, so the conductor's
     reuse approaches the trace's intrinsic reuse (one unlimited global LRU) — and can never

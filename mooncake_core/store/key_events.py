@@ -1,0 +1,91 @@
+"""The master's key-event log: which keys appeared and disappeared, for subscribers (pure).
+
+Why: a scheduler (the proxy's Conductor) wants to know which KV blocks the store holds
+without asking the master about every candidate key of every request. The master appends one
+event per change of a key's existence -- ``put`` (a put ended / an object was re-reported),
+``remove`` (removed, overwritten or its segment unmounted), ``evict`` (dropped for space),
+``expire`` (its owner stopped heart-beating) -- to a bounded ring, and subscribers pull what
+follows their cursor (``WatchKeysReq``) over the master's ordinary RPC.
+
+The master never waits on a subscriber: appending is O(1) into a ring of ``capacity``
+events; a subscriber that falls more than ``capacity`` events behind (or arrives after a
+restart: the cursor belongs to another ``epoch``) is told so (``gap``) and gets a snapshot of
+the current keys under its prefix instead, after which it follows events again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Literal
+
+KeyEventKind = Literal["put", "remove", "evict", "expire"]
+KIND_CODES: dict[str, int] = {"put": 1, "remove": 2, "evict": 3, "expire": 4}
+KIND_NAMES: dict[int, str] = {v: k for k, v in KIND_CODES.items()}
+
+#: events the master keeps for subscribers (~100 bytes each with the key)
+DEFAULT_CAPACITY = 1 << 17
+#: most events one WatchKeys reply carries (a subscriber pulls again for the rest)
+MAX_BATCH = 1 << 14
+
+
+class KeyEventLog:
+    """Bounded ring of ``(seq, kind_code, key)``; ``seq`` starts at 1 and increases by one."""
+
+    __slots__ = ("capacity", "_ring", "_seq")
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if not isinstance(capacity, int) or capacity < 0:
+            raise ValueError(f"key event capacity must be an int >= 0 (0 = off), got {capacity!r}")
+        self.capacity = capacity
+        self._ring: deque[tuple[int, int, str]] = deque(maxlen=capacity or 1)
+        self._seq = 0
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the newest event (0 = none yet)."""
+        return self._seq
+
+    def publish(self, kind: KeyEventKind, key: str) -> None:
+        if not self.capacity:
+            return
+        self._seq += 1
+        self._ring.append((self._seq, KIND_CODES[kind], key))
+
+    def publish_many(self, kind: KeyEventKind, keys: Iterable[str]) -> None:
+        for k in keys:
+            self.publish(kind, k)
+
+    def since(self, after: int, prefix: str = "",
+              limit: int = MAX_BATCH) -> tuple[list[tuple[int, int, str]], int, bool]:
+        """Events with ``seq > after`` whose key starts with ``prefix`` (at most ``limit``).
+
+        Returns ``(events, cursor, gap)``: ``cursor`` is what to pass as ``after`` next time
+        (covers skipped non-matching events too); ``gap`` is True when events after ``after``
+        were already dropped from the ring (or ``after`` is from the future: another term) --
+        the caller must then resynchronise from a snapshot.
+        """
+        if after > self._seq or not self.capacity:
+            return [], self._seq, True
+        ring = self._ring
+        first = ring[0][0] if ring else self._seq + 1
+        if after + 1 < first:
+            return [], self._seq, True
+        if after == self._seq:
+            return [], after, False
+        # walk back from the newest event (a subscriber is usually close behind), then forward
+        backlog: list[tuple[int, int, str]] = []
+        for ev in reversed(ring):
+            if ev[0] <= after:
+                break
+            backlog.append(ev)
+        backlog.reverse()
+        out: list[tuple[int, int, str]] = []
+        cursor = after
+        limit = max(1, min(limit, MAX_BATCH))
+        for ev in backlog:
+            cursor = ev[0]
+            if ev[2].startswith(prefix):
+                out.append(ev)
+                if len(out) >= limit:
+                    break
+        return out, cursor, False
