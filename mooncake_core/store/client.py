@@ -1034,6 +1034,15 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
                 if isinstance(rc, int) and rc < 0:
                     results[i] = rc
                     continue
+                if upsert and rc == 0:
+                    # published nothing: the master no longer knew this put (it changed during
+                    # the write) and the key is back with another value. 0 would tell the caller
+                    # its value replaced the old one while every reader keeps the old one.
+                    results[i] = _NOT_FOUND
+                    log.warning("%s of %r: the master lost the put in progress (restart or failover "
+                                "during the write); the value was not published", op, keys[i])
+                    self._owned.discard([keys[i]])
+                    continue
                 self._remember_owned(keys[i], allocs[i], rc)
         total = sum(sizes[i] for i in range(n) if results[i] == OK)
         self._count(op, min(results) if results else OK, total, t0)
@@ -1304,7 +1313,9 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
         return self._call(lambda: self._put_many([key], [[(addr, size)]], cfg, upsert=False, op="put")[0], keep)
 
     def upsert(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
-        """Insert or replace ``key`` (readers holding a lease on the old value keep it)."""
+        """Insert or replace ``key`` (readers holding a lease on the old value keep it).
+        0 only when this value was published; -704 when the master changed during the
+        write and lost the put in progress (the old value, if any, stays: retry)."""
         key = _check_key(key, "upsert")
         cfg = _check_config(config, "upsert")
         addr, size, keep = _buffer_addr(value, "upsert: value")
