@@ -19,7 +19,7 @@ A read of key ``k`` over ``[rs, re]`` that returned write ``W`` is
 A **hang** is an operation that ran longer than ``hang_after`` once the time its own process
 spent stopped (SIGSTOP) is taken off -- finished, still running at shutdown, or running
 when its process died. **Recovery** after a fault is the time from its heal until every
-load thread has finished one successful operation begun after the heal.
+load thread has finished, begun after the heal, an acknowledged write and an answered read.
 """
 
 from __future__ import annotations
@@ -123,19 +123,6 @@ def load_ops(records: Iterable[dict[str, Any]]) -> list[Op]:
             o.wid = r.get("v", o.wid)
             o.got, o.st = r.get("got"), r.get("st")
     return sorted(ops.values(), key=lambda o: o.ts)
-
-
-def is_success(o: Op) -> bool:
-    """The system gave a definite answer (what recovery waits for)."""
-    if o.te is None or o.rc is None:
-        return False
-    if o.op in READS:
-        return o.st in ("ok", "miss")
-    if o.op in WRITES:
-        return o.rc in (0, EXISTS)
-    if o.op == "remove":
-        return o.rc in (0, NOT_FOUND, LEASED)
-    return o.rc >= 0
 
 
 def _rc_name(o: Op) -> str:
@@ -286,15 +273,22 @@ def explain_stale(superseders: list[Op], tl: Timeline, cfg: Config, read_end: in
 
 
 def recovery(ops: list[Op], tl: Timeline) -> dict[str, Any]:
-    """Per fault kind: seconds from heal until every load thread succeeded again."""
+    """Per fault kind: seconds from heal until every load thread has had, begun after the
+    heal, an acknowledged write and a read that got an answer (hit or miss) -- so a store
+    that answers reads with misses but cannot take writes has not recovered."""
     slots = sorted({(o.writer, o.thread) for o in ops})
-    succ: dict[tuple[int, int], list[tuple[int, int]]] = {s: [] for s in slots}
+    # per slot and need: (start, end) of the ops meeting it, sorted (a slot's ops are sequential)
+    good: dict[tuple[int, int, str], list[tuple[int, int]]] = {(w, t, k): [] for w, t in slots for k in "wr"}
     for o in ops:
-        if is_success(o):
-            succ[(o.writer, o.thread)].append((o.ts, o.te))
-    for v in succ.values():
+        if o.te is None:
+            continue
+        if o.op in WRITES and o.rc == 0:
+            good[(o.writer, o.thread, "w")].append((o.ts, o.te))
+        elif o.op in READS and o.st in ("ok", "miss"):
+            good[(o.writer, o.thread, "r")].append((o.ts, o.te))
+    for v in good.values():
         v.sort()
-    starts = {s: [a for a, _ in v] for s, v in succ.items()}
+    starts = {k: [a for a, _ in v] for k, v in good.items()}
     faults = sorted(tl.faults, key=lambda f: f.t0)
     per_kind: dict[str, list[float]] = {}
     unrecovered: dict[str, int] = {}
@@ -303,14 +297,12 @@ def recovery(ops: list[Op], tl: Timeline) -> dict[str, Any]:
         horizon = faults[idx + 1].t0 if idx + 1 < len(faults) else tl.t_end
         worst = 0
         ok = True
-        for s in slots:
-            # a slot's operations are sequential, so the first success begun after the heal
-            # is also the first to end
-            i = bisect.bisect_left(starts[s], f.t1)
-            if i >= len(succ[s]) or succ[s][i][1] > horizon:
+        for key, v in good.items():
+            i = bisect.bisect_left(starts[key], f.t1)
+            if i >= len(v) or v[i][1] > horizon:
                 ok = False
                 break
-            worst = max(worst, succ[s][i][1] - f.t1)
+            worst = max(worst, v[i][1] - f.t1)
         if ok:
             per_kind.setdefault(f.kind, []).append(worst / S)
         else:

@@ -83,8 +83,9 @@ class Life:
 
 class Slot:
     def __init__(self, name: str, kind: str, index: int, cmd: Callable[[int], list[str]],
-                 env: dict[str, str], log_dir: str):
+                 env: dict[str, str], log_dir: str, piped: bool | None = None):
         self.name, self.kind, self.index = name, kind, index
+        self.piped = kind == "client" if piped is None else piped  # JSON lines on stdout, stop = stdin EOF
         self.cmd, self.env, self.log_dir = cmd, env, log_dir
         self.proc: subprocess.Popen | None = None
         self.lives: list[Life] = []
@@ -93,6 +94,7 @@ class Slot:
         self.ready = threading.Event()
         self.progress = {"p": 0, "e": 0, "s": 0, "t": 0}
         self.done: dict[str, Any] | None = None
+        self.info: dict[str, Any] = {}  # the process's "ready" message
         self._log = None
 
     @property
@@ -114,7 +116,7 @@ class Slot:
         self.ready.clear()
         self.done = None
         self.progress = {"p": 0, "e": 0, "s": 0, "t": 0}
-        piped = self.kind == "client"
+        piped = self.piped
         self.proc = subprocess.Popen(self.cmd(inc), env=self.env,
                                      stdin=subprocess.PIPE if piped else subprocess.DEVNULL,
                                      stdout=subprocess.PIPE if piped else self._log,
@@ -134,6 +136,7 @@ class Slot:
             if proc is not self.proc:
                 return
             if "ready" in msg:
+                self.info = msg
                 self.ready.set()
             elif "p" in msg:
                 self.progress = dict(msg, t=time.monotonic_ns())
@@ -153,6 +156,26 @@ class Slot:
                 self.proc.send_signal(sig)
             except ProcessLookupError:
                 pass
+
+    def close_stdin(self) -> None:
+        """Ask a piped process to finish (its stdin reaches EOF)."""
+        if self.alive() and self.proc.stdin:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def wait_or_kill(self, timeout: float) -> bool:
+        """Wait for the process to exit; SIGKILL it after ``timeout``. True if it exited by itself."""
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(10)
+            return False
 
     def close_log(self) -> None:
         if self._log:
@@ -215,7 +238,8 @@ class Cluster:
     """etcd (HA only) + masters + clients of one implementation, on ``host_ip``."""
 
     def __init__(self, impl: Impl, cfg: ClusterConfig, workdir: str, host_ip: str = "127.0.0.1",
-                 client_ips: list[str] | None = None, exec_prefix: Callable[[int], list[str]] | None = None):
+                 client_ips: list[str] | None = None, exec_prefix: Callable[[int], list[str]] | None = None,
+                 sample_every: float = 2.0):
         self.impl, self.cfg, self.dir = impl, cfg, workdir
         self.host_ip = host_ip
         self.client_ips = client_ips or [host_ip] * cfg.clients
@@ -228,6 +252,8 @@ class Cluster:
         self.etcd: list[Slot] = []
         self.masters: list[Slot] = []
         self.clients: list[Slot] = []
+        self.extra: list[Slot] = []  # other processes to sample and stop (the soak's TE load)
+        self.sample_every = sample_every
         self.events: list[dict[str, Any]] = []  # unexpected exits and restarts
         self.samples: list[tuple[int, str, int, int, int]] = []  # (t, slot, pid, rss kB, fds)
         self._stop = threading.Event()
@@ -456,15 +482,15 @@ class Cluster:
 
     def sample(self) -> None:
         t = time.monotonic_ns()
-        for slot in self.etcd + self.masters + self.clients:
+        for slot in self.etcd + self.masters + self.clients + self.extra:
             pid = slot.pid
             st = proc_stats(pid) if pid else None
             if st and st[0] > 0:  # no VmRSS: the process is exiting
                 self.samples.append((t, slot.name, pid, st[0], st[1]))
 
-    def _sample_loop(self, every: float = 2.0) -> None:
+    def _sample_loop(self) -> None:
         self.sample()
-        while not self._stop.wait(every):
+        while not self._stop.wait(self.sample_every):
             self.sample()
 
     # ------------------------------------------------------------------ stop
@@ -476,23 +502,16 @@ class Cluster:
         for c in self.clients:
             if c.paused:
                 self.resume(c)
-            if c.alive() and c.proc.stdin:
-                try:
-                    c.proc.stdin.close()
-                except OSError:
-                    pass
+            c.close_stdin()
         deadline = time.monotonic() + self.cfg.stop_timeout_s + 20
         for c in self.clients:
             if c.proc is None:
                 continue
-            try:
-                c.proc.wait(max(0.1, deadline - time.monotonic()))
+            if c.wait_or_kill(max(0.1, deadline - time.monotonic())):
                 c.ended("stopped")
-            except subprocess.TimeoutExpired:
-                log.warning("client did not stop; killing it", extra={"slot": c.name})
+            else:
+                log.warning("client did not stop; killed it", extra={"slot": c.name})
                 self.events.append({"slot": c.name, "event": "did not stop", "t": time.monotonic_ns()})
-                c.signal(signal.SIGKILL)
-                c.proc.wait(10)
                 c.ended("killed at stop")
 
     def stop(self) -> None:
@@ -502,16 +521,16 @@ class Cluster:
         with self.lock:
             if any(c.alive() for c in self.clients):
                 self.stop_clients()
+            for slot in self.extra:
+                slot.close_stdin()
+            for slot in self.extra:
+                slot.wait_or_kill(20)
+                slot.ended("stopped")
             for slot in self.masters + self.etcd:
                 if slot.paused:
                     slot.signal(signal.SIGCONT)
-                if slot.alive():
-                    slot.signal(signal.SIGTERM)
-                    try:
-                        slot.proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        slot.signal(signal.SIGKILL)
-                        slot.proc.wait(10)
+                slot.signal(signal.SIGTERM)
+                slot.wait_or_kill(10)
                 slot.ended("stopped")
-            for slot in self.etcd + self.masters + self.clients:
+            for slot in self.etcd + self.masters + self.clients + self.extra:
                 slot.close_log()

@@ -120,7 +120,7 @@ def render(runs: list[dict[str, Any]]) -> str:
     row("  all faults: recovery p50/p99 s",
         lambda r: f"{_fmt(r['check']['recovery']['all']['p50_s'])}/{_fmt(r['check']['recovery']['all']['p99_s'])}")
     row("client exits not injected", lambda r: sum(len(p["unexpected_exits"]) for n, p in r["procs"].items() if n.startswith("client")))
-    row("master exits not injected", lambda r: sum(len(p["unexpected_exits"]) for n, p in r["procs"].items() if n.startswith("master")))
+    row("master exits not injected (step-downs)", lambda r: sum(len(p["unexpected_exits"]) for n, p in r["procs"].items() if n.startswith("master")))
     row("master RSS MB before->after", lambda r: _arrow(r["procs"], "master", "rss_mb"))
     row("clients RSS MB (sum) before->after", lambda r: _arrow(r["procs"], "client", "rss_mb"))
     row("master fds before->after", lambda r: _arrow(r["procs"], "master", "fds"))

@@ -8,9 +8,8 @@ driven identically. Each load thread loops over random keys doing ``get_into`` /
 appended to ``ops-w<writer>-i<incarnation>.jsonl`` (oplog.py) for the checker.
 
 stdout (one JSON object per line, read by the harness): ``{"ready": ...}`` once set up,
-``{"p": ops, "e": errors, "s": successes, "ok_since": ns}`` four times a second (``ok_since``: the
-oldest start time among each thread's latest successful op -- every thread has succeeded
-with an op begun at or after it), ``{"done": ops, "stuck": n}`` at the end.
+``{"p": ops, "e": errors, "s": successes, "ok_since": ns}`` four times a second (``ok_since``: every
+thread has had an acknowledged write and an answered read, both begun at or after it), ``{"done": ops, "stuck": n}`` at the end.
 The worker stops when its stdin closes or on SIGTERM: threads finish their current op
 (bounded by ``--stop-timeout``), ops still running are logged as ``stuck``.
 """
@@ -32,20 +31,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # bench/ (chaoslib)
 
 from chaoslib import payload  # noqa: E402
+from chaoslib.mooncake_import import mooncake_module  # noqa: E402
 from chaoslib.oplog import OpLog, log_path  # noqa: E402
 
 DEFAULT_MIX = "get_into=40,get=10,upsert=25,put=15,remove=10"
 
 
 def store_class(impl: str):
-    if impl == "ours":
-        sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the checkout
-        from mooncake_core import compat
-
-        compat.install(force=True)
-    from mooncake.store import MooncakeDistributedStore
-
-    return MooncakeDistributedStore
+    return mooncake_module(impl, "store").MooncakeDistributedStore
 
 
 def parse_mix(spec: str) -> list[tuple[str, int]]:
@@ -79,7 +72,10 @@ class Worker:
         self.ops = 0
         self.errors = 0
         self.successes = 0
-        self.last_ok: list[int] = [0] * args.threads  # per thread: start (ns) of its latest success
+        # per thread: start (ns) of its latest acknowledged write and of its latest read that
+        # got an answer (hit or miss) -- recovery needs both
+        self.last_write_ok: list[int] = [0] * args.threads
+        self.last_read_ok: list[int] = [0] * args.threads
         self.current: dict[int, tuple] = {}  # thread -> (n, op, key, ts) while an op runs
         self.mix = parse_mix(args.mix)
         self.keys = [f"{args.key_prefix}{i:05d}" for i in range(args.keys)]
@@ -152,7 +148,10 @@ class Worker:
                 self.errors += failed
                 if not failed and rec.get("st") not in payload.FOREIGN:
                     self.successes += 1
-                    self.last_ok[t] = ts
+                if op in ("put", "upsert") and rc == 0:
+                    self.last_write_ok[t] = ts
+                elif rec.get("st") in ("ok", "miss"):
+                    self.last_read_ok[t] = ts
         try:
             self.s.unregister_buffer(ptr)
         except Exception:  # noqa: BLE001 - shutting down
@@ -164,7 +163,7 @@ class Worker:
         for th in threads:
             th.start()
         while not self.stop.wait(0.25):
-            emit({"p": self.ops, "e": self.errors, "s": self.successes, "ok_since": min(self.last_ok)})
+            emit({"p": self.ops, "e": self.errors, "s": self.successes, "ok_since": min(self.last_write_ok + self.last_read_ok)})
         deadline = time.monotonic() + self.a.stop_timeout
         for th in threads:
             th.join(max(0.0, deadline - time.monotonic()))

@@ -156,17 +156,25 @@ def test_hangs_exclude_own_pause_and_count_stuck_and_killed_ops() -> None:
 
 
 # ---------------------------------------------------------------- recovery
-def test_recovery_waits_for_every_load_thread() -> None:
+def test_recovery_needs_an_acked_write_and_an_answered_read_from_every_thread() -> None:
     ops = [
-        _op("get", "k", 0.5, 0.6, 0, w=0, n=1, st="miss"),
-        _op("get", "k", 0.5, 0.6, 0, w=1, n=1, st="miss"),
-        _op("upsert", "k", 10.2, 11.0, -900, w=0, n=2, wid="0.0.0.1"),  # an error is no recovery
-        _op("upsert", "k", 11.0, 12.0, 0, w=0, n=3, wid="0.0.0.2"),
-        _op("get_into", "k", 10.5, 10.7, -704, w=1, n=2, st="miss"),
+        _op("upsert", "k", 0.5, 0.6, 0, w=0, n=1, wid="0.0.0.1"),
+        _op("get", "k", 0.7, 0.8, 0, w=0, n=2, st="miss"),
+        _op("upsert", "k", 0.5, 0.6, 0, w=1, n=1, wid="1.0.0.1"),
+        _op("get", "k", 0.7, 0.8, 0, w=1, n=2, st="miss"),
+        # after the heal at 10 s
+        _op("upsert", "k", 10.2, 11.0, -900, w=0, n=3, wid="0.0.0.2"),  # an error is no recovery
+        _op("get_into", "k", 11.0, 11.1, -704, w=0, n=4, st="miss"),
+        _op("upsert", "k", 11.1, 12.0, 0, w=0, n=5, wid="0.0.0.3"),
+        _op("get_into", "k", 10.5, 10.7, 100, w=1, n=3, got="1.0.0.1", st="ok"),
+        _op("put", "k", 10.7, 10.9, 0, w=1, n=4, wid="1.0.0.2"),
     ]
     tl = _tl(faults=[Fault("kill-master", "master0", int(9 * S), int(10 * S))])
     rec = checker.recovery(ops, tl)
     assert rec["by_kind"]["kill-master"] == {"n": 1, "recovered": 1, "p50_s": 2.0, "p99_s": 2.0}
+    # answering reads only (every write failing) is not recovered
+    only_reads = [o for o in ops if not (o.writer == 0 and o.n == 5)]
+    assert checker.recovery(only_reads, tl)["by_kind"]["kill-master"]["recovered"] == 0
     # a thread that never succeeds again before the next fault: unrecovered
     tl.faults.append(Fault("pause-client", "client1", int(12.5 * S), int(13 * S)))
     rec = checker.recovery(ops, tl)
