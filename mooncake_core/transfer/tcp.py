@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -81,6 +82,8 @@ def _remaining(deadline: float, what: str) -> float:
     return r
 
 
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, drops unsent data
+
 class _Conn:
     """One connection to a peer; used by one thread at a time."""
 
@@ -104,6 +107,25 @@ class _Conn:
     def close(self) -> None:
         try:
             self.sock.close()
+        except OSError:
+            pass
+
+    def abort(self) -> None:
+        """Close with a reset: bytes still queued for the peer are discarded. A plain close
+        keeps retransmitting them, so a write given up on (timeout across a partition) could
+        land after the master handed its range to another put (found by bench/chaos.py)."""
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        except OSError:
+            pass
+        self.close()
+
+    def kill(self) -> None:
+        """From another thread: make a send/recv blocked on this connection fail at once (the
+        thread using it then aborts it)."""
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+            self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
 
@@ -299,6 +321,43 @@ class _VecWork:
         self._redo.extend(ks)
 
 
+class _Group:
+    """The connections one transfer's threads are using. A transfer that fails (an error, or
+    its deadline) cancels the group before it returns: threads still blocked in a send fail at
+    once and reset their connections, and none starts another request. So when the caller
+    hears "failed", no byte of it can still reach the peer -- the store then revokes the put,
+    and the master may hand the range to another writer at once (bench/chaos.py found late
+    bytes of a timed-out write overwriting the next object after a partition healed)."""
+
+    __slots__ = ("conns", "lock", "cancelled")
+
+    def __init__(self) -> None:
+        self.conns: set[_Conn] = set()
+        self.lock = threading.Lock()
+        self.cancelled = False
+
+    def enter(self, c: _Conn) -> None:
+        with self.lock:
+            if self.cancelled:
+                raise TransferError("transfer cancelled: another part of it failed")
+            self.conns.add(c)
+
+    def leave(self, c: _Conn) -> None:
+        with self.lock:
+            self.conns.discard(c)
+
+    def cancel(self, futs: list) -> None:
+        """Stop every part of the transfer and wait (bounded) until none is running."""
+        with self.lock:
+            self.cancelled = True
+            conns = list(self.conns)
+        for c in conns:
+            c.kill()
+        running = [f for f in futs if not f.cancel()]
+        if running:
+            wait(running, timeout=5.0)
+
+
 class _PeerPool:
     """Connections and worker threads dedicated to one peer (per-peer isolation)."""
 
@@ -344,9 +403,10 @@ class _PeerPool:
         """Close a connection whose exchange failed; return the error to raise.
 
         A refused request or an I/O error leaves the stream in an unknown state, so the
-        connection is never reused; socket errors become TransferErrors naming the peer.
+        connection is never reused (and reset: nothing of it may reach the peer later);
+        socket errors become TransferErrors naming the peer.
         """
-        c.close()
+        c.abort()
         if isinstance(e, TransferError):
             return e
         if isinstance(e, (OSError, WireError, PeerClosed)):
@@ -356,21 +416,30 @@ class _PeerPool:
             return TransferError(f"segment {self.name}: connection failed: {e}", peer_down=True)
         return e
 
-    def use(self, fn, deadline: float):
+    def use(self, fn, deadline: float, group: _Group | None = None):
         c = self.checkout(deadline)
         try:
+            if group is not None:
+                group.enter(c)
             out = fn(c)
         except BaseException as e:
             err = self.failed(c, e)
-            if not self._stale(c, e):
+            if not self._stale(c, e) or (group is not None and group.cancelled):
                 raise err from None
             log.info("pooled connection was closed by the peer; retrying on a new one",
                      extra={"segment": self.name})
+            if group is not None:
+                group.leave(c)
             c = _Conn(self.host, self.port, deadline, self.name)
             try:
+                if group is not None:
+                    group.enter(c)
                 out = fn(c)
             except BaseException as e2:
                 raise self.failed(c, e2) from None
+        finally:
+            if group is not None:
+                group.leave(c)
         self.checkin(c)
         return out
 
@@ -448,21 +517,23 @@ class TcpTransport(Transport):
         total = sum(s.length for s in slices)
         ngroups = 1 if total < 2 * self.slice_size else min(self.nconn, len(slices))
         groups = partition(slices, ngroups)
-        futs = [pool.executor.submit(pool.use, (lambda g: lambda c: c.run(g, deadline))(g), deadline)
+        group = _Group()
+        futs = [pool.executor.submit(pool.use, (lambda g: lambda c: c.run(g, deadline))(g), deadline, group)
                 for g in groups[1:]]
         first_err: BaseException | None = None
         try:
-            pool.use(lambda c: c.run(groups[0], deadline), deadline)
+            pool.use(lambda c: c.run(groups[0], deadline), deadline, group)
         except TransferError as e:
             first_err = e
         if futs:
-            done, not_done = wait(futs, timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+            done, not_done = wait(futs, timeout=0 if first_err else max(0.0, deadline - time.monotonic()) + 1.0)
             for f in done:
                 if f.exception() is not None and first_err is None:
                     first_err = f.exception()
             if not_done and first_err is None:
                 first_err = TransferError(f"segment {desc.name}: timed out (MC_TRANSFER_TIMEOUT)", peer_down=True)
         if first_err is not None:
+            group.cancel(futs)
             raise first_err
 
     def transfer_arrays(self, desc: SegmentDescriptor, opcode: TransferOpcode, local: np.ndarray,
@@ -493,10 +564,11 @@ class TcpTransport(Transport):
             return
         pool = self.pool(desc.host, desc.port, desc.name)
         work = _VecWork(nreq)
+        group = _Group()
 
         def worker() -> None:
             try:
-                pool.use(lambda c: c.run_vec(write, plan, work, deadline), deadline)
+                pool.use(lambda c: c.run_vec(write, plan, work, deadline), deadline, group)
             except BaseException:
                 work.failed = True  # the others stop taking requests
                 raise
@@ -520,6 +592,8 @@ class TcpTransport(Transport):
         if first_err is None and (work.take() is not None):
             first_err = TransferError(f"segment {desc.name}: vectored batch left requests undone")
         if first_err is not None:
+            work.failed = True
+            group.cancel(futs)
             raise first_err
 
     def close(self) -> None:
