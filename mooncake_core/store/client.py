@@ -828,13 +828,15 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
                 # remember it until the re-mount and re-report really went through
                 if getattr(reply, "need_remount", False):
                     self._remount_pending = True
-                if self._remount_pending:
-                    self._remount()
-                    self._remount_pending = False
+                # removals first: a master that expired us sends what was removed meanwhile
+                # with its need_remount, and those objects must not be re-reported
                 removed = getattr(reply, "removed", None)
                 all_before = getattr(reply, "removed_all_before", 0)
                 if removed or all_before:
                     self._owned.discard_removed(removed or [], all_before)
+                if self._remount_pending:
+                    self._remount()
+                    self._remount_pending = False
                 tasks = getattr(reply, "offload_tasks", None) or []
                 if tasks:
                     self._queue_offload(tasks)

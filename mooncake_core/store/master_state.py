@@ -258,6 +258,12 @@ class MasterState:
         #: forgotten 2 x client_ttl after the last report, when late reports cannot matter
         self.reported: dict[str, int] = {}
         self._reported_until = 0.0
+        #: clients expired for silence: their undelivered removal notices, kept (2 x client_ttl)
+        #: so that a client coming back does not re-report what was removed meanwhile
+        self.departed: dict[str, tuple[float, list[tuple[str, int]], int]] = {}
+        #: segment name -> the latest lease end of what it held when it was unmounted: a
+        #: re-mount before then takes no new allocation (a reader may still be copying)
+        self.lease_floor: dict[str, float] = {}
         # readers whose copy took longer than this confirm the epoch afterwards; kept below the
         # hold for margin (the reader's clock starts before the grant, the hold after it). 0 = the
         # hold is off and so is the check (the original's behaviour).
@@ -339,6 +345,9 @@ class MasterState:
         c = self.clients.get(client_id)
         if c is None:
             c = self.clients[client_id] = ClientInfo(client_id, now)
+            gone = self.departed.pop(client_id, None)
+            if gone is not None:  # back after an expiry: its first reply carries what it missed
+                _, c.removed, c.removed_all_before = gone
             return c, True
         c.last_seen = now
         return c, False
@@ -379,6 +388,10 @@ class MasterState:
         if prev_epoch and prev_epoch != self.epoch and self.cfg.recovery_hold_s > 0:
             seg.hold_until = now + self.cfg.recovery_hold_s
             self._holds_until = max(self._holds_until, seg.hold_until)
+        floor = self.lease_floor.pop(segment_name, 0.0)
+        if floor > now:  # unmounted (client expired) while readers held leases on it
+            seg.hold_until = max(seg.hold_until, floor)
+            self._holds_until = max(self._holds_until, seg.hold_until)
         self._next_seg_id += 1
         self.segments[segment_name] = seg
         self.segs_by_id[seg.seg_id] = seg
@@ -408,10 +421,12 @@ class MasterState:
         if c is not None:
             c.segments.discard(seg.name)
         lost = 0
+        floor = max((g[0] for g in self.graveyard if g[2] is seg), default=0.0)
         for key, meta in list(self.objects.items()):
             s = meta.seg
             if s is None or (s is not seg and (type(s) is not tuple or seg not in s)):
                 continue
+            floor = max(floor, meta.lease)
             meta.set_reps([r for r in meta.reps() if r[0] is not seg])
             if meta.seg is None:
                 self.offloading.pop(key, None)
@@ -426,6 +441,8 @@ class MasterState:
         if any(g[2] is seg for g in self.graveyard):
             self.graveyard = [g for g in self.graveyard if g[2] is not seg]
             heapq.heapify(self.graveyard)
+        if floor > now:
+            self.lease_floor[seg.name] = floor
         log.info("segment unmounted", extra={"segment": seg.name, "client": seg.client_id, "objects_lost": lost})
         return lost
 
@@ -924,9 +941,17 @@ class MasterState:
                             self._free(r, p.size)
                         del self.inflight[key]
                 del self.clients[cid]
+                if c.removed or c.removed_all_before:
+                    self.departed[cid] = (now, c.removed, c.removed_all_before)
                 self.stats.expired_clients += 1
                 log.warning("client expired: no heartbeat within client_ttl",
                             extra={"client": cid, "client_ttl_s": ttl, "objects_lost": lost})
+        if self.departed:
+            for cid in [k for k, v in self.departed.items() if now - v[0] > 2 * ttl]:
+                del self.departed[cid]
+        if self.lease_floor:
+            for name in [k for k, t in self.lease_floor.items() if t <= now]:
+                del self.lease_floor[name]
         while self.graveyard and self.graveyard[0][0] <= now:
             _, _, seg, off, size = heapq.heappop(self.graveyard)
             self._free((seg, off), size)

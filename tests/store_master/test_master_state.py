@@ -556,3 +556,42 @@ def test_recovery_hold_off_means_no_confirmation() -> None:
     st.mount_segment("c0", "seg0", 0x1000, MiB, prev_epoch=12345)
     put(st, "k", 100)
     assert st.get_replica_list("k").confirm_after_ms == 0
+
+def test_an_expired_client_gets_its_missed_removals_when_it_comes_back() -> None:
+    """Found by bench/chaos.py: a client silent past client_ttl lost its pending removal
+    notices with its record, came back, and re-reported objects removed meanwhile (whose
+    ranges other writers could already be writing: foreign bytes)."""
+    st, clock = make(client_ttl_s=2.0)
+    st.heartbeat("c0")
+    reps = put(st, "k", 100, Cfg(preferred_segments=["seg0"]))
+    assert reps[0].segment_name == "seg0"
+    st.remove("k")  # the notice for c0 waits for its next heartbeat -- which comes too late
+    clock.advance(2.5)
+    st.tick()  # c0 expired: its segment and objects are gone
+    assert "seg0" not in st.segments
+    reply = st.heartbeat("c0")
+    assert reply.need_remount
+    assert [k for k, _ in reply.removed] == ["k"] or reply.removed_all_before > 0
+    assert not st.heartbeat("c0").removed  # delivered once
+    # a client that does not come back within 2 x client_ttl is forgotten
+    st2, clock2 = make(n_segs=1, client_ttl_s=2.0)
+    put(st2, "j", 100)
+    st2.remove("j")
+    clock2.advance(2.5)
+    st2.tick()
+    assert st2.departed
+    clock2.advance(4.5)
+    st2.tick()
+    assert not st2.departed and not st2.heartbeat("c0").removed
+
+
+def test_a_segment_back_after_an_expiry_waits_for_the_leases_it_held() -> None:
+    st, clock = make(n_segs=1, client_ttl_s=2.0, default_kv_lease_ttl_ms=5000)
+    put(st, "k", 100)
+    st.get_replica_list("k")  # a reader copies under a 5 s lease
+    clock.advance(2.5)
+    st.tick()  # the owner expired while the reader may still be copying
+    st.mount_segment("c0", "seg0", 0x10000000, MiB)
+    assert code_of(st.put_start, "c0", "new", 100) == ErrorCode.NO_AVAILABLE_HANDLE
+    clock.advance(2.6)  # past the lease granted 5.1 s ago
+    assert st.put_start("c0", "new", 100)[0].segment_name == "seg0"
