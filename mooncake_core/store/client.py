@@ -425,6 +425,12 @@ class _Segment:
             pass
 
 
+def _unresponsive(engine: Any, t0: float) -> bool:
+    """A transfer that failed after at least half the engine's timeout hit an unresponsive
+    peer (stopped, cut off), not a quick refusal: retrying it costs another full timeout."""
+    return time.monotonic() - t0 >= 0.5 * float(getattr(engine, "timeout", 30.0) or 30.0)
+
+
 def _check_key(key: Any, what: str) -> str:
     if not isinstance(key, str):
         raise TypeError(f"{what}: key must be str, got {type(key).__name__} ({key!r:.60})")
@@ -928,9 +934,13 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
         self._owned.discard([key])
 
     # ================================================================== data path: writes
-    def _write_replicas(self, jobs: list[tuple[list[tuple[int, int]], int, Any]]) -> None:
+    def _write_replicas(self, jobs: list[tuple[list[tuple[int, int]], int, Any]],
+                        skip: set[str] | None = None) -> None:
         """Write ``(source parts, object size, replica)`` jobs: memcpy into our own segment,
-        one ``batch_transfer_sync_write`` per remote segment. Raises MooncakeError(-800)."""
+        one ``batch_transfer_sync_write`` per remote segment. Raises MooncakeError(-800).
+        ``skip``: segments that just timed out (not tried again; a failing one that took that
+        long is added), so one dead peer costs a batch one timeout, not one per key."""
+        skip = set() if skip is None else skip
         remote: dict[str, tuple[list[int], list[int], list[int]]] = {}
         for parts, total, rep in jobs:
             own = rep.segment_name == self._segment_name and self._segment is not None
@@ -943,8 +953,13 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
                     lists[1].append(dst)
                     lists[2].append(n)
         for seg_name, (srcs, dsts, lens) in remote.items():
+            if seg_name in skip:
+                raise MooncakeError(_TRANSFER_FAIL, f"segment {seg_name} did not answer a moment ago; not retried")
+            t0 = time.monotonic()
             rc = self._engine.batch_transfer_sync_write(seg_name, srcs, dsts, lens)
             if rc is None or rc < 0:
+                if _unresponsive(self._engine, t0):
+                    skip.add(seg_name)
                 raise MooncakeError(_TRANSFER_FAIL, f"write of {sum(lens)} bytes to segment {seg_name} failed ({rc})")
 
     def _put_many(self, keys: list[str], srcs: list[list[tuple[int, int]]], cfg: ReplicateConfig,
@@ -996,18 +1011,20 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
         failed: list[int] = []
         if started:
             jobs = [(srcs[i], sizes[i], rep) for i in started for rep in allocs[i]]
+            dead: set[str] = set()
             try:
-                self._write_replicas(jobs)
+                self._write_replicas(jobs, dead)
                 done = started
             except MooncakeError as e:
-                # retry key by key so one bad peer fails only its keys
+                # retry key by key so one bad peer fails only its keys (and a peer that timed
+                # out is not waited for again)
                 if len(started) == 1:
                     failed = started
                     log.warning("%s: %s", op, e)
                 else:
                     for i in started:
                         try:
-                            self._write_replicas([(srcs[i], sizes[i], rep) for rep in allocs[i]])
+                            self._write_replicas([(srcs[i], sizes[i], rep) for rep in allocs[i]], dead)
                             done.append(i)
                         except MooncakeError as e2:
                             log.warning("%s of %r: %s", op, keys[i], e2)
@@ -1185,12 +1202,17 @@ class MooncakeDistributedStore(TensorApiMixin, ParallelApiMixin, RangeApiMixin):
                     locs.append(d)
                     rems.append(r)
                     lens.append(m)
+            t0 = time.monotonic()
             rc = self._engine.batch_transfer_sync_read(seg_name, locs, rems, lens)
             if rc is not None and rc >= 0:
                 continue
-            for i, parts, size, order in items:  # retry one by one: isolate the failing key/replica
+            # retry one by one to isolate the failing key/replica -- but a segment that did not
+            # answer for half a timeout is not asked again: only the other replicas are tried
+            gone = _unresponsive(self._engine, t0)
+            for i, parts, size, order in items:
                 try:
-                    self._read_with_fallback(order, parts, size, first_error=rc)
+                    self._read_with_fallback([r for r in order if not (gone and r.segment_name == seg_name)],
+                                             parts, size, first_error=rc)
                 except MooncakeError as e:
                     results[i] = e.code
         now = time.monotonic()
