@@ -194,11 +194,16 @@ MAX_REMOVED_NOTICES = 65536
 
 
 class ClientInfo:
-    __slots__ = ("client_id", "last_seen", "removed", "removed_all_before", "segments", "tasks")
+    __slots__ = ("beats", "client_id", "last_seen", "quarantine", "removed", "removed_all_before", "segments",
+                 "tasks")
 
     def __init__(self, client_id: str, now: float):
         self.client_id = client_id
         self.last_seen = now
+        self.beats = 0  # heartbeats received
+        #: ranges of this client's segment a failed put was writing into: (beats at which to
+        #: free, segment, offset, size) -- see MasterState._quarantine
+        self.quarantine: list[tuple[int, Segment, int, int]] = []
         self.segments: set[str] = set()
         self.tasks: list[OffloadTask] = []
         #: objects in this client's segment removed/overwritten by anyone, (key, version clock at
@@ -303,6 +308,19 @@ class MasterState:
         seg, off = rep
         if self._mounted(seg):
             seg.alloc.free(off, size)
+
+    def _quarantine(self, writer: str, reps: Iterable[Rep], size: int) -> None:
+        """Free the ranges of a put that failed or was abandoned -- once the owner of each
+        segment has sent two more heartbeats. A writer that gave up (timeout) may still have a
+        request queued in a *stopped* owner's socket: the owner applies it when it resumes, and
+        the range must not belong to another object by then (found by bench/chaos.py).
+        Ranges in the writer's own segment (memcpy, nothing in flight) are freed at once."""
+        for seg, off in reps:
+            owner = self.clients.get(seg.client_id)
+            if owner is None or seg.client_id == writer or not self._mounted(seg):
+                self._free((seg, off), size)
+            else:
+                owner.quarantine.append((owner.beats + 2, seg, off, size))
 
     def _release(self, reps: Iterable[Rep], size: int, not_before: float, now: float) -> None:
         """Free memory replicas now, or once ``not_before`` (a lease deadline) has passed."""
@@ -450,6 +468,15 @@ class MasterState:
         if not isinstance(client_id, str) or not client_id:
             raise _err(ErrorCode.INVALID_PARAMS, f"heartbeat: client_id must be a non-empty string, got {client_id!r}")
         client, new = self._touch_client(client_id, self.clock())
+        client.beats += 1
+        if client.quarantine:
+            keep = []
+            for entry in client.quarantine:
+                if entry[0] <= client.beats:
+                    self._free((entry[1], entry[2]), entry[3])
+                else:
+                    keep.append(entry)
+            client.quarantine = keep
         tasks, client.tasks = client.tasks, []
         removed, client.removed = client.removed, []
         all_before, client.removed_all_before = client.removed_all_before, 0
@@ -692,8 +719,7 @@ class MasterState:
             raise _err(ErrorCode.INVALID_PARAMS, f"put_revoke {key!r}: the put in progress belongs to "
                        f"client {p.client_id!r}, not {client_id!r}")
         del self.inflight[key]
-        for r in p.reps:
-            self._free(r, p.size)
+        self._quarantine(client_id, p.reps, p.size)
 
     @staticmethod
     def _batch(fn: Callable, keys: list, *args) -> list:
@@ -937,8 +963,7 @@ class MasterState:
                         lost += self._unmount(seg, now)
                 for key, p in list(self.inflight.items()):
                     if p.client_id == cid:
-                        for r in p.reps:
-                            self._free(r, p.size)
+                        self._quarantine(cid, p.reps, p.size)
                         del self.inflight[key]
                 del self.clients[cid]
                 if c.removed or c.removed_all_before:
@@ -958,8 +983,7 @@ class MasterState:
         rel = self.cfg.put_start_release_timeout_s
         for key, p in list(self.inflight.items()):
             if now - p.start > rel:
-                for r in p.reps:
-                    self._free(r, p.size)
+                self._quarantine(p.client_id, p.reps, p.size)
                 del self.inflight[key]
         for key, t in list(self.offloading.items()):
             if now - t > self.cfg.offload_timeout_s:

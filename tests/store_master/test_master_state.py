@@ -595,3 +595,25 @@ def test_a_segment_back_after_an_expiry_waits_for_the_leases_it_held() -> None:
     assert code_of(st.put_start, "c0", "new", 100) == ErrorCode.NO_AVAILABLE_HANDLE
     clock.advance(2.6)  # past the lease granted 5.1 s ago
     assert st.put_start("c0", "new", 100)[0].segment_name == "seg0"
+
+
+def test_a_failed_puts_range_waits_for_two_heartbeats_of_its_owner() -> None:
+    """Found by bench/chaos.py: a writer that timed out on a stopped owner may have a request
+    queued in the owner's socket; the owner applies it on resuming. The range must not be
+    handed to another put before the owner has provably run again (two heartbeats)."""
+    st, _ = make(n_segs=1, seg_size=MiB)
+    st.heartbeat("c0")
+    a = st.put_start("w", "lost", 900 << 10)[0]  # client "w" writes into c0's segment
+    st.put_revoke("w", "lost")  # its transfer timed out
+    assert code_of(st.put_start, "x", "next", 900 << 10) == ErrorCode.NO_AVAILABLE_HANDLE
+    st.heartbeat("c0")
+    assert code_of(st.put_start, "x", "next", 900 << 10) == ErrorCode.NO_AVAILABLE_HANDLE
+    st.heartbeat("c0")
+    assert st.put_start("x", "next", 900 << 10)[0].addr == a.addr
+    # a failed put into the writer's own segment (a memcpy: nothing in flight) frees at once
+    st.put_revoke("x", "next")
+    st.heartbeat("c0")
+    st.heartbeat("c0")
+    b = st.put_start("c0", "own", 900 << 10)[0]
+    st.put_revoke("c0", "own")
+    assert st.put_start("c0", "own2", 900 << 10)[0].addr == b.addr
