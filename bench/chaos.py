@@ -43,6 +43,7 @@ from chaoslib import checker, netlab, report  # noqa: E402
 from chaoslib.cluster import Cluster, ClusterConfig, Impl  # noqa: E402
 from chaoslib.nemesis import ALL_KINDS, Nemesis, NemesisConfig, enabled_kinds  # noqa: E402
 from chaoslib.oplog import read_records  # noqa: E402
+from chaoslib.stallwatch import StallWatch  # noqa: E402
 from mooncake_core.utils.log import get_logger, setup_logging  # noqa: E402
 
 log = get_logger("mooncake.chaos")
@@ -163,6 +164,7 @@ def run_one(impl: Impl, args: argparse.Namespace, workdir: str, caps: netlab.Cap
                       client_ips=lab.ips if lab else None, exec_prefix=lab.exec_prefix if lab else None)
     nem = Nemesis(cluster, lab, ncfg, random.Random(args.seed))
     stop = threading.Event()
+    stalls = StallWatch().start()
     try:
         cluster.start()
         setup_s = time.monotonic() - t_setup
@@ -188,6 +190,7 @@ def run_one(impl: Impl, args: argparse.Namespace, workdir: str, caps: netlab.Cap
         t_end = time.monotonic_ns()
     finally:
         stop.set()
+        stalls.stop()
         cluster.stop()
         if lab:
             lab.__exit__(None, None, None)
@@ -195,7 +198,8 @@ def run_one(impl: Impl, args: argparse.Namespace, workdir: str, caps: netlab.Cap
     deaths = {(c.index, life.incarnation): life.t_end or t_end for c in cluster.clients for life in c.lives}
     failures = list(nem.rec.master_failures) + [e["t"] for e in cluster.events if e["slot"].startswith("master")]
     tl = checker.Timeline(t_start=t0, t_end=t_end, faults=nem.rec.faults, deaths=deaths,
-                          pauses=nem.rec.pauses, deaf=nem.rec.deaf, master_failures=sorted(failures))
+                          pauses=nem.rec.pauses, deaf=nem.rec.deaf, master_failures=sorted(failures),
+                          stalls=stalls.spans)
     cfg = checker.Config(hang_after_ns=int(hang_after * S), transfer_timeout_ns=int(args.transfer_timeout * S))
     with open(os.path.join(workdir, "timeline.json"), "w") as f:
         json.dump({"timeline": checker.timeline_to_dict(tl), "config": vars(cfg)}, f)
@@ -213,7 +217,7 @@ def run_one(impl: Impl, args: argparse.Namespace, workdir: str, caps: netlab.Cap
                 "threads": args.threads, "keys": args.keys, "seed": args.seed, "hang_after_s": hang_after,
                 "transfer_timeout_s": args.transfer_timeout, "net": "netns" if lab else "loopback",
                 "metadata": cluster.metadata.split(":")[0] if "://" in cluster.metadata else cluster.metadata,
-                "load_average": _loadavg()},
+                "load_average": _loadavg(), "harness_stalls": stalls.summary()},
         "faults_enabled": kinds,
         "faults_skipped": skipped,
         "faults": faults_by_kind,

@@ -40,6 +40,7 @@ from chaoslib import checker  # noqa: E402
 from chaoslib.cluster import Cluster, ClusterConfig, Impl, Slot  # noqa: E402
 from chaoslib.oplog import read_records  # noqa: E402
 from chaoslib.report import series_summary  # noqa: E402
+from chaoslib.stallwatch import StallWatch  # noqa: E402
 from mooncake_core.utils.log import setup_logging  # noqa: E402
 
 S = 1_000_000_000
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
           f"x {args.rate:g} ops/s; TE {args.te_initiators} initiators x {args.te_rate:g} rounds/s "
           f"(logs in {workdir})", flush=True)
     stop = threading.Event()
+    stalls = StallWatch().start()
     try:
         cluster.start()
         start_te(cluster, impl, args)
@@ -143,13 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         t_end = time.monotonic_ns()
     finally:
         stop.set()
+        stalls.stop()
         cluster.stop()
     samples = [s for s in cluster.samples if s[0] <= t_end_load]
     series = series_summary(samples, skip_s=args.skip)
     exits = [e for e in cluster.events]
     ops = checker.load_ops(read_records(cluster.oplog_dir))
     deaths = {(c.index, life.incarnation): life.t_end or t_end for c in cluster.clients for life in c.lives}
-    check = checker.check(ops, checker.Timeline(t_start=t0, t_end=t_end, deaths=deaths))
+    check = checker.check(ops, checker.Timeline(t_start=t0, t_end=t_end, deaths=deaths, stalls=stalls.spans))
     te_total = {k: sum(v.get(k, 0) for v in te_stats.values()) for k in ("p", "e", "bytes", "bad")}
     print()
     print(f"{'process':<16}{'RSS MB start':>13}{'end':>8}{'MB/min':>9}{'fds start':>11}{'end':>6}"
@@ -163,12 +166,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['fds_start']:>11}{row['fds_end']:>6}{row['fds_per_min'] or 0:>9.3f}  {v}")
     print(f"\nstore: {check['ops_total']} ops, reads {check['reads']}, foreign {check['foreign_bytes']}, "
           f"hangs {check['hangs']}; TE: {te_total['p']} rounds, {te_total['bytes'] / 1e9:.2f} GB moved, "
-          f"{te_total['e']} errors, {te_total['bad']} bad read-backs; unexpected exits: {len(exits)}")
+          f"{te_total['e']} errors, {te_total['bad']} bad read-backs; unexpected exits: {len(exits)}; "
+          f"machine stalls {stalls.summary()}; load average {open('/proc/loadavg').read().split()[:3]}")
     bad |= bool(check["foreign_bytes"] or check["hangs"] or te_total["bad"] or exits)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"impl": impl.name, "duration_s": args.duration, "skip_s": args.skip,
                        "series": series, "store": check, "te": te_stats, "exits": exits,
+                       "machine_stalls": stalls.summary(),
                        "load_average": open("/proc/loadavg").read().split()[:3],
                        "argv": sys.argv[1:] if argv is None else argv}, f, indent=1)
         print(f"report written to {args.json}")

@@ -17,7 +17,8 @@ A read of key ``k`` over ``[rs, re]`` that returned write ``W`` is
 * **miss** (not found / empty), or **error** (any other code).
 
 A **hang** is an operation that ran longer than ``hang_after`` once the time its own process
-spent stopped (SIGSTOP) is taken off -- finished, still running at shutdown, or running
+spent stopped (SIGSTOP), and any time the harness itself got no CPU (a starved machine), is
+taken off -- finished, still running at shutdown, or running
 when its process died. **Recovery** after a fault is the time from its heal until every
 load thread has finished, begun after the heal, an acknowledged write and an answered read.
 """
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from chaoslib.payload import FOREIGN
-from chaoslib.stats import overlap, percentile
+from chaoslib.stats import merge_spans, overlap, percentile
 
 FOREIGN_STATUSES = FOREIGN
 NOT_FOUND = -704
@@ -64,6 +65,9 @@ class Timeline:
     pauses: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # writer -> SIGSTOP spans
     deaf: list[tuple[int, int]] = field(default_factory=list)  # spans a client could not hear the master
     master_failures: list[int] = field(default_factory=list)  # ns a master lost its state
+    #: spans in which the harness itself got no CPU (a starved machine): no process of the run
+    #: could make progress then, so they do not count towards hangs either
+    stalls: list[tuple[int, int]] = field(default_factory=list)
 
 
 def timeline_to_dict(tl: Timeline) -> dict[str, Any]:
@@ -71,14 +75,15 @@ def timeline_to_dict(tl: Timeline) -> dict[str, Any]:
     return {"t_start": tl.t_start, "t_end": tl.t_end, "faults": [vars(f) for f in tl.faults],
             "deaths": [[w, i, t] for (w, i), t in tl.deaths.items()],
             "pauses": {str(k): v for k, v in tl.pauses.items()}, "deaf": tl.deaf,
-            "master_failures": tl.master_failures}
+            "master_failures": tl.master_failures, "stalls": tl.stalls}
 
 
 def timeline_from_dict(d: dict[str, Any]) -> Timeline:
     return Timeline(t_start=d["t_start"], t_end=d["t_end"], faults=[Fault(**f) for f in d["faults"]],
                     deaths={(w, i): t for w, i, t in d["deaths"]},
                     pauses={int(k): [tuple(x) for x in v] for k, v in d["pauses"].items()},
-                    deaf=[tuple(x) for x in d["deaf"]], master_failures=list(d["master_failures"]))
+                    deaf=[tuple(x) for x in d["deaf"]], master_failures=list(d["master_failures"]),
+                    stalls=[tuple(x) for x in d.get("stalls", [])])
 
 
 @dataclass
@@ -181,6 +186,12 @@ def check(ops: list[Op], tl: Timeline, cfg: Config | None = None) -> dict[str, A
     stale_lag: list[float] = []  # seconds from the last master failure to each stale read
     slowest = 0
     over_tt = 0
+    merged: dict[int, list[tuple[int, int]]] = {}
+
+    def excluded(writer: int) -> list[tuple[int, int]]:
+        if writer not in merged:
+            merged[writer] = merge_spans(list(tl.pauses.get(writer, [])) + list(tl.stalls))
+        return merged[writer]
 
     for o in ops:
         c = counts.setdefault(o.op, {})
@@ -189,11 +200,12 @@ def check(ops: list[Op], tl: Timeline, cfg: Config | None = None) -> dict[str, A
         # --- hangs
         end = o.te if o.te is not None else (o.stuck_at or tl.deaths.get((o.writer, o.inc)))
         if end is not None:
-            took = end - o.ts - overlap(o.ts, end, tl.pauses.get(o.writer, []))
+            took = end - o.ts - overlap(o.ts, end, excluded(o.writer))
             slowest = max(slowest, took)
             over_tt += took > cfg.transfer_timeout_ns
             if took > cfg.hang_after_ns:
                 hangs.append({"op": o.op, "key": o.key, "client": o.writer, "incarnation": o.inc,
+                              "t_s": round((o.ts - tl.t_start) / S, 2),
                               "seconds": round(took / S, 2), "finished": o.te is not None,
                               "rc": o.rc})
         if o.op not in READS or o.te is None:
@@ -260,11 +272,15 @@ def explain_stale(superseders: list[Op], tl: Timeline, cfg: Config, read_end: in
     overwrite notice reached the owner of the old copy (see docs/store-master.md)."""
     for x in superseders:
         for f in tl.master_failures:
-            if not x.te <= f <= read_end:
+            # the master may have processed the op just before it failed and the reply
+            # arrived after: the op only has to have begun before the failure
+            if not x.ts <= f <= read_end:
                 continue
             if f - x.te <= cfg.notice_window_ns:
-                return (f"{x.op} finished {(f - x.te) / MS:.0f} ms before a master lost its state "
-                        f"(< heartbeat + slack): its notice had not reached the owner")
+                when = (f"finished {(f - x.te) / MS:.0f} ms before" if f >= x.te
+                        else f"was acknowledged {(x.te - f) / MS:.0f} ms after")
+                return (f"{x.op} {when} a master lost its state (< heartbeat + slack): its notice "
+                        f"had not reached the owner")
             for g0, g1 in tl.deaf:
                 if g0 <= x.te + cfg.notice_window_ns and g1 >= f:
                     return (f"{x.op} finished, then a client was cut off from the master until it "
@@ -290,6 +306,7 @@ def recovery(ops: list[Op], tl: Timeline) -> dict[str, Any]:
         v.sort()
     starts = {k: [a for a, _ in v] for k, v in good.items()}
     faults = sorted(tl.faults, key=lambda f: f.t0)
+    stalls = merge_spans(tl.stalls)  # time the machine did not run us does not count
     per_kind: dict[str, list[float]] = {}
     unrecovered: dict[str, int] = {}
     detail = []
@@ -302,7 +319,7 @@ def recovery(ops: list[Op], tl: Timeline) -> dict[str, Any]:
             if i >= len(v) or v[i][1] > horizon:
                 ok = False
                 break
-            worst = max(worst, v[i][1] - f.t1)
+            worst = max(worst, v[i][1] - f.t1 - overlap(f.t1, v[i][1], stalls))
         if ok:
             per_kind.setdefault(f.kind, []).append(worst / S)
         else:

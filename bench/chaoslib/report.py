@@ -107,6 +107,8 @@ def render(runs: list[dict[str, Any]]) -> str:
     row("HANGS (must be 0)", lambda r: r["check"]["hangs"])
     row("  slowest op s (own pauses excluded)", lambda r: r["check"]["slowest_op_s"])
     row("  ops over the transfer timeout", lambda r: r["check"]["ops_over_transfer_timeout"])
+    row("  machine stalls (n, total s)", lambda r: f"{r['run']['harness_stalls']['n']}, "
+                                                   f"{r['run']['harness_stalls']['total_s']:.1f}")
     row("faults injected", lambda r: sum(r["faults"].values()))
     kinds = sorted({k for r in runs for k in r["check"]["recovery"]["by_kind"]})
     for k in kinds:

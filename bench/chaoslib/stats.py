@@ -32,3 +32,14 @@ def slope(points: Sequence[tuple[float, float]]) -> float | None:
 def overlap(a0: int, a1: int, spans: Sequence[tuple[int, int]]) -> int:
     """Total length of ``[a0, a1)`` covered by ``spans`` (assumed not to overlap each other)."""
     return sum(max(0, min(a1, s1) - max(a0, s0)) for s0, s1 in spans)
+
+
+def merge_spans(spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Union of ``[a, b)`` spans as sorted, non-overlapping spans."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

@@ -101,6 +101,9 @@ def test_stale_after_overwrite_and_remove_and_their_explanation() -> None:
     # the master failed 0.5 s after the overwrite: the documented window
     r = _reads(base, _tl(master_failures=[int(4.5 * S)]))
     assert r["stale_explained"] == 1 and "before a master lost its state" in r["stale"][0]["why"]
+    # an overwrite acknowledged just after the master died was processed just before it
+    r = _reads(base, _tl(master_failures=[int(3.9 * S)]))
+    assert r["stale_explained"] == 1 and "acknowledged" in r["stale"][0]["why"]
     # a failure long after the overwrite explains nothing ...
     r = _reads(base, _tl(master_failures=[int(4.9 * S)]), notice_window_ns=int(0.5 * S))
     assert r["stale_unexplained"] == 1
@@ -144,6 +147,9 @@ def test_hangs_exclude_own_pause_and_count_stuck_and_killed_ops() -> None:
     slow = _op("get_into", "k", 1, 26, 100, n=1, got=None, st="miss")
     assert _reads([slow])["hangs"] == 1
     assert _reads([slow], _tl(pauses={0: [(2 * S, 12 * S)]}))["hangs"] == 0
+    # a machine that ran nobody for a while (the harness saw the stall) is no hang either
+    assert _reads([slow], _tl(stalls=[(2 * S, 8 * S)], pauses={0: [(6 * S, 12 * S)]}))["hangs"] == 0
+    assert _reads([slow], _tl(stalls=[(2 * S, 4 * S)]))["hangs"] == 1
     stuck = _op("upsert", "k", 1, None, None, n=2, wid="0.0.0.1")
     stuck.stuck_at = 30 * S
     r = _reads([stuck])
@@ -206,6 +212,7 @@ def test_stats() -> None:
     assert stats.slope([(0, 1), (1, 3), (2, 5)]) == pytest.approx(2.0)
     assert stats.slope([(1, 1)]) is None
     assert stats.overlap(0, 10, [(2, 4), (8, 20)]) == 4
+    assert stats.merge_spans([(5, 9), (1, 3), (2, 6), (10, 11)]) == [(1, 9), (10, 11)]
 
 
 def test_series_summary_and_table_render() -> None:
