@@ -104,12 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "none: all on loopback, no network faults")
     g.add_argument("--gap", type=lambda s: _span(s, "--gap"), default=(1.0, 3.0),
                    help="MIN,MAX seconds between a fault's recovery and the next fault")
-    g.add_argument("--pause", type=lambda s: _span(s, "--pause"), default=(0.5, 6.0),
-                   help="MIN,MAX seconds a client stays SIGSTOPped")
+    g.add_argument("--pause", type=lambda s: _span(s, "--pause"), default=(0.5, 12.0),
+                   help="MIN,MAX seconds a client stays SIGSTOPped (beyond --client-ttl and "
+                        "--transfer-timeout now and then)")
     g.add_argument("--master-pause", type=lambda s: _span(s, "--master-pause"), default=(0.5, 4.0),
                    help="MIN,MAX seconds a master stays SIGSTOPped")
-    g.add_argument("--net-fault", type=lambda s: _span(s, "--net-fault"), default=(1.0, 5.0),
-                   help="MIN,MAX seconds a network fault lasts")
+    g.add_argument("--net-fault", type=lambda s: _span(s, "--net-fault"), default=(1.0, 12.0),
+                   help="MIN,MAX seconds a network fault lasts (beyond --transfer-timeout now and then)")
     g = p.add_argument_group("output")
     g.add_argument("--json", default="", help="write the full report (every run) to this file")
     g.add_argument("--workdir", default="", help="keep logs and op logs here (default: a temp dir, "

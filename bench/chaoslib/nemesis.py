@@ -64,10 +64,10 @@ class NemesisConfig:
     kinds: list[str]
     gap_s: tuple[float, float] = (1.0, 3.0)
     down_s: tuple[float, float] = (0.5, 2.0)  # kill -> restart
-    pause_s: tuple[float, float] = (0.5, 6.0)  # a client (beyond --client_ttl now and then)
+    pause_s: tuple[float, float] = (0.5, 12.0)  # a client (beyond client_ttl / transfer timeout now and then)
     master_pause_s: tuple[float, float] = (0.5, 4.0)  # below the clients' RPC timeout
     etcd_pause_s: tuple[float, float] = (1.0, 4.0)
-    net_s: tuple[float, float] = (1.0, 5.0)
+    net_s: tuple[float, float] = (1.0, 12.0)
     recover_timeout_s: float = 30.0
 
 
