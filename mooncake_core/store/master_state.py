@@ -269,6 +269,10 @@ class MasterState:
         #: segment name -> the latest lease end of what it held when it was unmounted: a
         #: re-mount before then takes no new allocation (a reader may still be copying)
         self.lease_floor: dict[str, float] = {}
+        #: segment name -> ranges of puts still being written into it when it was unmounted,
+        #: (until, offset, size): a re-mount keeps them allocated until then (their writers
+        #: may still be sending; their bytes must not land on a newer object)
+        self.reserved: dict[str, list[tuple[float, int, int]]] = {}
         # readers whose copy took longer than this confirm the epoch afterwards; kept below the
         # hold for margin (the reader's clock starts before the grant, the hold after it). 0 = the
         # hold is off and so is the check (the original's behaviour).
@@ -406,6 +410,14 @@ class MasterState:
         if prev_epoch and prev_epoch != self.epoch and self.cfg.recovery_hold_s > 0:
             seg.hold_until = now + self.cfg.recovery_hold_s
             self._holds_until = max(self._holds_until, seg.hold_until)
+        for until, off, rsize in self.reserved.pop(segment_name, []):
+            if until > now and off + rsize <= size:
+                try:
+                    seg.alloc.reserve(off, rsize)
+                except ValueError:
+                    continue
+                self._seq += 1
+                heapq.heappush(self.graveyard, (until, self._seq, seg, off, rsize))
         floor = self.lease_floor.pop(segment_name, 0.0)
         if floor > now:  # unmounted (client expired) while readers held leases on it
             seg.hold_until = max(seg.hold_until, floor)
@@ -453,8 +465,11 @@ class MasterState:
                     lost += 1
         for key, p in list(self.inflight.items()):
             if any(r[0] is seg for r in p.reps):
+                until = p.start + self.cfg.put_start_discard_timeout_s + 5.0
                 for r in p.reps:
-                    self._free(r, p.size)
+                    if r[0] is seg and until > now:
+                        self.reserved.setdefault(seg.name, []).append((until, r[1], p.size))
+                self._quarantine(p.client_id, [r for r in p.reps if r[0] is not seg], p.size)
                 del self.inflight[key]
         if any(g[2] is seg for g in self.graveyard):
             self.graveyard = [g for g in self.graveyard if g[2] is not seg]
@@ -977,6 +992,9 @@ class MasterState:
         if self.lease_floor:
             for name in [k for k, t in self.lease_floor.items() if t <= now]:
                 del self.lease_floor[name]
+        if self.reserved:
+            for name in [k for k, v in self.reserved.items() if max(u for u, _, _ in v) <= now]:
+                del self.reserved[name]
         while self.graveyard and self.graveyard[0][0] <= now:
             _, _, seg, off, size = heapq.heappop(self.graveyard)
             self._free((seg, off), size)

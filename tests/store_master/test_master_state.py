@@ -617,3 +617,23 @@ def test_a_failed_puts_range_waits_for_two_heartbeats_of_its_owner() -> None:
     b = st.put_start("c0", "own", 900 << 10)[0]
     st.put_revoke("c0", "own")
     assert st.put_start("c0", "own2", 900 << 10)[0].addr == b.addr
+
+
+def test_puts_in_flight_into_an_expired_segment_keep_their_ranges_when_it_comes_back() -> None:
+    """Found by bench/chaos.py: a segment unmounted for its owner's silence dropped the puts
+    being written into it; re-mounted, their ranges were free at once, so a new object could
+    get one while the old writer's bytes (delayed by the same network trouble) still arrived."""
+    st, clock = make(n_segs=1, seg_size=MiB, client_ttl_s=2.0)
+    a = st.put_start("w", "slow", 900 << 10)[0]  # w is still writing into c0's segment
+    clock.advance(2.5)
+    st.heartbeat("w")
+    st.tick()  # c0 expired, its segment unmounted
+    st.mount_segment("c0", "seg0", 0x10000000, MiB)
+    assert code_of(st.put_end, "w", "slow") == ErrorCode.OBJECT_NOT_FOUND  # the put itself is lost
+    assert code_of(st.put_start, "x", "next", 900 << 10) == ErrorCode.NO_AVAILABLE_HANDLE
+    # an object the owner re-reports over that range is refused (it cannot be intact)
+    assert st.report_objects("c0", [("old", ReplicaDesc("seg0", a.addr, 1000))]) == 0
+    clock.advance(st.cfg.put_start_discard_timeout_s + 5.0)
+    st.heartbeat("c0")
+    st.tick()
+    assert st.put_start("x", "next", 900 << 10)[0].addr == a.addr
