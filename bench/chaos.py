@@ -197,7 +197,10 @@ def run_one(impl: Impl, args: argparse.Namespace, workdir: str, caps: netlab.Cap
             lab.__exit__(None, None, None)
 
     deaths = {(c.index, life.incarnation): life.t_end or t_end for c in cluster.clients for life in c.lives}
-    failures = list(nem.rec.master_failures) + [e["t"] for e in cluster.events if e["slot"].startswith("master")]
+    # when a master's state was lost: the nemesis's kills/pauses that changed the master, the
+    # supervisor's view of exits, and (ours) the moment a leader stopped serving
+    failures = (list(nem.rec.master_failures) + [e["t"] for e in cluster.events if e["slot"].startswith("master")]
+                + cluster.leader_losses)
     tl = checker.Timeline(t_start=t0, t_end=t_end, faults=nem.rec.faults, deaths=deaths,
                           pauses=nem.rec.pauses, deaf=nem.rec.deaf, master_failures=sorted(failures),
                           stalls=stalls.spans)

@@ -260,6 +260,10 @@ class Cluster:
         self._threads: list[threading.Thread] = []
         self.etcd_endpoints: list[str] = []
         self.master_ports: list[int] = []
+        self.metrics_ports: list[int] = []
+        #: ns at which a leading master of ours stopped serving for good (stepped down or
+        #: died): the moment its state -- and any removal notice not yet delivered -- was lost
+        self.leader_losses: list[int] = []
 
     # ------------------------------------------------------------------ addresses
     @property
@@ -299,7 +303,7 @@ class Cluster:
         self._http_port = free_port(self.host_ip)
         n_masters = 2 if cfg.ha else 1
         self.master_ports = [free_port(self.host_ip) for _ in range(n_masters)]
-        metrics = [free_port(self.host_ip) for _ in range(n_masters)]
+        metrics = self.metrics_ports = [free_port(self.host_ip) for _ in range(n_masters)]
         for i in range(n_masters):
             args = [f"--port={self.master_ports[i]}", f"--rpc_address={self.host_ip}",
                     f"--metrics_port={metrics[i]}", f"--default_kv_lease_ttl={cfg.lease_ttl_ms}",
@@ -331,7 +335,10 @@ class Cluster:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{c.name} not ready after {ready_timeout:.0f}s "
                                        f"(log {self.log_dir}/{c.name}-i0.log)")
-        for target in (self._supervise, self._sample_loop):
+        loops = [self._supervise, self._sample_loop]
+        if self.impl.name == "ours":
+            loops.append(self._leader_watch)
+        for target in loops:
             t = threading.Thread(target=target, daemon=True, name=target.__name__)
             t.start()
             self._threads.append(t)
@@ -426,6 +433,38 @@ class Cluster:
                     continue
             return None
         return None
+
+    def _is_leader(self, i: int) -> bool | None:
+        """Our master's ``mooncake_master_is_leader`` gauge (it turns 0 the moment the master
+        stops serving); None when it does not answer (paused, dead, starting)."""
+        try:
+            with urllib.request.urlopen(f"http://{self.host_ip}:{self.metrics_ports[i]}/metrics", timeout=0.5) as r:
+                text = r.read().decode(errors="replace")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("mooncake_master_is_leader "):
+                return float(line.split()[1]) > 0
+        return None
+
+    def _leader_watch(self, every: float = 0.2) -> None:
+        """Record when a master that was serving stopped serving for good: seen not leading
+        any more, or its process replaced. A pause it comes back from still leading is none."""
+        seen: dict[int, tuple[int, int]] = {}  # master index -> (pid, last ns seen leading)
+        while not self._stop.wait(every):
+            for i, m in enumerate(self.masters):
+                pid = m.lives[-1].pid if m.lives else 0
+                last = seen.get(i)
+                if last is not None and last[0] != pid:  # killed / exited and restarted
+                    self.leader_losses.append(last[1])
+                    del seen[i]
+                    last = None
+                state = self._is_leader(i) if m.alive() and not m.paused else None
+                if state:
+                    seen[i] = (pid, time.monotonic_ns())
+                elif state is False and last is not None:
+                    self.leader_losses.append(last[1])
+                    del seen[i]
 
     def master_identity(self) -> tuple:
         """Changes whenever a master process changes or another one leads."""
