@@ -194,8 +194,8 @@ MAX_REMOVED_NOTICES = 65536
 
 
 class ClientInfo:
-    __slots__ = ("beats", "client_id", "last_seen", "quarantine", "removed", "removed_all_before", "segments",
-                 "tasks")
+    __slots__ = ("beats", "client_id", "last_seen", "missed", "missed_all_before", "pending_remount", "quarantine",
+                 "removed", "removed_all_before", "segments", "tasks")
 
     def __init__(self, client_id: str, now: float):
         self.client_id = client_id
@@ -210,6 +210,12 @@ class ClientInfo:
         #: the time), so that it stops re-reporting them (see heartbeat)
         self.removed: list[tuple[str, int]] = []
         self.removed_all_before = 0
+        #: told to re-mount (new here: after a restart, a failover or its expiry) and not done
+        #: yet: every heartbeat says so until it mounts -- a reply can get lost
+        self.pending_remount = True
+        #: notices it missed while expired, repeated with every reply until it re-mounts
+        self.missed: list[tuple[str, int]] = []
+        self.missed_all_before = 0
 
 
 class Stats:
@@ -368,8 +374,8 @@ class MasterState:
         if c is None:
             c = self.clients[client_id] = ClientInfo(client_id, now)
             gone = self.departed.pop(client_id, None)
-            if gone is not None:  # back after an expiry: its first reply carries what it missed
-                _, c.removed, c.removed_all_before = gone
+            if gone is not None:  # back after an expiry: its replies carry what it missed
+                _, c.missed, c.missed_all_before = gone
             return c, True
         c.last_seen = now
         return c, False
@@ -398,6 +404,8 @@ class MasterState:
             raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: prev_epoch must be an int >= 0, got {prev_epoch!r}")
         now = self.clock()
         client, _ = self._touch_client(client_id, now)
+        client.pending_remount = False  # it heard us (or never needed to: a fresh client)
+        client.missed, client.missed_all_before = [], 0
         old = self.segments.get(segment_name)
         if old is not None:
             if old.client_id == client_id and old.base == base and old.size == size:
@@ -495,7 +503,10 @@ class MasterState:
         tasks, client.tasks = client.tasks, []
         removed, client.removed = client.removed, []
         all_before, client.removed_all_before = client.removed_all_before, 0
-        return HeartbeatReply(need_remount=new, offload_tasks=tasks, removed=removed,
+        if client.pending_remount:
+            removed = client.missed + removed
+            all_before = max(all_before, client.missed_all_before)
+        return HeartbeatReply(need_remount=new or client.pending_remount, offload_tasks=tasks, removed=removed,
                               removed_all_before=all_before)
 
     def _notify_removed(self, key: str, meta: ObjectMeta, everything: bool = False) -> None:
