@@ -40,6 +40,7 @@ WRITES = ("put", "upsert")
 READS = ("get", "get_into")
 MS = 1_000_000
 S = 1_000_000_000
+SIGNAL_LAG_NS = 100 * MS
 
 
 @dataclass
@@ -273,8 +274,9 @@ def explain_stale(superseders: list[Op], tl: Timeline, cfg: Config, read_end: in
     for x in superseders:
         for f in tl.master_failures:
             # the master may have processed the op just before it failed and the reply
-            # arrived after: the op only has to have begun before the failure
-            if not x.ts <= f <= read_end:
+            # arrived after: the op only has to have begun before the failure (plus the few
+            # ms a SIGKILL takes to stop a process after it is sent)
+            if not x.ts - SIGNAL_LAG_NS <= f <= read_end:
                 continue
             if f - x.te <= cfg.notice_window_ns:
                 when = (f"finished {(f - x.te) / MS:.0f} ms before" if f >= x.te
