@@ -7,7 +7,7 @@ Reference measured in the same run: a bare Python TCP echo server in its own pro
 the same frames with plain blocking recv/send -- what a Python request/reply costs when both
 sides sleep between messages (the master adds decoding, the state lookup, metrics and the epoll
 loop, and removes the sleeps by busy polling briefly; see mooncake_core/utils/busypoll.py). Also printed: the original Mooncake master's is_exist figure
-recorded in DESIGN.md section 4 (27k QPS, same machine kind) and the 20k QPS target.
+recorded for the original Mooncake 0.3.13 master (27k QPS, same machine kind; BENCHMARKS.md) and the 20k QPS target.
 Last row: ``store.is_exist`` through the public store API against each implementation's own
 master -- ours and, when ``--ref-venv`` exists, the original -- measured in this run.
 
@@ -30,7 +30,7 @@ from mooncake_core.store.protocol import ReplicateConfigMsg
 from mooncake_core.utils.net import free_port
 from mooncake_core.utils.proc import stop_process
 
-ORIGINAL_IS_EXIST_QPS = 27_000  # DESIGN.md §4, original Mooncake 0.3.13 master, same machine kind
+ORIGINAL_IS_EXIST_QPS = 27_000  # original Mooncake 0.3.13 master, same machine kind (BENCHMARKS.md)
 TARGET_QPS = 20_000
 
 STORE_IS_EXIST = r"""
@@ -209,7 +209,7 @@ def main() -> None:
     print(f"{'row':36s} {'rate':>12s}  {'vs echo':>8s}")
     for name, rate, unit in rows:
         print(f"{name:36s} {rate:12,.0f}  {rate / echo:8.2f}x  {unit}")
-    print(f"exist_key vs the original's recorded {ORIGINAL_IS_EXIST_QPS:,} QPS (DESIGN.md §4): "
+    print(f"exist_key vs the original's recorded {ORIGINAL_IS_EXIST_QPS:,} QPS (Mooncake 0.3.13): "
           f"{exist_qps / ORIGINAL_IS_EXIST_QPS:.2f}x; target {TARGET_QPS:,} QPS: "
           f"{'OK' if exist_qps >= TARGET_QPS else 'BELOW'}")
 

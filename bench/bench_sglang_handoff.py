@@ -53,7 +53,9 @@ def listen_port() -> int:
 
 
 def venv_python() -> str:
-    py = os.path.join(os.environ.get("SGLANG_VENV") or "/work/venvs/sglang", "bin", "python")
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    venv = os.environ.get("SGLANG_VENV") or os.path.join(cache, "mooncake-core", "venvs", "sglang")  # as install_sglang.sh
+    py = os.path.join(venv, "bin", "python")
     if not os.access(py, os.X_OK):
         raise SystemExit(f"no SGLang venv python at {py}: run scripts/install_sglang.sh (or set SGLANG_VENV)")
     return py

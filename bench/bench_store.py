@@ -17,7 +17,7 @@ The original is measured when ``/work/venvs/mooncake-ref`` (PyPI
     python bench/bench_store.py --force-tcp  # ours without the same-host (process_vm_*) path
 
 By default same-host peers use our process_vm_readv/writev transport (picked automatically,
-as DESIGN asks), while the original is driven with protocol "tcp" over loopback.
+as docs/transfer-engine.md describes), while the original is driven with protocol "tcp" over loopback.
 """
 
 from __future__ import annotations

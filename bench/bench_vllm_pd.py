@@ -10,6 +10,7 @@ Modes (each starts its own servers, runs the prompts one at a time, stops them):
   ours      prefill (core 0) + decode (core 1) with MooncakeCoreConnector, through mooncake_proxy
   nixl      same with vLLM's NixlConnector (needs ``pip install --no-deps nixl-cu12==1.5.1
             nixl==1.5.1`` in the vLLM venv: ``scripts/install_vllm.sh --with-nixl``), UCX over tcp
+  nixl-mc   NixlConnector with "backends": ["MooncakeCore"] (our NIXL plugin: scripts/install_nixl.sh)
   builtin   same with vLLM's built-in MooncakeConnector running on our engine via the alias
 
 TTFT = time to the first streamed token at the client; E2E = time to the last. Prints p50/mean
@@ -95,15 +96,19 @@ def servers_for(mode: str, py: str, model: Path, logs: Path) -> tuple[list[VllmS
     if mode == "ours":
         return [VllmServer(py, model, free_port(), 0, logs / "ours_p.log", p2p_config("kv_producer")),
                 VllmServer(py, model, free_port(), 1, logs / "ours_d.log", p2p_config("kv_consumer"))], {}
-    if mode == "nixl":
-        env = {"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp,self,sm", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
+    if mode in ("nixl", "nixl-mc"):
+        env = {"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp,self,sm", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+               "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1"}
 
         def cfg(role: str) -> dict:
-            return {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
+            c = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
+            if mode == "nixl-mc":  # NIXL on our backend plugin (scripts/install_nixl.sh)
+                c["kv_connector_extra_config"] = {"backends": ["MooncakeCore"]}
+            return c
 
-        return [VllmServer(py, model, free_port(), 0, logs / "nixl_p.log", cfg("kv_producer"),
+        return [VllmServer(py, model, free_port(), 0, logs / f"{mode}_p.log", cfg("kv_producer"),
                            env=dict(env, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))),
-                VllmServer(py, model, free_port(), 1, logs / "nixl_d.log", cfg("kv_consumer"),
+                VllmServer(py, model, free_port(), 1, logs / f"{mode}_d.log", cfg("kv_consumer"),
                            env=dict(env, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port())))], {}
     if mode == "builtin":
         b = free_port()
@@ -172,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=400, help="tokens per prompt (default 400)")
     ap.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (default 32)")
     ap.add_argument("--modes", nargs="+", default=["nodisagg", "ours", "nixl"],
-                    choices=["nodisagg", "ours", "nixl", "builtin"], help="modes to run, in order")
+                    choices=["nodisagg", "ours", "nixl", "nixl-mc", "builtin"], help="modes to run, in order")
     ap.add_argument("--seed", type=int, default=0, help="prompt RNG seed")
     ap.add_argument("--logs", default=None, help="directory for server logs (default: a temp dir)")
     a = ap.parse_args(argv)

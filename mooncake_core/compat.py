@@ -14,7 +14,6 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import os
 import sys
 
 __all__ = ["ALIASES", "install", "is_installed", "uninstall"]
@@ -90,7 +89,9 @@ def install(force: bool = False) -> bool:
     global _finder
     if is_installed():
         return True
-    forced = force or os.environ.get("MOONCAKE_CORE_COMPAT", "").strip().lower() in ("1", "true", "yes")
+    from mooncake_core import envs
+
+    forced = force or envs.MOONCAKE_CORE_COMPAT
     if not forced and _original_importable():
         return False
     if forced:

@@ -10,22 +10,29 @@ needs ``Authorization: Bearer K`` or ``X-Admin-Key: K``.
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
 
 from .errors import error_response
-
-if TYPE_CHECKING:
-    from .server import ProxyServer
+from .registry import Instance, Registry
 
 _dec = msgspec.json.Decoder()
 
 
 class AdminApi:
-    def __init__(self, server: "ProxyServer") -> None:
-        self.server = server
+    """The admin routes, given what they act on (no reference to the server): the registry
+    (listing, ids), how to add and remove an instance, how to probe a new one at once, the key."""
+
+    def __init__(self, registry: Registry, add: Callable[[str, str, int | None], Instance],
+                 remove: Callable[[str], Instance], probe_now: Callable[[Instance], Awaitable[None]],
+                 admin_key: str | None) -> None:
+        self.registry = registry
+        self._add = add
+        self._remove = remove
+        self._probe_now = probe_now
+        self.admin_key = admin_key
 
     def register(self, app: web.Application) -> None:
         app.router.add_get("/admin/instances", self.list)
@@ -33,7 +40,7 @@ class AdminApi:
         app.router.add_delete("/admin/instances", self.remove)
 
     def _ok(self, request: web.Request) -> bool:
-        key = self.server.cfg.admin_key
+        key = self.admin_key
         if not key:
             return True
         auth = request.headers.get("Authorization", "")
@@ -43,7 +50,7 @@ class AdminApi:
     async def list(self, request: web.Request) -> web.Response:
         if not self._ok(request):
             return error_response(401, "admin API: missing or wrong admin key", "authentication_error")
-        return web.json_response({"instances": [i.to_json() for i in self.server.registry.all()]})
+        return web.json_response({"instances": [i.to_json() for i in self.registry.all()]})
 
     async def add(self, request: web.Request) -> web.Response:
         if not self._ok(request):
@@ -52,12 +59,11 @@ class AdminApi:
             data = _dec.decode(await request.read())
             if not isinstance(data, dict):
                 raise ValueError("body must be a JSON object {role, url[, bootstrap_port]}")
-            inst = self.server.add_instance(str(data.get("role")), data.get("url"), data.get("bootstrap_port"))
+            inst = self._add(str(data.get("role")), data.get("url", ""), data.get("bootstrap_port"))
         except (ValueError, TypeError, msgspec.DecodeError) as e:
             return error_response(400, f"admin add instance: {e}", "invalid_request_error")
-        if self.server.health is not None:
-            # The answer says whether it is in rotation yet (bounded by --health-timeout).
-            await self.server.health.probe_now(inst)
+        # The answer says whether it is in rotation yet (bounded by --health-timeout).
+        await self._probe_now(inst)
         return web.json_response(inst.to_json(), status=201)
 
     async def remove(self, request: web.Request) -> web.Response:
@@ -70,8 +76,8 @@ class AdminApi:
                 role, url = q.get("role"), q.get("url")
                 if not role or not url:
                     raise ValueError("give ?id=ROLE@URL or ?role=prefill|decode&url=http://host:port")
-                iid = self.server.registry.make_id(role, url)
-            inst = self.server.remove_instance(iid)
+                iid = self.registry.make_id(role, url)
+            inst = self._remove(iid)
         except ValueError as e:
             return error_response(400, f"admin remove instance: {e}", "invalid_request_error")
         except KeyError as e:

@@ -15,7 +15,6 @@ from mooncake_core.utils.log import get_logger, setup_logging
 
 log = get_logger("mooncake_proxy.cli")
 
-POLICY_CHOICES = ("random", "round_robin", "load_balance", "cache_aware", "conductor")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bootstrap port per prefill instance, in the order given (mooncake/sglang "
                         "hand-offs; 'none' = default 8998)")
     g = p.add_argument_group("scheduling")
-    g.add_argument("--policy", choices=POLICY_CHOICES, default="load_balance",
+    from mooncake_proxy.plugins import handoff_names, policy_names  # built-ins + plugins (docs/plugins.md)
+
+    g.add_argument("--policy", choices=policy_names(), default="load_balance",
                    help="scheduler: random, round_robin, load_balance (least queued work), "
                         "cache_aware (local prefix hits), conductor (global prefix + load + "
                         "transfer cost, the paper's)")
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "and keeps its prefix index in sync with the engines' evictions")
     g.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     g = p.add_argument_group("hand-off and robustness")
-    g.add_argument("--handoff", choices=("vllm", "mooncake", "sglang"), default="vllm",
+    g.add_argument("--handoff", choices=handoff_names(), default="vllm",
                    help="vllm: prefill first (max_tokens=1, kv_transfer_params), then decode with what "
                         "prefill returned; mooncake: both at once with a shared transfer_id and the "
                         "prefill bootstrap address; sglang: both at once with bootstrap_host/port/room")

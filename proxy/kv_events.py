@@ -30,7 +30,10 @@ from typing import Any, Hashable, Sequence
 
 import msgspec
 
+from mooncake_core.utils.extras import require
 from mooncake_core.utils.log import get_logger
+
+from .registry import Registry
 
 log = get_logger("mooncake_proxy.kv_events")
 
@@ -181,26 +184,34 @@ def parse_config(value: str) -> list[EventSource]:
 
 
 class KvEventsSubscriber:
-    """One ZMQ SUB socket per configured publisher, feeding a :class:`KvEventApplier` each."""
+    """One ZMQ SUB socket per configured publisher, feeding a :class:`KvEventApplier` each.
 
-    def __init__(self, sources: list[EventSource], server: Any) -> None:
+    Given its collaborators, not the server: the instance registry (ids, whether an instance is
+    still registered), the cluster state and block hasher the appliers update, and the
+    ``mooncake_proxy_kv_events`` counter (labels instance, type)."""
+
+    def __init__(self, sources: list[EventSource], *, registry: Registry, cluster: Any, hasher: Any,
+                 events: Any) -> None:
         self.sources = sources
-        self.server = server
-        self._tasks: list[asyncio.Task] = []
+        self.registry = registry
+        self.cluster = cluster
+        self.hasher = hasher
+        self.events = events
+        self._tasks: list[asyncio.Task[None]] = []
         self._ctx: Any = None
         self.appliers: dict[str, KvEventApplier] = {}
 
     @classmethod
-    def from_config(cls, value: str, server: Any) -> "KvEventsSubscriber":
-        return cls(parse_config(value), server)
+    def from_config(cls, value: str, *, registry: Registry, cluster: Any, hasher: Any,
+                    events: Any) -> "KvEventsSubscriber":
+        return cls(parse_config(value), registry=registry, cluster=cluster, hasher=hasher, events=events)
 
     def start(self) -> None:
-        import zmq.asyncio
-
-        self._ctx = zmq.asyncio.Context()
+        zmq_asyncio = require("zmq.asyncio", "kv-events", "the proxy's KV-event subscriber (--kv-events)")
+        self._ctx = zmq_asyncio.Context()
         for src in self.sources:
-            iid = self.server.registry.make_id(src.role, src.instance_url)
-            self.appliers[iid] = KvEventApplier(self.server.cluster, self.server.hasher.hasher, iid)
+            iid = self.registry.make_id(src.role, src.instance_url)
+            self.appliers[iid] = KvEventApplier(self.cluster, self.hasher, iid)
             self._tasks.append(asyncio.create_task(self._run(src, iid), name=f"kv-events-{iid}"))
 
     async def _run(self, src: EventSource, iid: str) -> None:
@@ -225,12 +236,12 @@ class KvEventsSubscriber:
                     log.warning("KV events gap: prefix index may be stale",
                                 extra={"instance": iid, "expected": last_seq + 1, "got": seq})
                 last_seq = seq
-                if self.server.registry.get(iid) is None:
+                if self.registry.get(iid) is None:
                     continue  # instance not (or no longer) registered
                 try:
                     before = (applier.stats.stored, applier.stats.removed, applier.stats.cleared)
                     applier.apply_payload(frames[2])
-                    m = self.server.metrics.kv_events
+                    m = self.events
                     for typ, n0, n1 in zip(("stored", "removed", "cleared"), before,
                                            (applier.stats.stored, applier.stats.removed, applier.stats.cleared)):
                         if n1 > n0:

@@ -40,6 +40,14 @@ def _chat_text(messages: Any) -> str:
     return "\n".join(parts)
 
 
+_MAX_TOKEN_ID = 2**31 - 1  # vocabularies are far smaller; bigger ids are garbage, not prompts
+
+
+def _is_token_ids(v: Any) -> bool:
+    return isinstance(v, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= _MAX_TOKEN_ID for t in v)
+
+
 def extract_prompt(body: dict[str, Any], route: str) -> str | list[int]:
     """The prompt as text or token ids; BadRequest names the missing/invalid field."""
     if route.endswith("/chat/completions"):
@@ -47,21 +55,23 @@ def extract_prompt(body: dict[str, Any], route: str) -> str | list[int]:
     if route == "/generate":  # SGLang native API
         if isinstance(body.get("text"), str):
             return body["text"]
-        if isinstance(body.get("input_ids"), list):
-            return [int(t) for t in body["input_ids"]]
-        raise BadRequest("'/generate' needs 'text' (string) or 'input_ids' (list of ints)")
+        if _is_token_ids(body.get("input_ids")):
+            return list(body["input_ids"])
+        raise BadRequest("'/generate' needs 'text' (string) or 'input_ids' (list of token ids, "
+                         f"integers in 0..{_MAX_TOKEN_ID})")
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(t, int) for t in prompt):
+        if _is_token_ids(prompt):
             return prompt
         first = prompt[0]  # batch: route by the first prompt
         if isinstance(first, str):
             return first
-        if isinstance(first, list) and all(isinstance(t, int) for t in first):
+        if first and _is_token_ids(first):
             return first
-    raise BadRequest("'prompt' must be a string, a list of strings, or a list of token ids")
+    raise BadRequest("'prompt' must be a string, a list of strings, or a list of token ids "
+                     f"(integers in 0..{_MAX_TOKEN_ID})")
 
 
 def max_output_tokens(body: dict[str, Any], default: int = 128) -> int:

@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--block-tokens must be > 0, got {a.block_tokens}")
     try:
         with open(a.trace) as f:
-            reqs = []
+            reqs: list[Any] = []
             for i, r in enumerate(parse_trace_lines(f, a.trace)):
                 if i < a.start:
                     continue

@@ -36,15 +36,14 @@ from .health_state import HealthState, ProbePolicy
 from .metrics import ProxyMetrics
 from .prompt import BadRequest, PromptHasher
 from .registry import Instance, Registry
+from .relay import Relay, RelayTimeouts, UpstreamError, forward_headers
 
 log = get_logger("mooncake_proxy.server")
 
 _dec = msgspec.json.Decoder()
-_enc = msgspec.json.Encoder()
 
 COMPLETION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate")
-_HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding",
-                "date", "server"}
+__all__ = ["COMPLETION_ROUTES", "ProxyConfig", "ProxyServer", "UpstreamError", "install_uvloop", "start_server"]
 
 
 @dataclass
@@ -72,23 +71,6 @@ class ProxyConfig:
     kv_events_config: str | None = None
     admin_key: str | None = None
     seed: int = 0
-
-
-class UpstreamError(Exception):
-    """An upstream call failed; carries the HTTP status the client should get."""
-
-    def __init__(self, status: int, message: str, err_type: str, inst: Instance,
-                 body: bytes | None = None, content_type: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.err_type = err_type
-        self.inst = inst
-        self.body = body
-        self.content_type = content_type
-        # True when the instance could not even be reached: nothing was processed, so the
-        # request can safely go to another instance.
-        self.retryable = False
 
 
 class ProxyServer:
@@ -119,11 +101,16 @@ class ProxyServer:
         self.health: HealthChecker | None = None
         self.probe_policy = ProbePolicy(interval=max(0.0, cfg.health_interval))
         self.bootstrap = BootstrapDirectory(lambda: self.session, cfg.health_timeout)
+        self.relay = Relay(lambda: self.session, RelayTimeouts(cfg.request_timeout, cfg.connect_timeout),
+                           self.metrics, lambda inst, why: self.set_healthy(inst, False, why),
+                           lambda route, s: self._hist("ttft", route).observe(s))
         self.kv_events: Any = None
         if cfg.kv_events_config:  # parse now: a bad config fails before the port is bound
             from .kv_events import KvEventsSubscriber
 
-            self.kv_events = KvEventsSubscriber.from_config(cfg.kv_events_config, self)
+            self.kv_events = KvEventsSubscriber.from_config(
+                cfg.kv_events_config, registry=self.registry, cluster=self.cluster,
+                hasher=self.hasher.hasher, events=self.metrics.kv_events)
         # prometheus ``.labels()`` costs a lock + dict lookup; cache the children (hot path).
         self._req_counters: dict[tuple[str, int], Any] = {}
         self._route_hist: dict[tuple[str, str], Any] = {}
@@ -140,7 +127,7 @@ class ProxyServer:
     def add_instance(self, role: str, url: str, bootstrap_port: int | None = None) -> Instance:
         inst = self.registry.add(role, url, bootstrap_port)
         self.cluster.add_instance(self.sched_mod.InstanceInfo(
-            instance_id=inst.instance_id, role=role,
+            instance_id=inst.instance_id, role=inst.role,
             cache_capacity_blocks=self.cfg.cache_blocks if role == "prefill" else self.cfg.decode_kv_blocks))
         # Not schedulable until its first answered /health (probed at once, see health.py).
         self.cluster.set_healthy(inst.instance_id, False)
@@ -198,10 +185,17 @@ class ProxyServer:
         app.router.add_get("/healthcheck", self._healthcheck)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
-        AdminApi(self).register(app)
+        AdminApi(self.registry, self.add_instance, self.remove_instance, self._probe_now,
+                 self.cfg.admin_key).register(app)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
+
+    async def _probe_now(self, inst: Instance) -> None:
+        """Probe a just-added instance (bounded by --health-timeout), so the admin answer says
+        whether it is in rotation yet."""
+        if self.health is not None:
+            await self.health.probe_now(inst)
 
     async def _on_startup(self, app: web.Application) -> None:
         conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
@@ -235,61 +229,6 @@ class ProxyServer:
         if h is None:
             h = self._route_hist[key] = getattr(self.metrics, which).labels(route)
         return h
-
-    @staticmethod
-    def _fwd_headers(request: web.Request, request_id: str) -> dict[str, str]:
-        # identity: we relay bytes verbatim (auto_decompress off), so never ask for compression.
-        h = {"Content-Type": "application/json", "X-Request-Id": request_id, "Accept-Encoding": "identity"}
-        auth = request.headers.get("Authorization")
-        if auth:
-            h["Authorization"] = auth
-        return h
-
-    def _timeout_error(self, inst: Instance, what: str) -> UpstreamError:
-        self.metrics.upstream_errors.labels(inst.instance_id, "timeout").inc()
-        return UpstreamError(504, f"{what} instance {inst.url} did not answer within "
-                                  f"--request-timeout {self.cfg.request_timeout}s", "timeout", inst)
-
-    def _conn_error(self, inst: Instance, what: str, e: BaseException) -> UpstreamError:
-        self.metrics.upstream_errors.labels(inst.instance_id, "connection").inc()
-        err = UpstreamError(502, f"{what} instance {inst.url} failed: {type(e).__name__}: {e}",
-                            "upstream_error", inst)
-        if isinstance(e, aiohttp.ClientConnectorError):
-            # Could not even connect: take it out now; the health checker puts it back.
-            self.set_healthy(inst, False, f"connect failed: {e}")
-            err.retryable = True
-        return err
-
-    async def _status_error(self, inst: Instance, what: str, resp: aiohttp.ClientResponse) -> UpstreamError:
-        body = await resp.read()
-        self.metrics.upstream_errors.labels(inst.instance_id, f"http_{resp.status}").inc()
-        if 400 <= resp.status < 500:
-            # The client's request is at fault (e.g. prompt too long): pass the engine's answer on.
-            return UpstreamError(resp.status, body.decode("utf-8", "replace")[:500], "invalid_request_error",
-                                 inst, body, resp.headers.get("Content-Type"))
-        return UpstreamError(502, f"{what} instance {inst.url} returned HTTP {resp.status}: "
-                                  f"{body[:300].decode('utf-8', 'replace')}", "upstream_error", inst)
-
-    async def _post_json(self, inst: Instance, route: str, payload: dict[str, Any],
-                         headers: dict[str, str], what: str) -> dict[str, Any]:
-        """POST and read a JSON answer, bounded by --request-timeout; raises UpstreamError."""
-        t = aiohttp.ClientTimeout(total=self.cfg.request_timeout, sock_connect=self.cfg.connect_timeout)
-        try:
-            async with self.session.post(inst.url + route, data=_enc.encode(payload),  # type: ignore[union-attr]
-                                         headers=headers, timeout=t) as resp:
-                if resp.status >= 400:
-                    raise await self._status_error(inst, what, resp)
-                raw = await resp.read()
-        except asyncio.TimeoutError:
-            raise self._timeout_error(inst, what) from None
-        except aiohttp.ClientError as e:
-            raise self._conn_error(inst, what, e) from None
-        try:
-            out = _dec.decode(raw) if raw else {}
-        except msgspec.DecodeError:
-            # SSE (prefill asked to stream, SGLang style): nothing to read from it.
-            return {}
-        return out if isinstance(out, dict) else {}
 
     # ------------------------------------------------------------------ routes
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -348,14 +287,13 @@ class ProxyServer:
                 log.warning("instance unreachable; retrying on another", extra={
                     "request_id": rid, "instance": e.inst.instance_id})
         assert last is not None
-        e = last
-        if e.body is not None:
-            return web.Response(status=e.status, body=e.body,
-                                content_type=(e.content_type or "application/json").split(";")[0],
+        if last.body is not None:
+            return web.Response(status=last.status, body=last.body,
+                                content_type=(last.content_type or "application/json").split(";")[0],
                                 headers={"X-Request-Id": rid})
-        log.warning("upstream failure", extra={"request_id": rid, "instance": e.inst.instance_id,
-                                               "status": e.status, "error": e.message})
-        return error_response(e.status, e.message, e.err_type, request_id=rid)
+        log.warning("upstream failure", extra={"request_id": rid, "instance": last.inst.instance_id,
+                                               "status": last.status, "error": last.message})
+        return error_response(last.status, last.message, last.err_type, request_id=rid)
 
     async def _schedule_and_run(self, request: web.Request, route: str, rid: str, body: dict[str, Any],
                                 pinfo: Any, t0: float) -> web.StreamResponse:
@@ -403,7 +341,7 @@ class ProxyServer:
 
     async def _run_pair(self, request: web.Request, route: str, rid: str, body: dict[str, Any],
                         req: Any, decision: Any, p: Instance, d: Instance, t0: float) -> web.StreamResponse:
-        headers = self._fwd_headers(request, rid)
+        headers = forward_headers(request, rid)
         ho = self.handoff
         ctx = ho.new_context(rid)
         cluster = self.cluster
@@ -423,7 +361,7 @@ class ProxyServer:
                 self._inflight(p, -1)
                 cluster.on_prefill_done(p.instance_id, req, now())
 
-        ptask: asyncio.Task | None = None
+        ptask: asyncio.Task[dict[str, Any]] | None = None
         try:
             pheaders = headers
             if ho.needs_engine_id:
@@ -433,11 +371,11 @@ class ProxyServer:
                     pheaders = {**headers, **extra}
             ppayload = ho.prefill_payload(body, route, p.addr, ctx)
             if not ho.concurrent:
-                presp = await self._post_json(p, route, ppayload, pheaders, "prefill")
+                presp = await self.relay.post_json(p, route, ppayload, pheaders, "prefill")
                 prefill_finished()
                 dpayload = ho.decode_payload(body, route, p.addr, ctx, presp)
             else:
-                ptask = asyncio.create_task(self._post_json(p, route, ppayload, pheaders, "prefill"))
+                ptask = asyncio.create_task(self.relay.post_json(p, route, ppayload, pheaders, "prefill"))
                 # The prefill's load ends when its answer comes, not when the decode stream does.
                 ptask.add_done_callback(lambda _t: prefill_finished())
                 dpayload = ho.decode_payload(body, route, p.addr, ctx, None)
@@ -445,8 +383,8 @@ class ProxyServer:
             self._inflight(d, 1)
             try:
                 if ptask is None:
-                    return await self._stream_decode(request, route, d, dpayload, headers, rid, t0, None)
-                return await self._race_decode(request, route, d, dpayload, headers, rid, t0, ptask)
+                    return await self.relay.stream_decode(request, route, d, dpayload, headers, rid, t0, None)
+                return await self.relay.race_decode(request, route, d, dpayload, headers, rid, t0, ptask)
             finally:
                 self._inflight(d, -1)
                 cluster.on_decode_done(d.instance_id, req, now())
@@ -476,100 +414,6 @@ class ProxyServer:
             raise err from None
         ctx["dp_rank"], ctx["remote_engine_id"] = ids.pick()
 
-    async def _race_decode(self, request: web.Request, route: str, d: Instance, payload: dict[str, Any],
-                           headers: dict[str, str], rid: str, t0: float,
-                           ptask: asyncio.Task) -> web.StreamResponse:
-        """Concurrent hand-off: stream the decode, but if the prefill fails before the client
-        got a byte, stop waiting (the decode would wait for KV that never comes) and answer with
-        the prefill's error."""
-        started: list[bool] = []
-        dtask = asyncio.create_task(self._stream_decode(request, route, d, payload, headers, rid, t0, started))
-        try:
-            await asyncio.wait({dtask, ptask}, return_when=asyncio.FIRST_COMPLETED)
-            if (not dtask.done() and not started and not ptask.cancelled()
-                    and ptask.exception() is not None):
-                dtask.cancel()
-                try:
-                    await dtask
-                except BaseException:
-                    pass
-                raise ptask.exception()  # type: ignore[misc]
-            return await dtask
-        finally:
-            if not dtask.done():
-                dtask.cancel()
-                try:
-                    await dtask
-                except BaseException:
-                    pass
-
-    async def _stream_decode(self, request: web.Request, route: str, d: Instance, payload: dict[str, Any],
-                             headers: dict[str, str], rid: str, t0: float,
-                             started: list[bool] | None) -> web.StreamResponse:
-        """Stream the decode answer through; the client response starts at the first byte."""
-        t = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout,
-                                  sock_read=self.cfg.request_timeout)
-        out: web.StreamResponse | None = None
-        try:
-            async with self.session.post(d.url + route, data=_enc.encode(payload),  # type: ignore[union-attr]
-                                         headers=headers, timeout=t) as resp:
-                if resp.status >= 400:
-                    raise await self._status_error(d, "decode", resp)
-                it = resp.content.iter_any().__aiter__()
-                while True:
-                    try:
-                        chunk = await it.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    if out is None:
-                        if started is not None:
-                            started.append(True)
-                        out = self._start_response(resp, rid)
-                        await out.prepare(request)
-                        self._hist("ttft", route).observe(time.perf_counter() - t0)
-                    await out.write(chunk)
-        except ConnectionResetError as e:
-            if request.transport is None or request.transport.is_closing():
-                raise  # the *client* went away while we wrote to it
-            if out is None:
-                raise self._conn_error(d, "decode", e) from None
-            return self._abort(request, out)
-        except asyncio.TimeoutError:
-            if out is None:
-                raise self._timeout_error(d, "decode") from None
-            log.warning("decode stalled mid-stream; aborting", extra={"request_id": rid})
-            return self._abort(request, out)
-        except aiohttp.ClientError as e:
-            if out is None:
-                raise self._conn_error(d, "decode", e) from None
-            log.warning("decode failed mid-stream; aborting", extra={"request_id": rid, "error": str(e)})
-            return self._abort(request, out)
-        if out is None:  # empty body
-            if started is not None:
-                started.append(True)
-            out = self._start_response(resp, rid)
-            await out.prepare(request)
-            self._hist("ttft", route).observe(time.perf_counter() - t0)
-        await out.write_eof()
-        return out
-
-    @staticmethod
-    def _start_response(resp: aiohttp.ClientResponse, rid: str) -> web.StreamResponse:
-        out = web.StreamResponse(status=resp.status)
-        for k, v in resp.headers.items():
-            if k.lower() not in _HOP_HEADERS:
-                out.headers[k] = v
-        out.headers["X-Request-Id"] = rid
-        return out
-
-    @staticmethod
-    def _abort(request: web.Request, out: web.StreamResponse) -> web.StreamResponse:
-        # Headers are gone already: the only honest signal left is cutting the connection, so the
-        # client sees an incomplete chunked body rather than a silently short answer.
-        if request.transport is not None:
-            request.transport.close()
-        return out
-
     async def _models(self, request: web.Request) -> web.Response:
         # Unknown (not yet probed) instances are asked too: each call has its own timeout.
         insts = [i for r in ("decode", "prefill") for i in self.registry.all(r)
@@ -577,8 +421,8 @@ class ProxyServer:
 
         async def one(inst: Instance) -> list[dict[str, Any]]:
             try:
-                async with self.session.get(inst.url + "/v1/models",  # type: ignore[union-attr]
-                                            timeout=aiohttp.ClientTimeout(total=self.cfg.health_timeout)) as r:
+                timeout = aiohttp.ClientTimeout(total=self.cfg.health_timeout)
+                async with self.relay.session().get(inst.url + "/v1/models", timeout=timeout) as r:
                     if r.status != 200:
                         return []
                     data = _dec.decode(await r.read())

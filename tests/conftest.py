@@ -18,6 +18,7 @@ from typing import Iterator
 
 import pytest
 
+from mooncake_core import envs
 from mooncake_core.utils.net import free_port, wait_for_port
 from mooncake_core.utils.proc import stop_process
 
@@ -43,7 +44,7 @@ def _missing(binary: str) -> None:
 @pytest.fixture(scope="session")
 def etcd_endpoint() -> Iterator[str]:
     """'127.0.0.1:PORT' of a real etcd server for this test session."""
-    given = os.environ.get("MOONCAKE_TEST_ETCD")
+    given = envs.MOONCAKE_TEST_ETCD
     if given:
         yield given
         return
@@ -69,7 +70,7 @@ def etcd_endpoint() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def redis_endpoint() -> Iterator[str]:
     """'127.0.0.1:PORT' of a real Redis server for this test session."""
-    given = os.environ.get("MOONCAKE_TEST_REDIS")
+    given = envs.MOONCAKE_TEST_REDIS
     if given:
         yield given
         return

@@ -37,14 +37,12 @@ Configuration (``--kv-transfer-config`` ``kv_connector_extra_config``): ``local_
 (default env ``MOONCAKE_LOCAL_HOSTNAME`` or 127.0.0.1: the address peers use to reach this
 worker), ``metadata_server`` (default ``P2PHANDSHAKE``: no metadata service needed),
 ``protocol`` (tcp), ``kv_lease_s`` (default 30: how long a prefill holds blocks for a decode).
-Test-only env ``MOONCAKE_VLLM_TEST_CORRUPT_KV``: ``1`` overwrites every received block with
-noise, ``on_request`` only those of requests whose params carry ``"mooncake_test_corrupt": true``
-(the negative control proving decode uses the transferred KV; never set it in production). Tensor parallelism: 1 only.
+Tensor parallelism: 1 only. (The tests' negative control -- received KV overwritten with noise --
+is a subclass in ``tests/vllm/corrupting_connector.py``; this connector has no test switch.)
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +56,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from mooncake_core import envs
 from mooncake_connectors.vllm.layout import (Slab, coalesce, pair_blocks, plan, remote_slabs_from_regions,
                                              slabs_of)
 from mooncake_connectors.vllm.leases import SendTracker
@@ -324,7 +323,7 @@ class _Worker:
         self.engine_id = engine_id
         self.num_blocks = kv_cache_config.num_blocks if kv_cache_config is not None else None
         self.te = TransferEngine()
-        host = _extra(vllm_config, "local_hostname", os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1"))
+        host = _extra(vllm_config, "local_hostname", envs.MOONCAKE_LOCAL_HOSTNAME or "127.0.0.1")
         meta = _extra(vllm_config, "metadata_server", "P2PHANDSHAKE")
         proto = _extra(vllm_config, "protocol", "tcp")
         rc = self.te.initialize(host, meta, proto, _extra(vllm_config, "device_name", ""))
@@ -333,7 +332,6 @@ class _Worker:
                                f"failed: {self.te.last_error}")
         self.segment = self.te.get_local_segment_name()
         self.slabs: list[Slab] = []
-        self.tensors: list[torch.Tensor] = []  # one (num_blocks, block_elems) view per slab, for the test hook
         self._remote: dict[str, list[Slab]] = {}
         self._pulls: list[_Pull] = []
         self._failed_now: list[RecvReq] = []
@@ -343,10 +341,6 @@ class _Worker:
         self._held_since: dict[str, float] = {}
         self._lock = threading.Lock()
         self._notifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-kv-notify")
-        self._corrupt = os.environ.get("MOONCAKE_VLLM_TEST_CORRUPT_KV", "").strip().lower()
-        if self._corrupt:
-            logger.warning("MooncakeCoreConnector: TEST HOOK MOONCAKE_VLLM_TEST_CORRUPT_KV=%s is set: received "
-                           "KV blocks will be overwritten with noise", self._corrupt)
         self.bytes_pulled = 0
         self.blocks_pulled = 0
         logger.info("MooncakeCoreConnector worker: Transfer Engine segment %s (metadata %s)", self.segment, meta)
@@ -354,17 +348,13 @@ class _Worker:
     # ---------------------------------------------------------------- setup
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         slabs: list[Slab] = []
-        tensors: list[torch.Tensor] = []
         for name, t in kv_caches.items():
             nb = self.num_blocks or t.shape[0]
             layer = slabs_of(t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size(), nb)
-            bd = 0 if t.shape[0] == nb else 1
-            views = [t] if bd == 0 else [t[i] for i in range(t.shape[0])]
-            for s, v in zip(layer, views):
+            for s in layer:
                 if s.stride != s.block_bytes:
                     raise ValueError(f"layer {name}: KV blocks are not packed (stride {s.stride} != block "
                                      f"{s.block_bytes} bytes); unsupported layout")
-                tensors.append(v.reshape(nb, -1))
             slabs.extend(layer)
         if len({s.block_bytes for s in slabs}) != 1:
             raise ValueError("MooncakeCoreConnector: layers have different block sizes in bytes; unsupported")
@@ -372,7 +362,7 @@ class _Worker:
             if self.te.register_memory(s.base, s.nbytes, "cpu:0") != 0:
                 raise RuntimeError(f"MooncakeCoreConnector: register_memory({s.base:#x}, {s.nbytes}) failed: "
                                    f"{self.te.last_error}")
-        self.slabs, self.tensors = slabs, tensors
+        self.slabs = slabs
         logger.info("MooncakeCoreConnector worker: registered %d KV slabs of %d blocks x %d bytes (%s)",
                     len(slabs), slabs[0].num_blocks, slabs[0].block_bytes, self.segment)
 
@@ -425,11 +415,6 @@ class _Worker:
             self._failed_now.append(r)
             self._notify(rp.segment, rp.transfer_id, "failed")  # best effort: lets a live prefill free early
 
-    def _corrupt_blocks(self, block_ids: list[int]) -> None:
-        idx = torch.tensor(block_ids, dtype=torch.long)
-        for t in self.tensors:
-            t[idx] = torch.randn(len(block_ids), t.shape[1], dtype=torch.float32).to(t.dtype) * 3
-
     def _notify(self, segment: str, transfer_id: str, msg: str, inline: bool = False) -> None:
         """Tell the prefill it may free the blocks of ``transfer_id``.
 
@@ -464,8 +449,6 @@ class _Worker:
             rp = p.req.remote
             ok = code == 1 and time.time() < rp.lease_expiry_unix
             if ok:
-                if self._corrupt in ("1", "true", "yes") or (self._corrupt == "on_request" and rp.test_corrupt):
-                    self._corrupt_blocks(p.req.local_block_ids[:p.nblocks])
                 pulled_ms = (time.monotonic() - p.started) * 1e3
                 t_n = time.monotonic()
                 self._notify(rp.segment, rp.transfer_id, "done", inline=True)

@@ -14,6 +14,7 @@ vLLM's request ids differ between the P and D instances (random suffixes).
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,24 @@ def _get(d: dict[str, Any], key: str, typ: type | tuple[type, ...], what: str) -
     return v
 
 
+def _non_negative(d: dict[str, Any], key: str, what: str) -> int:
+    v: int = _get(d, key, int, what)
+    if v < 0:
+        raise ParamsError(f"kv_transfer_params: {key!r} must be >= 0 ({what}), got {v}")
+    return v
+
+
+def _unix_time(d: dict[str, Any], key: str) -> float:
+    v = _get(d, key, (int, float), "a unix time")
+    try:
+        t = float(v)
+    except OverflowError:
+        t = math.inf
+    if not math.isfinite(t):  # NaN would compare false with every clock reading: a lease never ending
+        raise ParamsError(f"kv_transfer_params: {key!r} must be a finite unix time, got {v!r:.40}")
+    return t
+
+
 @dataclass(frozen=True)
 class RemotePrefill:
     """What a decode instance needs to pull a request's KV blocks from a prefill instance."""
@@ -55,7 +74,6 @@ class RemotePrefill:
     block_bytes: int = 0  # bytes of one block in one registered KV slab (layout check)
     num_slabs: int = 0  # registered KV slabs (layers x K/V split) -- layout check
     lease_expiry_unix: float = 0.0  # prefill frees the blocks at this time even without a confirmation
-    test_corrupt: bool = False  # test hook: see MOONCAKE_VLLM_TEST_CORRUPT_KV in p2p_connector
 
     @property
     def host(self) -> str:
@@ -113,10 +131,9 @@ class RemotePrefill:
             block_ids=list(blocks),
             num_tokens=n,
             block_size=bs,
-            block_bytes=_get(d, "mooncake_block_bytes", int, "bytes per block per slab"),
-            num_slabs=_get(d, "mooncake_num_slabs", int, "number of KV slabs"),
-            lease_expiry_unix=float(_get(d, "mooncake_lease_expiry", (int, float), "a unix time")),
-            test_corrupt=d.get("mooncake_test_corrupt") is True,
+            block_bytes=_non_negative(d, "mooncake_block_bytes", "bytes per block per slab"),
+            num_slabs=_non_negative(d, "mooncake_num_slabs", "number of KV slabs"),
+            lease_expiry_unix=_unix_time(d, "mooncake_lease_expiry"),
         )
 
 

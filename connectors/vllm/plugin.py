@@ -40,9 +40,9 @@ def _cpu_accelerator_shim() -> None:
     accelerator exists (vLLM's CPU platform ignores the index). Nothing changes on machines with
     an accelerator, and nothing is patched unless the env var is set.
     """
-    import os
+    from mooncake_core import envs
 
-    if os.environ.get("MOONCAKE_VLLM_CPU_SHIM", "") != "1":
+    if not envs.MOONCAKE_VLLM_CPU_SHIM:
         return
     import torch
 

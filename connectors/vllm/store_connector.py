@@ -24,7 +24,6 @@ contributes to the pool, default 256MB), ``local_buffer_size``, ``local_hostname
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from mooncake_core import envs
 from mooncake_connectors.vllm.keys import chained_block_keys, leading_hits, namespace
 from mooncake_connectors.vllm.layout import Slab, slabs_of
 
@@ -58,14 +58,14 @@ def _store_from_config(vllm_config: "VllmConfig", segment: str | None):
     if x("master_server_address", None) is None:
         rc = store.setup()  # upstream env: MOONCAKE_CONFIG_PATH or MOONCAKE_MASTER, ...
     else:
-        rc = store.setup(x("local_hostname", os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")),
+        rc = store.setup(x("local_hostname", envs.MOONCAKE_LOCAL_HOSTNAME or "127.0.0.1"),
                          x("metadata_server", "P2PHANDSHAKE"),
                          segment if segment is not None else x("global_segment_size", "256MB"),
                          x("local_buffer_size", "16MB"), x("protocol", "tcp"), x("device_name", ""),
                          x("master_server_address", None))
     if rc != 0:
         raise RuntimeError(f"MooncakeCoreStoreConnector: Mooncake Store setup failed with code {rc} "
-                           f"(master {x('master_server_address', os.environ.get('MOONCAKE_MASTER'))!r})")
+                           f"(master {x('master_server_address', envs.MOONCAKE_MASTER or None)!r})")
     return store
 
 

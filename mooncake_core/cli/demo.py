@@ -34,7 +34,8 @@ log = get_logger("mooncake.demo")
 @dataclass
 class DemoResult:
     ok: bool = True
-    rows: list[tuple[str, str, str, int, float, bool]] = field(default_factory=list)  # transport, kind, op, bytes, s, ok
+    # transport, kind, op, bytes, seconds, ok
+    rows: list[tuple[str, str, str, int, float, bool]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -80,6 +81,7 @@ class _Target:
         self.segment, self.addr, self.initial_sha = info["segment"], info["addr"], info["sha"]
 
     def sha(self, off: int, n: int) -> str:
+        assert self.proc.stdin is not None  # started with stdin=PIPE
         self.proc.stdin.write(f"sha {off} {n}\n")
         self.proc.stdin.flush()
         return readline_timeout(self.proc, 120, what="demo target process").strip()
@@ -128,7 +130,8 @@ def run_transfer_demo(size: int = 64 << 20, batch: int = 64, metadata: str | Non
             good = rc == 0 and verify()
             res.rows.append((transport, kind, op, size, dt, good))
             status = "ok" if good else f"FAILED (rc={rc}: {eng.last_error})"
-            out(f"[demo] {transport:<5} {kind:<6} {op:<5} {format_size(size):>10} {size / dt / 1e9:7.2f} GB/s  {status}")
+            out(f"[demo] {transport:<5} {kind:<6} {op:<5} {format_size(size):>10} {size / dt / 1e9:7.2f} GB/s  "
+                f"{status}")
             if not good:
                 res.ok = False
                 res.errors.append(f"{transport} {kind} {op}: rc={rc} {eng.last_error}")

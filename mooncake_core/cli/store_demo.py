@@ -104,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         rc = store.put_batch(keys, vals)
         t1 = time.perf_counter()
-        got = store.get_batch(keys)
+        got_all = store.get_batch(keys)
         t2 = time.perf_counter()
         total = size * len(keys)
-        check(rc == 0 and got == vals, f"put_batch/get_batch {len(keys)} x {format_size(size)}: "
+        check(rc == 0 and got_all == vals, f"put_batch/get_batch {len(keys)} x {format_size(size)}: "
                                        f"put {_rate(total, t1 - t0)}, get {_rate(total, t2 - t1)}")
 
         src = np.frombuffer(rng.bytes(size), dtype=np.uint8).copy()

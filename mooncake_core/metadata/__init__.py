@@ -2,7 +2,8 @@
 
 ``open_metadata(conn_str, timeout=5.0)`` returns a :class:`MetadataBackend` for
 ``http://host:port/metadata``, ``etcd://h:2379[;h2:2379]`` (or bare ``h:2379``),
-``redis://[:pw@]h:6379[/db]``, or None for ``P2PHANDSHAKE``. The server side is
+``redis://[:pw@]h:6379[/db]``, a plugin's ``scheme://...`` (docs/plugins.md), or None for
+``P2PHANDSHAKE``. The server side is
 :class:`HttpMetadataServer` (``mooncake_http_metadata_server`` on the command line).
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from mooncake_core.metadata.base import MetadataBackend, MetadataError
-from mooncake_core.metadata.conn_string import (ACCEPTED_FORMS, P2PHANDSHAKE, MetadataSpec,
-                                                parse_conn_string)
+from mooncake_core.metadata.conn_string import (ACCEPTED_FORMS, P2PHANDSHAKE, EtcdSpec, HttpSpec, MetadataSpec,
+                                                RedisSpec, parse_conn_string)
 from mooncake_core.metadata.factory import open_metadata
 
 __all__ = [
-    "open_metadata", "MetadataBackend", "MetadataError", "parse_conn_string", "MetadataSpec",
+    "open_metadata", "MetadataBackend", "MetadataError", "parse_conn_string", "MetadataSpec", "HttpSpec",
+    "EtcdSpec", "RedisSpec",
     "P2PHANDSHAKE", "ACCEPTED_FORMS", "HttpMetadataServer", "MetadataHttpService",
 ]
 

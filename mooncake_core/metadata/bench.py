@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import random
 import threading
 import time
 from typing import Callable
 
+from mooncake_core import envs
 from mooncake_core.metadata import HttpMetadataServer, open_metadata
 
 
@@ -60,9 +60,9 @@ def _rate(make_op: Callable[[int], Callable[[int], None]], threads: int, seconds
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--etcd", default=os.environ.get("MOONCAKE_TEST_ETCD"),
+    p.add_argument("--etcd", default=envs.MOONCAKE_TEST_ETCD or None,
                    help="host:port of an etcd server to include (default: $MOONCAKE_TEST_ETCD)")
-    p.add_argument("--redis", default=os.environ.get("MOONCAKE_TEST_REDIS"),
+    p.add_argument("--redis", default=envs.MOONCAKE_TEST_REDIS or None,
                    help="host:port of a Redis server to include (default: $MOONCAKE_TEST_REDIS)")
     p.add_argument("--seconds", type=float, default=1.0, help="duration of each measurement")
     args = p.parse_args(argv)
@@ -77,12 +77,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.redis:
             targets.append(("redis", f"redis://{args.redis}"))
         for name, conn in targets:
-            ours = open_metadata(conn)
+            opened = open_metadata(conn)
+            assert opened is not None  # not P2PHANDSHAKE
+            ours = opened
             key = f"mooncake/ram/bench-{name}"
             ours.set(key, value)
 
             def ours_get(t: int) -> Callable[[int], None]:
-                return lambda i: ours.get(key)
+                def op(i: int) -> None:
+                    ours.get(key)
+                return op
 
             def ours_set(t: int) -> Callable[[int], None]:
                 return lambda i: ours.set(f"{key}-{t}", value)
@@ -143,7 +147,7 @@ def _reference(name: str, conn: str, srv: HttpMetadataServer, key: str, value: d
     import redis
     host, port = conn[len("redis://"):].split(":")
     r = redis.Redis(host=host, port=int(port), socket_timeout=5)
-    return (lambda t: (lambda i: json.loads(r.get(key)))), \
+    return (lambda t: (lambda i: json.loads(r.get(key) or b"null"))), \
            (lambda t: (lambda i: r.set(f"{key}-{t}", json.dumps(value, separators=(",", ":")))))
 
 

@@ -1,8 +1,9 @@
 """Parse a Mooncake metadata connection string (pure logic, no I/O).
 
-Accepted forms, as the original Mooncake selects its metadata plugin
-(``MetadataStoragePlugin::Create``: the text before ``://`` names the plugin, and a string
-without ``://`` is an etcd endpoint):
+The text before ``://`` names the backend, as the original Mooncake selects its metadata
+plugin (``MetadataStoragePlugin::Create``), and a string without ``://`` is an etcd endpoint.
+Backends are plugins (``mooncake_metadata_backends`` hook): each parses its own scheme into
+its own spec type. The built-in forms:
 
 - ``P2PHANDSHAKE``                      no server; the engine exchanges descriptors itself
 - ``http://host:port/metadata``         our HTTP metadata server (``https://`` too)
@@ -16,9 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.parse
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
+from mooncake_core import envs
 from mooncake_core.utils.net import parse_host_port
+
+if TYPE_CHECKING:
+    from mooncake_core.plugins.specs import MetadataBackendPlugin
 
 P2PHANDSHAKE = "P2PHANDSHAKE"
 
@@ -31,27 +36,59 @@ ACCEPTED_FORMS = (
 
 @dataclasses.dataclass(frozen=True)
 class MetadataSpec:
-    """What a connection string selects. ``kind`` is one of p2p, http, etcd, redis."""
+    """What a connection string selects: ``kind`` names the backend ("p2p", "http", "etcd",
+    "redis", or a plugin's). Each backend has its own subclass with its own fields."""
 
     kind: str
     endpoints: tuple[tuple[str, int], ...] = ()
-    url: str = ""              # http(s): the full base URL requests go to (?key= appended)
-    scheme: str = ""           # http or https for kind == http
-    db: int = 0                # redis database index
-    username: str | None = None
-    password: str | None = None
 
     @property
     def endpoint_text(self) -> str:
-        """Human-readable endpoint list for messages (never contains the password)."""
-        if self.kind == "http":
-            return self.url
+        """Human-readable endpoint list for messages (never contains a password)."""
         return ";".join(f"{h}:{p}" for h, p in self.endpoints)
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpSpec(MetadataSpec):
+    url: str = ""              # the full base URL requests go to (?key= appended)
+    scheme: str = "http"       # http or https
+
+    @property
+    def endpoint_text(self) -> str:
+        return self.url
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdSpec(MetadataSpec):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class RedisSpec(MetadataSpec):
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
 
 
 def _bad(conn: str, why: str) -> ValueError:
     return ValueError(f"invalid metadata connection string {conn!r}: {why}. "
-                      f"Accepted forms: {ACCEPTED_FORMS}")
+                      f"Accepted forms: {accepted_forms()}")
+
+
+def accepted_forms(backends: Mapping[str, MetadataBackendPlugin] | None = None) -> str:
+    """The built-in forms (:data:`ACCEPTED_FORMS`) plus those of metadata backend plugins."""
+    if backends is None:
+        backends = _registered()
+    extra = []
+    for b in dict.fromkeys(backends.values()):  # one entry per plugin, registration order
+        if b.forms and b.forms not in ACCEPTED_FORMS:
+            extra.append(b.forms)
+    return ", ".join([ACCEPTED_FORMS, *extra])
+
+
+def _registered() -> dict[str, MetadataBackendPlugin]:
+    from mooncake_core.plugins import metadata_backends  # late: the plugin manager loads entry points
+    return metadata_backends()
 
 
 def _host_port(conn: str, text: str) -> tuple[str, int]:
@@ -81,34 +118,42 @@ def _endpoint_list(conn: str, text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def parse_conn_string(conn: str, env: Mapping[str, str] | None = None) -> MetadataSpec:
-    """Turn a connection string into a :class:`MetadataSpec`; ValueError on bad input.
+def parse_conn_string(conn: str, env: Mapping[str, str] | None = None,
+                      backends: Mapping[str, MetadataBackendPlugin] | None = None) -> MetadataSpec:
+    """Turn a connection string into the spec of the backend its scheme names; ValueError
+    on bad input.
 
-    ``env`` supplies the ``MC_REDIS_*`` fallbacks (defaults to ``os.environ``); it is a
-    parameter so the logic stays testable without touching the process environment.
+    ``env`` supplies the ``MC_REDIS_*`` fallbacks (defaults to ``os.environ``) and
+    ``backends`` the scheme table (defaults to the registered plugins); both are
+    parameters so the logic stays testable without touching the process.
     """
     if env is None:
         import os
         env = os.environ
     if not isinstance(conn, str):
         raise ValueError(f"metadata connection string must be a str, got {type(conn).__name__}. "
-                         f"Accepted forms: {ACCEPTED_FORMS}")
+                         f"Accepted forms: {accepted_forms(backends)}")
     text = conn.strip()
     if not text:
         raise _bad(conn, "empty")
     if text.upper() == P2PHANDSHAKE:
         return MetadataSpec(kind="p2p")
-    if "://" not in text:
-        return MetadataSpec(kind="etcd", endpoints=_endpoint_list(conn, text))
-    scheme, _, rest = text.partition("://")
-    scheme = scheme.lower()
-    if scheme in ("http", "https"):
-        return _parse_http(conn, text, scheme)
-    if scheme == "etcd":
-        return MetadataSpec(kind="etcd", endpoints=_endpoint_list(conn, rest))
-    if scheme == "redis":
-        return _parse_redis(conn, text, env)
-    raise _bad(conn, f"unknown scheme {scheme!r}")
+    if "://" not in text:  # Mooncake's default plugin: a bare etcd endpoint list
+        return parse_etcd(conn)
+    scheme = text.partition("://")[0].lower()
+    if backends is None:
+        backends = _registered()
+    plugin = backends.get(scheme)
+    if plugin is None:
+        raise _bad(conn, f"unknown scheme {scheme!r} (registered: {', '.join(sorted(backends))})")
+    return plugin.parse(conn, env)
+
+
+def parse_etcd(conn: str) -> EtcdSpec:
+    """``etcd://h:p[;h2:p2]`` or a bare ``h:p[;h2:p2]``."""
+    text = conn.strip()
+    rest = text.partition("://")[2] if "://" in text else text
+    return EtcdSpec(kind="etcd", endpoints=_endpoint_list(conn, rest))
 
 
 def _url_host_port(conn: str, u: urllib.parse.SplitResult, example: str) -> tuple[str, int]:
@@ -127,7 +172,10 @@ def _url_host_port(conn: str, u: urllib.parse.SplitResult, example: str) -> tupl
     return u.hostname, port
 
 
-def _parse_http(conn: str, text: str, scheme: str) -> MetadataSpec:
+def parse_http(conn: str) -> HttpSpec:
+    """``http(s)://host:port[/path]`` (a bare host:port is served at /metadata)."""
+    text = conn.strip()
+    scheme = text.partition("://")[0].lower()
     u = urllib.parse.urlsplit(text)
     host, port = _url_host_port(conn, u, "http://127.0.0.1:8080/metadata")
     if u.query or u.fragment:
@@ -136,12 +184,12 @@ def _parse_http(conn: str, text: str, scheme: str) -> MetadataSpec:
     # server, so fill that in rather than send requests to "/".
     path = u.path if u.path not in ("", "/") else "/metadata"
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return MetadataSpec(kind="http", scheme=scheme, endpoints=((host, port),),
-                        url=f"{scheme}://{netloc}{path}")
+    return HttpSpec(kind="http", scheme=scheme, endpoints=((host, port),), url=f"{scheme}://{netloc}{path}")
 
 
-def _parse_redis(conn: str, text: str, env: Mapping[str, str]) -> MetadataSpec:
-    u = urllib.parse.urlsplit(text)
+def parse_redis(conn: str, env: Mapping[str, str]) -> RedisSpec:
+    """``redis://[[user]:password@]host:port[/db]``, ``MC_REDIS_*`` from ``env`` as fallbacks."""
+    u = urllib.parse.urlsplit(conn.strip())
     host, port = _url_host_port(conn, u, "redis://127.0.0.1:6379")
     db_text = u.path.strip("/")
     if db_text:
@@ -149,17 +197,13 @@ def _parse_redis(conn: str, text: str, env: Mapping[str, str]) -> MetadataSpec:
             raise _bad(conn, f"database {db_text!r} is not a number")
         db = int(db_text)
     else:
-        db_env = env.get("MC_REDIS_DB_INDEX", "").strip()
-        if db_env and not db_env.isdigit():
-            raise ValueError(f"MC_REDIS_DB_INDEX={db_env!r} is not a non-negative integer")
-        db = int(db_env) if db_env else 0
+        db = envs.get("MC_REDIS_DB_INDEX", env)
     if db > 255:
         raise _bad(conn, f"database index {db} out of range 0..255")
     username = urllib.parse.unquote(u.username) if u.username else None
     password = urllib.parse.unquote(u.password) if u.password else None
     if password is None:
-        password = env.get("MC_REDIS_PASSWORD") or None
+        password = envs.get("MC_REDIS_PASSWORD", env)
         if username is None:
-            username = env.get("MC_REDIS_USERNAME") or None
-    return MetadataSpec(kind="redis", endpoints=((host, port),), db=db,
-                        username=username, password=password)
+            username = envs.get("MC_REDIS_USERNAME", env)
+    return RedisSpec(kind="redis", endpoints=((host, port),), db=db, username=username, password=password)

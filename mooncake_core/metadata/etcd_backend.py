@@ -21,7 +21,7 @@ import etcd3gw
 from etcd3gw import exceptions as etcd_exc
 
 from mooncake_core.metadata.base import MetadataBackend, check_key, decode_value, encode_value
-from mooncake_core.metadata.conn_string import MetadataSpec
+from mooncake_core.metadata.conn_string import EtcdSpec
 from mooncake_core.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -50,7 +50,7 @@ def _k(key: str) -> bytes:
 class EtcdMetadataBackend(MetadataBackend):
     backend_name = "etcd"
 
-    def __init__(self, spec: MetadataSpec, timeout: float = 5.0):
+    def __init__(self, spec: EtcdSpec, timeout: float = 5.0):
         super().__init__(spec.endpoint_text, timeout)
         self._endpoints = list(spec.endpoints)
         self._preferred = 0          # index of the endpoint that answered last
@@ -137,7 +137,9 @@ class EtcdMetadataBackend(MetadataBackend):
         else:  # the whole keyspace
             start, end = b"\0", b"\0"
         items = self._call(f"list prefix {prefix!r}",
-                           lambda c: c.get(start, metadata=True, range_end=end, keys_only=True))
+                           # etcd3gw's stub lacks keys_only (the gateway takes it)
+                           lambda c: c.get(start, metadata=True, range_end=end,  # type: ignore[call-overload]
+                                           keys_only=True))
         keys = []
         for _value, meta in items:
             k = meta["key"]

@@ -1,9 +1,13 @@
-"""``open_metadata``: pick the backend a connection string names (see conn_string.py)."""
+"""``open_metadata``: open the backend a connection string's scheme names (see conn_string.py).
+
+Backends are plugins (``mooncake_metadata_backends``, docs/plugins.md): the scheme table
+comes from the plugin manager, so a third-party ``scheme://`` works with no edit here.
+"""
 
 from __future__ import annotations
 
 from mooncake_core.metadata.base import MetadataBackend
-from mooncake_core.metadata.conn_string import parse_conn_string
+from mooncake_core.metadata.conn_string import P2PHANDSHAKE, parse_conn_string
 
 
 def open_metadata(conn_str: str, *, timeout: float = 5.0) -> MetadataBackend | None:
@@ -14,16 +18,14 @@ def open_metadata(conn_str: str, *, timeout: float = 5.0) -> MetadataBackend | N
     is lazy: an unreachable server surfaces as MetadataError on the first call, within
     ``timeout`` seconds.
     """
-    spec = parse_conn_string(conn_str)
+    from mooncake_core.plugins import metadata_backends
+
+    backends = metadata_backends()
+    spec = parse_conn_string(conn_str, backends=backends)
     if spec.kind == "p2p":
         return None
-    if spec.kind == "http":
-        from mooncake_core.metadata.http_backend import HttpMetadataBackend
-        return HttpMetadataBackend(spec, timeout=timeout)
-    if spec.kind == "etcd":
-        from mooncake_core.metadata.etcd_backend import EtcdMetadataBackend
-        return EtcdMetadataBackend(spec, timeout=timeout)
-    if spec.kind == "redis":
-        from mooncake_core.metadata.redis_backend import RedisMetadataBackend
-        return RedisMetadataBackend(spec, timeout=timeout)
-    raise AssertionError(f"unhandled metadata kind {spec.kind!r}")
+    scheme = conn_str.strip().partition("://")[0].lower() if "://" in conn_str else "etcd"
+    return backends[scheme].open(spec, timeout)
+
+
+__all__ = ["P2PHANDSHAKE", "open_metadata"]

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import threading
 import time
 import urllib.parse
 
+from mooncake_core import envs
 from mooncake_core.metadata.base import (MetadataBackend, MetadataError, check_key,
                                          decode_value, encode_value)
-from mooncake_core.metadata.conn_string import MetadataSpec
+from mooncake_core.metadata.conn_string import HttpSpec
 
 _RETRYABLE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError,
               http.client.BadStatusLine)
@@ -31,12 +31,12 @@ _RETRYABLE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetEr
 class HttpMetadataBackend(MetadataBackend):
     backend_name = "http"
 
-    def __init__(self, spec: MetadataSpec, timeout: float = 5.0, token: str | None = None):
+    def __init__(self, spec: HttpSpec, timeout: float = 5.0, token: str | None = None):
         super().__init__(spec.url, timeout)
         self._spec = spec
         self._host, self._port = spec.endpoints[0]
         self._path = urllib.parse.urlsplit(spec.url).path
-        self._token = token if token is not None else (os.environ.get("MC_METADATA_HTTP_TOKEN") or None)
+        self._token = token if token is not None else envs.MC_METADATA_HTTP_TOKEN
         self._local = threading.local()
         self._all: list[http.client.HTTPConnection] = []
         self._all_lock = threading.Lock()

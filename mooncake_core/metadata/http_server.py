@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from mooncake_core.metadata import persist
+from mooncake_core import envs
 from mooncake_core.metadata.kvstore import KVStore, PutResult
 from mooncake_core.utils.log import get_logger, setup_logging
 from mooncake_core.utils.net import bind_listener, parse_host_port
@@ -49,16 +50,6 @@ from mooncake_core.utils.sizes import format_size, parse_size
 log = get_logger("mooncake.metadata.http_server")
 
 DEFAULT_MAX_BODY = 16 << 20
-
-
-def _int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -86,8 +77,7 @@ class MetadataHttpService:
                  max_total_bytes: int | None = None):
         self.persist_path = persist_path
         self.max_body = int(max_body)
-        self.auth_token = auth_token if auth_token is not None else (
-            os.environ.get("MC_METADATA_HTTP_TOKEN") or None)
+        self.auth_token = auth_token if auth_token is not None else envs.MC_METADATA_HTTP_TOKEN
         initial = persist.load(persist_path) if persist_path else {}
         if persist_path and not os.path.exists(persist_path):
             try:  # fail at start, not at the first PUT, when the path is not writable
@@ -96,9 +86,9 @@ class MetadataHttpService:
                 raise persist.PersistError(
                     f"persist file {persist_path}: cannot write ({e.strerror or e})") from None
         self.store = KVStore(
-            max_keys=max_keys if max_keys is not None else _int_env("MC_METADATA_MAX_KEYS", 65536),
+            max_keys=max_keys if max_keys is not None else envs.MC_METADATA_MAX_KEYS,
             max_total_bytes=(max_total_bytes if max_total_bytes is not None
-                             else _int_env("MC_METADATA_MAX_TOTAL_BYTES", 1 << 30)),
+                             else envs.MC_METADATA_MAX_TOTAL_BYTES),
             data=initial,
         )
         self._saved_generation = self.store.generation
@@ -158,8 +148,9 @@ class MetadataHttpService:
     # ---- handlers ------------------------------------------------------------------------
     def _token_ok(self, request: web.Request) -> bool:
         scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        return (scheme.lower() == "bearer" and bool(presented)
-                and hmac.compare_digest(presented.encode(), self.auth_token.encode()))
+        token = self.auth_token
+        return (token is not None and scheme.lower() == "bearer" and bool(presented)
+                and hmac.compare_digest(presented.encode(), token.encode()))
 
     async def _handle_metadata(self, request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
@@ -284,7 +275,7 @@ class HttpMetadataServer:
             self._loop = loop
             asyncio.set_event_loop(loop)
             try:
-                loop.run_until_complete(self.service.start(self.host, self.port, sock=sock))
+                loop.run_until_complete(self.service.start(self.host, self.port or 0, sock=sock))
             except BaseException as e:  # report to start(), do not die silently
                 failure.append(e)
                 ready.set()

@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from mooncake_core.metadata.base import MetadataBackend, check_key, decode_value, encode_value
-from mooncake_core.metadata.conn_string import MetadataSpec
+from mooncake_core.metadata.conn_string import RedisSpec
 
 _GLOB = re.compile(r"([*?\[\]\\])")
 
@@ -33,7 +33,7 @@ def escape_glob(prefix: str) -> str:
 class RedisMetadataBackend(MetadataBackend):
     backend_name = "redis"
 
-    def __init__(self, spec: MetadataSpec, timeout: float = 5.0):
+    def __init__(self, spec: RedisSpec, timeout: float = 5.0):
         host, port = spec.endpoints[0]
         super().__init__(f"{host}:{port}/{spec.db}", timeout)
         self._client = redis.Redis(

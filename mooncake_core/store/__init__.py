@@ -12,6 +12,7 @@ from mooncake_core.store.client import (  # noqa: F401
     SoftPinAction,
 )
 from mooncake_core.store.config import MooncakeConfig, MooncakeStoreConfig, StoreConfig  # noqa: F401
+from mooncake_core.store.numa import bind_to_numa_node  # noqa: F401
 from mooncake_core.store.parallelism import ParallelAxis, ReadTarget, TensorParallelism  # noqa: F401
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "ParallelAxis",
     "TensorParallelism",
     "ReadTarget",
+    "bind_to_numa_node",
 ]

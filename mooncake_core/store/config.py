@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mooncake_core import envs
+from mooncake_core.envs import FALSE_WORDS, TRUE_WORDS
 from mooncake_core.utils.sizes import parse_size
 
 __all__ = [
@@ -52,9 +54,9 @@ def parse_bool(value: Any, *, name: str = "flag") -> bool:
     if value is None:
         return False
     s = str(value).strip().lower()
-    if s in ("", "false", "0", "no", "off", "disable"):
+    if s in FALSE_WORDS:  # the one truthy rule of mooncake_core.envs
         return False
-    if s in ("true", "1", "yes", "on", "enable"):
+    if s in TRUE_WORDS:
         return True
     raise ValueError(f"{name}: invalid boolean value {value!r} (use true/false)")
 
@@ -174,28 +176,32 @@ class StoreConfig:
     def load_from_env(cls, environ: Mapping[str, str] | None = None) -> StoreConfig:
         """``MOONCAKE_CONFIG_PATH`` if set, else ``MOONCAKE_MASTER`` and friends (upstream names)."""
         env = os.environ if environ is None else environ
-        path = env.get("MOONCAKE_CONFIG_PATH")
+
+        def var(name: str, default: Any) -> Any:
+            return envs.get(name, env) or default
+
+        path = var("MOONCAKE_CONFIG_PATH", "")
         if path:
             return cls.from_file(path)
-        master = env.get("MOONCAKE_MASTER")
+        master = var("MOONCAKE_MASTER", "")
         if not master:
             raise ValueError(
                 "store config: neither MOONCAKE_CONFIG_PATH nor MOONCAKE_MASTER is set "
                 "(call setup(...) with arguments, or export one of them)"
             )
         return cls(
-            local_hostname=env.get("MOONCAKE_LOCAL_HOSTNAME", "localhost"),
-            metadata_server=env.get("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"),
-            global_segment_size=env.get("MOONCAKE_GLOBAL_SEGMENT_SIZE", DEFAULT_GLOBAL_SEGMENT_SIZE),
-            local_buffer_size=env.get("MOONCAKE_LOCAL_BUFFER_SIZE", DEFAULT_LOCAL_BUFFER_SIZE),
-            protocol=env.get("MOONCAKE_PROTOCOL", "tcp"),
-            rdma_devices=env.get("MOONCAKE_DEVICE", ""),
+            local_hostname=var("MOONCAKE_LOCAL_HOSTNAME", "localhost"),
+            metadata_server=var("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"),
+            global_segment_size=var("MOONCAKE_GLOBAL_SEGMENT_SIZE", DEFAULT_GLOBAL_SEGMENT_SIZE),
+            local_buffer_size=var("MOONCAKE_LOCAL_BUFFER_SIZE", DEFAULT_LOCAL_BUFFER_SIZE),
+            protocol=var("MOONCAKE_PROTOCOL", "tcp"),
+            rdma_devices=var("MOONCAKE_DEVICE", ""),
             master_server_addr=master,
-            enable_ssd_offload=env.get("MOONCAKE_OFFLOAD_ENABLED", "false"),
-            ssd_offload_path=env.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", ""),
-            tenant_id=env.get("MOONCAKE_TENANT_ID", "default"),
-            enable_client_http_server=env.get("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER", "false"),
-            client_http_port=env.get("MOONCAKE_CLIENT_HTTP_PORT", 9300),
+            enable_ssd_offload=var("MOONCAKE_OFFLOAD_ENABLED", "false"),
+            ssd_offload_path=var("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", ""),
+            tenant_id=var("MOONCAKE_TENANT_ID", "default"),
+            enable_client_http_server=var("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER", "false"),
+            client_http_port=var("MOONCAKE_CLIENT_HTTP_PORT", 9300),
         )
 
     # upstream name

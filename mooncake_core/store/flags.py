@@ -146,7 +146,8 @@ class FlagSet:
         lines = [f"usage: {self.prog} [--flag=value ...]", "", self.description, "",
                  "Flags (gflags syntax: --flag=value, --flag value, booleans --flag / --noflag / --flag=false):"]
         for f in self.flags.values():
-            default = repr(f.default) if f.kind == "str" else str(f.default).lower() if f.kind == "bool" else str(f.default)
+            default = (repr(f.default) if f.kind == "str" else str(f.default).lower() if f.kind == "bool"
+                       else str(f.default))
             lines.append(f"  --{f.name} ({f.kind}, default {default})")
             lines.extend(textwrap.wrap(f.help, 88, initial_indent="      ", subsequent_indent="      "))
         return "\n".join(lines) + "\n"
@@ -207,6 +208,9 @@ MASTER_FLAGS = [
          "whose copy took longer than 80% of it confirming the master's epoch afterwards (-707 if it "
          "changed), no read ever returns memory reused by a new put. Fresh segments are not held. "
          "0 = off, as the original (that race is then possible).", _non_negative),
+    Flag("remove_by_regex_budget_ms", "int", 1000, "Longest one remove_by_regex pattern may take to match "
+         "every key; a slower (backtracking) pattern is refused with -600 and removes nothing, so a hostile "
+         "pattern cannot freeze the master (ours; the original has no bound).", _positive),
     Flag("enable_http_metadata_server", "bool", False, "Also run the HTTP metadata server in this process "
          "(one process gives a whole single-node setup: clients use "
          "metadata_server=http://HOST:PORT/metadata)."),
@@ -266,23 +270,23 @@ def apply_config_file(fs: FlagSet, values: dict[str, Any]) -> dict[str, Any]:
     explicit = values.get("__explicit__", set())
     for key, raw in data.items():
         name = CONFIG_ALIASES.get(key, key.replace("-", "_"))
-        f = fs.flags.get(name)
-        if f is None or name == "config_path":
+        flag = fs.flags.get(name)
+        if flag is None or name == "config_path":
             raise FlagError(f"--config_path: unknown setting {key!r} in {path!r}")
         if name in explicit:
             continue
-        if f.kind == "bool" and isinstance(raw, bool):
+        if flag.kind == "bool" and isinstance(raw, bool):
             v: Any = raw
-        elif f.kind in ("int", "size") and isinstance(raw, int) and not isinstance(raw, bool):
+        elif flag.kind in ("int", "size") and isinstance(raw, int) and not isinstance(raw, bool):
             v = raw
-        elif f.kind == "float" and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        elif flag.kind == "float" and isinstance(raw, (int, float)) and not isinstance(raw, bool):
             v = float(raw)
         elif isinstance(raw, str):
-            v = _PARSERS[f.kind](name, raw)
+            v = _PARSERS[flag.kind](name, raw)
         else:
-            raise FlagError(f"--config_path: setting {key!r} in {path!r}: expected {f.kind}, got {raw!r}")
-        if f.check is not None:
-            problem = f.check(v)
+            raise FlagError(f"--config_path: setting {key!r} in {path!r}: expected {flag.kind}, got {raw!r}")
+        if flag.check is not None:
+            problem = flag.check(v)
             if problem:
                 raise FlagError(f"--config_path: setting {key!r}={v!r}: {problem}")
         values[name] = v

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
+from mooncake_core.utils.extras import require
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import parse_host_port
 
@@ -52,8 +53,8 @@ def parse_etcd_endpoints(spec: str) -> list[tuple[str, int]]:
 
 
 def _client(host: str, port: int, timeout: float):
-    import etcd3gw  # imported lazily: only HA setups need it
-
+    # imported lazily: only HA setups need it (the `etcd` extra)
+    etcd3gw = require("etcd3gw", "etcd", "master high availability through etcd (etcd://)")
     return etcd3gw.client(host=host, port=port, timeout=timeout)
 
 
@@ -96,8 +97,8 @@ class LeaderElection:
         self.poll_s = poll_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lease = None
-        self._client = None
+        self._lease: Any = None   # etcd3gw lease and client once connected
+        self._client: Any = None
         self.is_leader = False
         self.valid_until = 0.0
 
@@ -131,7 +132,7 @@ class LeaderElection:
         """True while this master may act as leader: elected and its etcd lease surely not
         expired (monotonic deadline computed from the time each refresh was *sent*). A
         leader that was paused (SIGSTOP, VM freeze) past its lease fails this check at once
-        on resuming, before it could serve a stale request (DESIGN §6, #2253)."""
+        on resuming, before it could serve a stale request (Mooncake issue #2253; docs/store-master.md)."""
         return self.is_leader and time.monotonic() < self.valid_until - 0.2
 
     def _campaign(self) -> bool:

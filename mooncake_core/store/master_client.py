@@ -42,7 +42,7 @@ CONNECT_WAIT_S = 1.0
 #: blocking: a master reply takes ~10-30 us of work, a thread woken from recv ~40 us or more on
 #: a VM. ``MC_MASTER_BUSY_POLL_US`` overrides (0 = always block); back-off and rationale in
 #: ``mooncake_core.utils.busypoll``.
-DEFAULT_BUSY_POLL_US = 50
+DEFAULT_BUSY_POLL_US = 50  # the default of MC_MASTER_BUSY_POLL_US (envs.py)
 
 
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets, drops unsent bytes
@@ -100,7 +100,7 @@ class MasterClient:
         self._pool: list[tuple[str, _Conn]] = []
         self._ids = itertools.count(1)
         self._closed = False
-        self._spin = env_busy_poll_s("MC_MASTER_BUSY_POLL_US", DEFAULT_BUSY_POLL_US)
+        self._spin = env_busy_poll_s("MC_MASTER_BUSY_POLL_US")
         # calls waiting for a reply right now: only a lone caller busy-polls. With several in
         # flight the wake-ups overlap anyway, and spinners would fight over the GIL.
         self._waiting = 0

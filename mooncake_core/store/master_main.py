@@ -47,6 +47,7 @@ def config_from_flags(v: dict) -> MasterConfig:
         root_fs_dir=os.path.abspath(v["root_fs_dir"]) if v["root_fs_dir"] else "",
         disk_quota_bytes=quota,
         recovery_hold_s=v["recovery_hold_ms"] / 1000.0,
+        regex_budget_s=v["remove_by_regex_budget_ms"] / 1000.0,
     )
 
 

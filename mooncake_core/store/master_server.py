@@ -125,7 +125,8 @@ class _StateCollector:
             ("mooncake_master_active_clients", "Clients with a recent heartbeat", n_clients),
             ("mooncake_master_segments", "Mounted memory segments", len(segs)),
         )
-        used = GaugeMetricFamily("mooncake_master_segment_used_bytes", "Bytes allocated in a segment", labels=["segment"])
+        used = GaugeMetricFamily("mooncake_master_segment_used_bytes", "Bytes allocated in a segment",
+                                 labels=["segment"])
         cap = GaugeMetricFamily("mooncake_master_segment_capacity_bytes", "Size of a segment", labels=["segment"])
         for name, u, c in segs:
             used.add_metric([name], u)
@@ -399,10 +400,18 @@ class MasterServer:
         try:
             with self.lock:
                 self.state.tick()
-                deletes = self.state.take_file_deletes()
         except Exception:  # noqa: BLE001 - a bug in a periodic rule must not stop the server
             log.exception("master tick failed")
             return
+        self._delete_files()
+
+    def _delete_files(self) -> None:
+        """Unlink the SSD-tier files the state released. Also run right after each request, so a
+        file dropped to make room for an offload is gone before the reply hands out the task."""
+        if not self.state.pending_file_deletes:
+            return
+        with self.lock:
+            deletes = self.state.take_file_deletes()
         root = self.state.cfg.root_fs_dir
         for rel in deletes:
             if not root:
@@ -420,7 +429,7 @@ class MasterServer:
             return P.reply_frame(P.PROTOCOL_VERSION, 0, ErrorCode.INVALID_PARAMS,
                                  f"malformed request: frame of {len(frame)} bytes is shorter than the "
                                  f"{P.HEADER_SIZE}-byte header".encode())
-        version, rid = P.unpack_header(frame)
+        version, rid = P.unpack_header(bytes(frame[:P.HEADER_SIZE]))
         if version != P.PROTOCOL_VERSION:
             return P.reply_frame(P.PROTOCOL_VERSION, rid, ErrorCode.INVALID_PARAMS,
                                  f"protocol version mismatch: client speaks v{version}, this master "
@@ -447,4 +456,6 @@ class MasterServer:
             log.exception("master request failed", extra={"method": cls.__name__})
             status, payload = int(ErrorCode.INTERNAL_ERROR), f"internal error in {cls.__name__}: {e!r}".encode()
         self._lat[cls].observe(time.perf_counter() - t0)
+        if self.state.pending_file_deletes:
+            self._delete_files()
         return P.reply_frame(version, rid, status, payload)

@@ -30,219 +30,41 @@ Rules implemented here (Mooncake semantics):
 * **Recovery** (new leader / restarted master): unknown clients get ``need_remount`` and
   re-report their complete objects (``report_objects``); reported ranges are re-marked used.
 
-Memory per object is kept small (``__slots__``, the rare fields in a side object, shared size
-ints, allocators that do not duplicate the offset->size map, no lease float until first read).
+The records it keeps (config, segments, objects, puts, clients) are in ``master_records``.
 """
 
 from __future__ import annotations
 
 import heapq
 import os
-import re
 import secrets
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable
-
-Rep = tuple  # (Segment, offset)
+from typing import Any, Callable, Iterable
 
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.protocol import (
     GetReply, HeartbeatReply, MountReply, OffloadTask, ReplicaDesc, ReplicateConfigMsg,
 )
+from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE, ClientInfo,
+                                                 DiskReplica, Extra, MasterConfig, ObjectMeta, PendingPut, Rep,
+                                                 Segment, Stats, check_key, err)
+from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
-from mooncake_core.utils.range_allocator import RangeAllocator
 
 log = get_logger("mooncake.store.master")
-
-MAX_REPLICAS = 16
-MAX_SEGMENT_SIZE = 1 << 56
-
-
-@dataclass
-class MasterConfig:
-    """Policy knobs (flag names of ``mooncake_master`` in comments)."""
-
-    default_kv_lease_ttl_ms: int = 10_000          # --default_kv_lease_ttl
-    default_kv_soft_pin_ttl_ms: int = 30 * 60_000  # --default_kv_soft_pin_ttl
-    allow_evict_soft_pinned_objects: bool = True   # --allow_evict_soft_pinned_objects
-    eviction_ratio: float = 0.05                   # --eviction_ratio
-    eviction_high_watermark_ratio: float = 0.90    # --eviction_high_watermark_ratio
-    client_ttl_s: float = 10.0                     # --client_ttl
-    put_start_discard_timeout_s: float = 30.0      # --put_start_discard_timeout_sec
-    put_start_release_timeout_s: float = 600.0     # --put_start_release_timeout_sec
-    enable_offload: bool = False                   # --enable_offload
-    root_fs_dir: str = ""                          # --root_fs_dir
-    disk_quota_bytes: int = 0                      # --quota_bytes (0 = unlimited)
-    offload_timeout_s: float = 60.0                # an unanswered OffloadTask is retried after this
-    recovery_hold_s: float = 1.0                   # --recovery_hold_ms: re-mounted segments take no new
-                                                   # allocation this long (see mount_segment)
-    alignment: int = 64
-
-
-class Segment:
-    """A memory segment a client mounted: ``[base, base+size)`` in that client's memory."""
-
-    __slots__ = ("seg_id", "name", "client_id", "base", "size", "alloc", "hold_until", "__weakref__")
-
-    def __init__(self, seg_id: int, name: str, client_id: str, base: int, size: int, alignment: int):
-        self.hold_until = 0.0  # no new allocation before this (a segment re-mounted after a master change)
-        self.seg_id = seg_id
-        self.name = name
-        self.client_id = client_id
-        self.base = base
-        self.size = size
-        # track=False: the objects below already record offset and size of every range
-        self.alloc = RangeAllocator(size, alignment, track=False)
-
-
-class DiskReplica:
-    __slots__ = ("segment_name", "client_id", "path", "size")
-
-    def __init__(self, segment_name: str, client_id: str, path: str, size: int):
-        self.segment_name = segment_name
-        self.client_id = client_id
-        self.path = path
-        self.size = size
-
-
-class Extra:
-    """The rarely used per-object fields, kept out of ObjectMeta to keep it small."""
-
-    __slots__ = ("hard", "soft", "disk")
-
-    def __init__(self, hard: bool = False, soft: list | None = None, disk: DiskReplica | None = None):
-        self.hard = hard
-        self.soft = soft  # None or [deadline, ttl_s]
-        self.disk = disk
-
-
-class ObjectMeta:
-    """One complete object (~72 bytes + the offset int).
-
-    ``seg``/``off``: the memory replica's Segment and offset -- or tuples of them when there
-    are several replicas, or None (disk only). ``lease``: monotonic deadline of the latest
-    read lease (0 = never read). ``extra``: None or Extra (pins, disk replica)."""
-
-    __slots__ = ("size", "seg", "off", "lease", "extra")
-
-    def __init__(self, size: int, reps: list[tuple[Segment, int]], extra: Extra | None = None):
-        self.size = size
-        self.lease = 0
-        self.extra = extra
-        self.set_reps(reps)
-
-    def reps(self) -> list[tuple[Segment, int]]:
-        seg = self.seg
-        if seg is None:
-            return []
-        if type(seg) is tuple:
-            return list(zip(seg, self.off))
-        return [(seg, self.off)]
-
-    def set_reps(self, reps: list[tuple[Segment, int]]) -> None:
-        if not reps:
-            self.seg = self.off = None
-        elif len(reps) == 1:
-            self.seg, self.off = reps[0]
-        else:
-            self.seg = tuple(r[0] for r in reps)
-            self.off = tuple(r[1] for r in reps)
-
-    @property
-    def n_reps(self) -> int:
-        seg = self.seg
-        return 0 if seg is None else len(seg) if type(seg) is tuple else 1
-
-    @property
-    def hard(self) -> bool:
-        return self.extra is not None and self.extra.hard
-
-    @property
-    def soft(self) -> list | None:
-        return None if self.extra is None else self.extra.soft
-
-    @property
-    def disk(self) -> DiskReplica | None:
-        return None if self.extra is None else self.extra.disk
-
-    def set_disk(self, d: DiskReplica | None) -> None:
-        if self.extra is None:
-            if d is None:
-                return
-            self.extra = Extra()
-        self.extra.disk = d
-
-
-class PendingPut:
-    __slots__ = ("client_id", "size", "reps", "start", "upsert", "promote", "hard", "soft_ttl")
-
-    def __init__(self, client_id: str, size: int, reps: list, start: float, upsert: bool,
-                 promote: bool, hard: bool, soft_ttl: float | None):
-        self.client_id = client_id
-        self.size = size
-        self.reps = reps
-        self.start = start
-        self.upsert = upsert
-        self.promote = promote
-        self.hard = hard
-        self.soft_ttl = soft_ttl
-
-
-#: removals queued for one client's next heartbeat before they collapse into "all before"
-MAX_REMOVED_NOTICES = 65536
-
-
-class ClientInfo:
-    __slots__ = ("beats", "client_id", "last_seen", "missed", "missed_all_before", "pending_remount", "quarantine",
-                 "removed", "removed_all_before", "segments", "tasks")
-
-    def __init__(self, client_id: str, now: float):
-        self.client_id = client_id
-        self.last_seen = now
-        self.beats = 0  # heartbeats received
-        #: ranges of this client's segment a failed put was writing into: (beats at which to
-        #: free, segment, offset, size) -- see MasterState._quarantine
-        self.quarantine: list[tuple[int, Segment, int, int]] = []
-        self.segments: set[str] = set()
-        self.tasks: list[OffloadTask] = []
-        #: objects in this client's segment removed/overwritten by anyone, (key, version clock at
-        #: the time), so that it stops re-reporting them (see heartbeat)
-        self.removed: list[tuple[str, int]] = []
-        self.removed_all_before = 0
-        #: told to re-mount (new here: after a restart, a failover or its expiry) and not done
-        #: yet: every heartbeat says so until it mounts -- a reply can get lost
-        self.pending_remount = True
-        #: notices it missed while expired, repeated with every reply until it re-mounts
-        self.missed: list[tuple[str, int]] = []
-        self.missed_all_before = 0
-
-
-class Stats:
-    __slots__ = ("hits", "misses", "evictions", "lease_refusals", "offloads", "puts",
-                 "put_conflicts", "no_space", "disk_evictions", "expired_clients", "takeovers")
-
-    def __init__(self) -> None:
-        for s in self.__slots__:
-            setattr(self, s, 0)
-
-
-def _err(code: ErrorCode, msg: str) -> MooncakeError:
-    return MooncakeError(code, msg)
-
-
-def _check_key(key: object) -> str:
-    if not isinstance(key, str) or not key:
-        raise _err(ErrorCode.INVALID_PARAMS, f"key must be a non-empty string, got {key!r}")
-    return key
 
 
 class MasterState:
     """All master decisions. Not thread-safe: the caller serialises calls."""
 
-    def __init__(self, config: MasterConfig | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: MasterConfig | None = None, clock: Callable[[], float] = time.monotonic,
+                 version_clock: Callable[[], int] = time.time_ns):
+        """``clock`` (seconds, monotonic) times leases, TTLs and holds; ``version_clock``
+        (wall-clock nanoseconds) stamps published writes (see ``_new_version``). Both are
+        injected so tests drive time and versions without sleeping."""
         self.cfg = config or MasterConfig()
         self.clock = clock
+        self.version_clock = version_clock
         self.objects: dict[str, ObjectMeta] = {}
         self.inflight: dict[str, PendingPut] = {}
         self.segments: dict[str, Segment] = {}
@@ -393,15 +215,20 @@ class MasterState:
         its bytes (the client's side of the contract, see GetReply.confirm_after_ms). Fresh
         segments are not held, so a fresh start is not delayed."""
         if not isinstance(client_id, str) or not client_id:
-            raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment: client_id must be a non-empty string, got {client_id!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment: client_id must be a non-empty string, got {client_id!r}")
         if not isinstance(segment_name, str) or not segment_name:
-            raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment: segment_name must be a non-empty string, got {segment_name!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment: segment_name must be a non-empty string, got {segment_name!r}")
         if not isinstance(base, int) or base < 0:
-            raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: base must be an int >= 0, got {base!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment {segment_name!r}: base must be an int >= 0, got {base!r}")
         if not isinstance(size, int) or size <= 0 or size > MAX_SEGMENT_SIZE:
-            raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: size must be an int in 1..2^56, got {size!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment {segment_name!r}: size must be an int in 1..2^56, got {size!r}")
         if not isinstance(prev_epoch, int) or prev_epoch < 0:
-            raise _err(ErrorCode.INVALID_PARAMS, f"mount_segment {segment_name!r}: prev_epoch must be an int >= 0, got {prev_epoch!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment {segment_name!r}: prev_epoch must be an int >= 0, got {prev_epoch!r}")
         now = self.clock()
         client, _ = self._touch_client(client_id, now)
         client.pending_remount = False  # it heard us (or never needed to: a fresh client)
@@ -444,9 +271,9 @@ class MasterState:
     def unmount_segment(self, client_id: str, segment_name: str) -> None:
         seg = self.segments.get(segment_name)
         if seg is None:
-            raise _err(ErrorCode.SEGMENT_NOT_FOUND, f"unmount_segment: segment {segment_name!r} is not mounted")
+            raise err(ErrorCode.SEGMENT_NOT_FOUND, f"unmount_segment: segment {segment_name!r} is not mounted")
         if seg.client_id != client_id:
-            raise _err(ErrorCode.INVALID_PARAMS, f"unmount_segment: segment {segment_name!r} belongs to "
+            raise err(ErrorCode.INVALID_PARAMS, f"unmount_segment: segment {segment_name!r} belongs to "
                        f"client {seg.client_id!r}, not {client_id!r}")
         self._unmount(seg, self.clock())
 
@@ -462,7 +289,7 @@ class MasterState:
         floor = max((g[0] for g in self.graveyard if g[2] is seg), default=0.0)
         for key, meta in list(self.objects.items()):
             s = meta.seg
-            if s is None or (s is not seg and (type(s) is not tuple or seg not in s)):
+            if s is None or (s is not seg and (not isinstance(s, tuple) or seg not in s)):
                 continue
             floor = max(floor, meta.lease)
             meta.set_reps([r for r in meta.reps() if r[0] is not seg])
@@ -489,7 +316,7 @@ class MasterState:
 
     def heartbeat(self, client_id: str) -> HeartbeatReply:
         if not isinstance(client_id, str) or not client_id:
-            raise _err(ErrorCode.INVALID_PARAMS, f"heartbeat: client_id must be a non-empty string, got {client_id!r}")
+            raise err(ErrorCode.INVALID_PARAMS, f"heartbeat: client_id must be a non-empty string, got {client_id!r}")
         client, new = self._touch_client(client_id, self.clock())
         client.beats += 1
         if client.quarantine:
@@ -596,12 +423,13 @@ class MasterState:
     # ================================================================ puts
     def put_start(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg | None = None,
                   *, upsert: bool = False) -> list[ReplicaDesc]:
-        _check_key(key)
+        check_key(key)
         cfg = cfg or ReplicateConfigMsg()
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-            raise _err(ErrorCode.INVALID_PARAMS, f"put {key!r}: size must be an int > 0, got {size!r}")
+            raise err(ErrorCode.INVALID_PARAMS, f"put {key!r}: size must be an int > 0, got {size!r}")
         if not isinstance(cfg.replica_num, int) or not 1 <= cfg.replica_num <= MAX_REPLICAS:
-            raise _err(ErrorCode.INVALID_PARAMS, f"put {key!r}: replica_num must be 1..{MAX_REPLICAS}, got {cfg.replica_num!r}")
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"put {key!r}: replica_num must be 1..{MAX_REPLICAS}, got {cfg.replica_num!r}")
         now = self.clock()
         promote = False
         meta = self.objects.get(key)
@@ -610,12 +438,12 @@ class MasterState:
                 promote = True  # disk-only object: a put brings it back to memory
             else:
                 self.stats.put_conflicts += 1
-                raise _err(ErrorCode.OBJECT_ALREADY_EXISTS, f"put {key!r}: object already exists")
+                raise err(ErrorCode.OBJECT_ALREADY_EXISTS, f"put {key!r}: object already exists")
         p = self.inflight.get(key)
         if p is not None:
             if now - p.start < self.cfg.put_start_discard_timeout_s:
                 self.stats.put_conflicts += 1
-                raise _err(ErrorCode.OBJECT_ALREADY_EXISTS,
+                raise err(ErrorCode.OBJECT_ALREADY_EXISTS,
                            f"put {key!r}: a put by client {p.client_id!r} is in progress")
             log.warning("taking over a put never finished", extra={"key": key, "old_client": p.client_id,
                                                                  "age_s": round(now - p.start, 1)})
@@ -632,7 +460,8 @@ class MasterState:
                                         bool(cfg.with_hard_pin), soft_ttl)
         return [self._desc(r, size, "processing") for r in reps]
 
-    def upsert_start(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
+    def upsert_start(self, client_id: str, key: str, size: int,
+                     cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
         return self.put_start(client_id, key, size, cfg, upsert=True)
 
     def _allocate(self, key: str, size: int, cfg: ReplicateConfigMsg, now: float) -> list[Rep]:
@@ -642,19 +471,19 @@ class MasterState:
             if not segs and self.segments:
                 self.stats.no_space += 1
                 wait = min(s.hold_until for s in self.segments.values()) - now
-                raise _err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: master recovering after a restart/"
+                raise err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: master recovering after a restart/"
                            f"failover; re-mounted segments take new allocations in {wait:.1f}s "
                            f"(--recovery_hold_ms) so that reads under leases of the previous master "
                            f"never see reused memory")
         if not segs:
             self.stats.no_space += 1
-            raise _err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no memory segment is mounted "
+            raise err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no memory segment is mounted "
                        f"(start a client with global_segment_size > 0)")
         largest = self._largest_seg
         if largest is None:
             largest = self._largest_seg = max(s.size for s in self.segments.values())
         if size > largest:
-            raise _err(ErrorCode.INVALID_PARAMS, f"put {key!r}: object of {size} bytes is larger than "
+            raise err(ErrorCode.INVALID_PARAMS, f"put {key!r}: object of {size} bytes is larger than "
                        f"any mounted segment (largest {largest} bytes)")
         want = min(cfg.replica_num, len(segs))
         for _ in range(64):
@@ -664,7 +493,7 @@ class MasterState:
             if self._evict(size * want, now) == 0:
                 break
         self.stats.no_space += 1
-        raise _err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no space for {want} replica(s) of "
+        raise err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no space for {want} replica(s) of "
                    f"{size} bytes (used {self.used} of {self.capacity}; nothing evictable)")
 
     def _place(self, size: int, want: int, preferred: list[str], segs: dict[str, Segment]) -> list[Rep] | None:
@@ -695,7 +524,7 @@ class MasterState:
     def _new_version(self) -> int:
         """A version for a write published now: wall-clock nanoseconds, kept increasing. A
         successor master starts seconds later, so its versions are higher than any of ours."""
-        v = max(time.time_ns(), self._last_version + 1)
+        v = max(self.version_clock(), self._last_version + 1)
         self._last_version = v
         return v
 
@@ -704,14 +533,14 @@ class MasterState:
         re-report the object after a master change, where the highest version of a key
         wins -- or 0 when this call published nothing (an idempotent retry, or a put that
         lost to an existing value)."""
-        _check_key(key)
+        check_key(key)
         p = self.inflight.get(key)
         if p is None:
             if key in self.objects:
                 return 0  # already complete (idempotent retry)
-            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"put_end {key!r}: no put in progress for this key")
+            raise err(ErrorCode.OBJECT_NOT_FOUND, f"put_end {key!r}: no put in progress for this key")
         if p.client_id != client_id:
-            raise _err(ErrorCode.INVALID_PARAMS, f"put_end {key!r}: the put in progress belongs to client "
+            raise err(ErrorCode.INVALID_PARAMS, f"put_end {key!r}: the put in progress belongs to client "
                        f"{p.client_id!r}, not {client_id!r} (taken over after a timeout?)")
         now = self.clock()
         del self.inflight[key]
@@ -737,19 +566,19 @@ class MasterState:
         return self._new_version()
 
     def put_revoke(self, client_id: str, key: str) -> None:
-        _check_key(key)
+        check_key(key)
         p = self.inflight.get(key)
         if p is None:
-            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"put_revoke {key!r}: no put in progress for this key")
+            raise err(ErrorCode.OBJECT_NOT_FOUND, f"put_revoke {key!r}: no put in progress for this key")
         if p.client_id != client_id:
-            raise _err(ErrorCode.INVALID_PARAMS, f"put_revoke {key!r}: the put in progress belongs to "
+            raise err(ErrorCode.INVALID_PARAMS, f"put_revoke {key!r}: the put in progress belongs to "
                        f"client {p.client_id!r}, not {client_id!r}")
         del self.inflight[key]
         self._quarantine(client_id, p.reps, p.size)
 
     @staticmethod
-    def _batch(fn: Callable, keys: list, *args) -> list:
-        out = []
+    def _batch(fn: Callable[..., object], keys: list[str], *args: list[Any]) -> list[Any]:
+        out: list[Any] = []
         for i, k in enumerate(keys):
             try:
                 r = fn(k, *(a[i] for a in args))
@@ -759,9 +588,9 @@ class MasterState:
         return out
 
     def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int],
-                        cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> list:
+                        cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> list[Any]:
         if len(keys) != len(sizes):
-            raise _err(ErrorCode.INVALID_PARAMS, f"batch_put_start: {len(keys)} keys but {len(sizes)} sizes")
+            raise err(ErrorCode.INVALID_PARAMS, f"batch_put_start: {len(keys)} keys but {len(sizes)} sizes")
         return self._batch(lambda k, s: self.put_start(client_id, k, s, cfg, upsert=upsert), keys, sizes)
 
     def batch_put_end(self, client_id: str, keys: list[str]) -> list[int]:
@@ -772,12 +601,12 @@ class MasterState:
 
     # ================================================================ reads
     def get_replica_list(self, key: str) -> GetReply:
-        _check_key(key)
+        check_key(key)
         meta = self.objects.get(key)
         if meta is None:
             self.stats.misses += 1
             why = "put still in progress" if key in self.inflight else "no such object"
-            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"get {key!r}: {why}")
+            raise err(ErrorCode.OBJECT_NOT_FOUND, f"get {key!r}: {why}")
         now = self.clock()
         ttl_ms = self.cfg.default_kv_lease_ttl_ms
         deadline = now + ttl_ms / 1000.0
@@ -795,7 +624,7 @@ class MasterState:
         self.stats.hits += 1
         return GetReply(self._descs(meta), ttl_ms, self.epoch, self._confirm_after_ms)
 
-    def batch_get_replica_list(self, keys: list[str]) -> list:
+    def batch_get_replica_list(self, keys: list[str]) -> list[Any]:
         return self._batch(self.get_replica_list, keys)
 
     def exist_key(self, key: str) -> bool:
@@ -808,19 +637,19 @@ class MasterState:
     def get_size(self, key: str) -> int:
         meta = self.objects.get(key)
         if meta is None:
-            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"get_size {key!r}: no such object")
+            raise err(ErrorCode.OBJECT_NOT_FOUND, f"get_size {key!r}: no such object")
         return meta.size
 
     # ================================================================ removal
     def remove(self, key: str, force: bool = False) -> None:
-        _check_key(key)
+        check_key(key)
         meta = self.objects.get(key)
         if meta is None:
-            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"remove {key!r}: no such object")
+            raise err(ErrorCode.OBJECT_NOT_FOUND, f"remove {key!r}: no such object")
         now = self.clock()
         if meta.lease > now and not force:
             self.stats.lease_refusals += 1
-            raise _err(ErrorCode.OBJECT_HAS_LEASE, f"remove {key!r}: object is leased to a reader for "
+            raise err(ErrorCode.OBJECT_HAS_LEASE, f"remove {key!r}: object is leased to a reader for "
                        f"{meta.lease - now:.1f}s more (use force=True)")
         self._notify_removed(key, meta)
         self._drop_object(key, meta, now)
@@ -841,15 +670,19 @@ class MasterState:
         return n
 
     def remove_by_regex(self, pattern: str, force: bool = False) -> int:
-        """Drop objects whose key matches ``pattern`` (re.search); leased ones only with ``force``."""
+        """Drop objects whose key matches ``pattern`` (re.search); leased ones only with ``force``.
+        Matching is bounded by ``cfg.regex_budget_s`` (a backtracking pattern must not freeze
+        the master: see utils/bounded_regex.py); over budget -> -600 and nothing removed."""
         try:
-            rx = re.compile(pattern)
-        except (re.error, TypeError) as e:
-            raise _err(ErrorCode.INVALID_PARAMS, f"remove_by_regex: bad pattern {pattern!r}: {e}") from None
+            keys = bounded_regex.matching(list(self.objects), pattern, self.cfg.regex_budget_s,
+                                          what="remove_by_regex: pattern")
+        except bounded_regex.PatternError as e:
+            raise err(ErrorCode.INVALID_PARAMS, str(e)) from None
         now = self.clock()
         n = 0
-        for key, meta in list(self.objects.items()):
-            if rx.search(key) and (force or meta.lease <= now):
+        for key in keys:
+            meta = self.objects.get(key)
+            if meta is not None and (force or meta.lease <= now):
                 self._notify_removed(key, meta)
                 self._drop_object(key, meta, now)
                 n += 1
@@ -903,7 +736,7 @@ class MasterState:
         nbytes = meta.size * len(reps)
         if self.cfg.enable_offload and meta.disk is None:
             owner = self.clients.get(reps[0][0].client_id)
-            if owner is not None:
+            if owner is not None and self._disk_room(meta.size, now):
                 owner.tasks.append(OffloadTask(key, self._desc(reps[0], meta.size)))
                 self.offloading[key] = now
                 return 0, nbytes
@@ -918,14 +751,14 @@ class MasterState:
     # ================================================================ SSD tier
     def offload_done(self, client_id: str, key: str, path: str, size: int) -> None:
         if not _safe_rel_path(path):
-            raise _err(ErrorCode.INVALID_PARAMS, f"offload_done {key!r}: path {path!r} must be relative "
+            raise err(ErrorCode.INVALID_PARAMS, f"offload_done {key!r}: path {path!r} must be relative "
                        f"to root_fs_dir without '..'")
         now = self.clock()
         self.offloading.pop(key, None)
         meta = self.objects.get(key)
         if meta is None or meta.size != size:
             self.pending_file_deletes.append((0, path))  # object gone meanwhile: drop the file
-            raise _err(ErrorCode.OBJECT_NOT_FOUND, f"offload_done {key!r}: object no longer exists "
+            raise err(ErrorCode.OBJECT_NOT_FOUND, f"offload_done {key!r}: object no longer exists "
                        f"(or size differs); the file will be deleted")
         reps = meta.reps()
         if meta.disk is None:
@@ -955,12 +788,34 @@ class MasterState:
             del self.objects[key]
         self.stats.evictions += 1
 
-    def _enforce_disk_quota(self, now: float) -> None:
+    def _offload_reserved(self) -> int:
+        """Disk bytes promised to offloads in flight (their files are being written now)."""
+        n = 0
+        for key in self.offloading:
+            meta = self.objects.get(key)
+            if meta is not None:
+                n += meta.size
+        return n
+
+    def _disk_room(self, size: int, now: float) -> bool:
+        """Make room for a ``size``-byte file *before* the owner writes it (least recently used
+        files are dropped first), so the tier never exceeds --quota_bytes even for a moment.
+        The original filled the disk because it never evicted (its issue #2475). False when the
+        file cannot fit: the object is then evicted without a disk copy."""
         quota = self.cfg.disk_quota_bytes
-        if quota <= 0 or self.disk_used <= quota:
+        if quota <= 0:
+            return True
+        if size > quota:
+            return False
+        self._enforce_disk_quota(now, incoming=size + self._offload_reserved())
+        return self.disk_used + self._offload_reserved() + size <= quota
+
+    def _enforce_disk_quota(self, now: float, incoming: int = 0) -> None:
+        quota = self.cfg.disk_quota_bytes
+        if quota <= 0 or self.disk_used + incoming <= quota:
             return
         for key in list(self.disk_lru):
-            if self.disk_used <= quota:
+            if self.disk_used + incoming <= quota:
                 break
             meta = self.objects.get(key)
             if meta is None or meta.disk is None:

@@ -1,7 +1,7 @@
 """Client side of the SSD tier: spill an object from this client's segment memory to a file
 under ``root_fs_dir`` and read such files back.
 
-Why on the client: the master never touches payload bytes (DESIGN §1). When it wants to
+Why on the client: the master never touches payload bytes (docs/store.md). When it wants to
 evict an object whose owner is alive it sends an ``OffloadTask`` in that owner's heartbeat
 reply; the owner writes the bytes from its own memory to ``root_fs_dir/<hash-of-key>`` and
 reports ``offload_done`` — only then does the master free the memory range. Files are written

@@ -1,6 +1,7 @@
 """The unified parallel tensor IO API (``*_tensor_with_parallelism*``), upstream names.
 
-``ParallelApiMixin`` is a base class of ``MooncakeDistributedStore``. Writes name a shard with
+``ParallelApi`` is a delegate of ``MooncakeDistributedStore``, built on its object and tensor
+delegates. Writes name a shard with
 a ``TensorParallelism`` (or a ``writer_partition`` shorthand); reads say what to materialise
 with a ``ReadTarget``. Key naming and validation live in the pure ``parallelism`` module.
 
@@ -21,9 +22,9 @@ from typing import Any
 
 import msgspec
 
-import mooncake_core.store.client as _cl
-from mooncake_core.errors import ErrorCode
 from mooncake_core.store import tensor as _tensor
+from mooncake_core.store.codes import INVALID
+from mooncake_core.store.object_api import ObjectApi
 from mooncake_core.store.offload import mem_view
 from mooncake_core.store.parallelism import (
     READ_MODES,
@@ -41,14 +42,14 @@ from mooncake_core.store.parallelism import (
     writer_shard_key,
 )
 from mooncake_core.store.sharding import ShardError, uniform_shard_check
-from mooncake_core.store.tensor_api import serialized_tensor_size
+from mooncake_core.store.tensor_api import TensorApi, serialized_tensor_size
+from mooncake_core.store.validate import check_config, check_int, check_key, check_keys, check_ptr_lists
 from mooncake_core.utils.log import get_logger
 
-__all__ = ["ParallelApiMixin"]
+__all__ = ["ParallelApi"]
 
 log = get_logger("mooncake.store.parallel_api")
 
-_INVALID = int(ErrorCode.INVALID_PARAMS)
 _REFUSED = (ParallelismError, ShardError)
 
 
@@ -67,14 +68,18 @@ def _batch_arg(op: str, name: str, value: Any, n: int) -> list[Any]:
     return list(value)
 
 
-class ParallelApiMixin:
+class ParallelApi:
     """``put/upsert/get_tensor_with_parallelism`` and their ``_from``/``_into``/batch forms."""
+
+    def __init__(self, objects: ObjectApi, tensors: TensorApi) -> None:
+        self.objects = objects
+        self.tensors = tensors
 
     # ------------------------------------------------------------------ writes
     def _write_parallel(self, key: Any, tensor: Any, parallelism: Any, config: Any, writer_partition: Any,
                         *, upsert: bool, op: str) -> int:
-        key = _cl._check_key(key, op)
-        cfg = _cl._check_config(config, op)
+        key = check_key(key, op)
+        cfg = check_config(config, op)
         torch = _tensor.require_torch()
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{op}: expected a torch.Tensor, got {type(tensor).__name__}")
@@ -85,45 +90,42 @@ class ParallelApiMixin:
                 return self._write_writer_shard(key, tensor, parse_writer_partition(writer_partition, op), cfg,
                                                 upsert=upsert, op=op)
             if parallelism is None:
-                return self._put_tensors([key], [tensor], cfg, upsert=upsert, op=op)[0]  # type: ignore[attr-defined]
+                return self.tensors.put_tensors([key], [tensor], cfg, upsert=upsert, op=op)[0]
             axes = validate_axes(parallelism, op)
             tp = tp_axis(axes)
             if tp is not None and len(axes) > 1:
                 tensor = _slice(tensor, tp)  # multi-axis TP layouts take the full tensor
-            return self._put_tensors([parallelism_key(key, axes)], [tensor], cfg,  # type: ignore[attr-defined]
+            return self.tensors.put_tensors([parallelism_key(key, axes)], [tensor], cfg,
                                      upsert=upsert, op=op)[0]
         except _REFUSED as e:
             log.warning("%s(%r): %s", op, key, e)
-            return _INVALID
+            return INVALID
 
     def _write_writer_shard(self, key: str, tensor: Any, w: WriterPartition, cfg: Any, *, upsert: bool,
                             op: str) -> int:
         shard = _slice(tensor, ParallelAxis("tp", w.rank, w.size, w.split_dim))
         manifest = msgspec.msgpack.encode(WriterManifest(w.size, w.split_dim, [int(s) for s in tensor.shape],
                                                          str(tensor.dtype).removeprefix("torch.")))
-        rc = self._put_tensors([writer_shard_key(key, w)], [shard], cfg, upsert=upsert, op=op)[0]  # type: ignore[attr-defined]
+        rc = self.tensors.put_tensors([writer_shard_key(key, w)], [shard], cfg, upsert=upsert, op=op)[0]
         if rc != 0:
             return rc
-        put = self.upsert if upsert else self.put  # type: ignore[attr-defined]
+        put = self.objects.upsert if upsert else self.objects.put
         return put(writer_manifest_key(key), manifest, cfg)
 
     def put_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: Any = None, config: Any = None,
                                     writer_partition: Any = None) -> int:
-        """Store ``tensor`` as the object named by ``parallelism`` (full tensor when None), or
-        the ``writer_partition`` ``(rank, size, split_dim)`` slice of it. 0 or negative."""
         return self._write_parallel(key, tensor, parallelism, config, writer_partition, upsert=False,
                                     op="put_tensor_with_parallelism")
 
     def upsert_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: Any = None, config: Any = None,
                                        writer_partition: Any = None) -> int:
-        """``put_tensor_with_parallelism`` that replaces an existing object."""
         return self._write_parallel(key, tensor, parallelism, config, writer_partition, upsert=True,
                                     op="upsert_tensor_with_parallelism")
 
     def _tensor_at(self, ptr: Any, size: Any, op: str) -> Any:
         """The tensor serialized at ``ptr`` (aliasing it), or None if it is not one."""
-        ptr = _cl._check_int(ptr, f"{op}: buffer_ptr", minimum=1)
-        size = _cl._check_int(size, f"{op}: size")
+        ptr = check_int(ptr, f"{op}: buffer_ptr", minimum=1)
+        size = check_int(size, f"{op}: size")
         try:
             return _tensor.tensor_from_buffer(mem_view(ptr, serialized_tensor_size(ptr, size)))
         except _tensor.TensorFormatError as e:
@@ -132,7 +134,6 @@ class ParallelApiMixin:
 
     def put_tensor_with_parallelism_from(self, key: str, buffer_ptr: int, size: int, parallelism: Any = None,
                                          config: Any = None, writer_partition: Any = None) -> int:
-        """``put_tensor_with_parallelism`` of the tensor serialized at ``buffer_ptr``."""
         return self.batch_put_tensor_with_parallelism_from([key], [buffer_ptr], [size], [parallelism], config,
                                                            [writer_partition])[0]
 
@@ -143,18 +144,17 @@ class ParallelApiMixin:
 
     def _batch_write(self, keys: Any, tensors: list[Any], parallelisms: Any, config: Any, writer_partitions: Any,
                      *, upsert: bool, op: str) -> list[int]:
-        keys = _cl._check_keys(keys, op)
+        keys = check_keys(keys, op)
         if len(tensors) != len(keys):
             raise ValueError(f"{op}: {len(keys)} keys but {len(tensors)} tensors")
         pars = _batch_arg(op, "parallelisms", parallelisms, len(keys))
         wps = _batch_arg(op, "writer_partitions", writer_partitions, len(keys))
-        return [_INVALID if t is None else
+        return [INVALID if t is None else
                 self._write_parallel(k, t, p, config, w, upsert=upsert, op=op)
                 for k, t, p, w in zip(keys, tensors, pars, wps)]
 
     def batch_put_tensor_with_parallelism(self, keys: list[str], tensors_list: list[Any], parallelisms: Any = None,
                                           config: Any = None, writer_partitions: Any = None) -> list[int]:
-        """Batch ``put_tensor_with_parallelism``; one code per key."""
         return self._batch_write(keys, _as_list("batch_put_tensor_with_parallelism", tensors_list), parallelisms,
                                  config, writer_partitions, upsert=False, op="batch_put_tensor_with_parallelism")
 
@@ -166,15 +166,14 @@ class ParallelApiMixin:
 
     def _batch_write_from(self, keys: Any, buffer_ptrs: Any, sizes: Any, parallelisms: Any, config: Any,
                           writer_partitions: Any, *, upsert: bool, op: str) -> list[int]:
-        keys = _cl._check_keys(keys, op)
-        ptrs, sizes = self._check_ptr_lists(op, keys, buffer_ptrs, sizes)  # type: ignore[attr-defined]
+        keys = check_keys(keys, op)
+        ptrs, sizes = check_ptr_lists(op, keys, buffer_ptrs, sizes)
         tensors = [self._tensor_at(p, n, op) for p, n in zip(ptrs, sizes)]
         return self._batch_write(keys, tensors, parallelisms, config, writer_partitions, upsert=upsert, op=op)
 
     def batch_put_tensor_with_parallelism_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
                                                parallelisms: Any = None, config: Any = None,
                                                writer_partitions: Any = None) -> list[int]:
-        """Batch ``put_tensor_with_parallelism_from``; a buffer that is not a tensor gets -600."""
         return self._batch_write_from(keys, buffer_ptrs, sizes, parallelisms, config, writer_partitions,
                                       upsert=False, op="batch_put_tensor_with_parallelism_from")
 
@@ -188,7 +187,7 @@ class ParallelApiMixin:
     def _plan_read(self, key: Any, target: Any, op: str) -> tuple[str | None, Any]:
         """``(primary_key, fallback)``: the object to read as stored (None if the result must
         be assembled) and a callable computing the tensor otherwise (or None)."""
-        key = _cl._check_key(key, op)
+        key = check_key(key, op)
         if target is None:
             target = ReadTarget()
         if not isinstance(target, ReadTarget):
@@ -208,7 +207,7 @@ class ParallelApiMixin:
             return parallelism_key(key, axes), None
         if mode == "shard":
             def from_full() -> Any:
-                full = self.get_tensor(key)  # type: ignore[attr-defined]
+                full = self.tensors.get_tensor(key)
                 return None if full is None or tp is None else _slice(full, tp).contiguous()
             return parallelism_key(key, axes), from_full
         if tp is None:
@@ -216,25 +215,25 @@ class ParallelApiMixin:
 
         def gather() -> Any:
             names = [parallelism_key(key, with_tp_rank(axes, r)) for r in range(tp.size)]
-            shards = self.batch_get_tensor(names)  # type: ignore[attr-defined]
+            shards = self.tensors.batch_get_tensor(names)
             if all(s is not None for s in shards):
                 return _tensor.require_torch().cat(shards, dim=tp.split_dim or 0)
             missing = [n for n, s in zip(names, shards) if s is None]
             log.info("%s(%r): shards %s missing; trying the full object", op, key, missing)
-            return self.get_tensor(key)  # type: ignore[attr-defined]
+            return self.tensors.get_tensor(key)
         return None, gather
 
     def _read_writer_full(self, key: str, op: str) -> Any:
-        raw = self.get(writer_manifest_key(key))  # type: ignore[attr-defined]
+        raw = self.objects.get(writer_manifest_key(key))
         if not raw:
-            return self.get_tensor(key)  # type: ignore[attr-defined]
+            return self.tensors.get_tensor(key)
         try:
             m = msgspec.msgpack.decode(raw, type=WriterManifest)
         except msgspec.DecodeError as e:
             log.warning("%s(%r): bad writer manifest: %s", op, key, e)
             return None
         names = [writer_shard_key(key, WriterPartition(r, m.size, m.split_dim)) for r in range(m.size)]
-        shards = self.batch_get_tensor(names)  # type: ignore[attr-defined]
+        shards = self.tensors.batch_get_tensor(names)
         if any(s is None for s in shards):
             log.warning("%s(%r): writer shards missing: %s", op, key,
                         [n for n, s in zip(names, shards) if s is None])
@@ -246,12 +245,11 @@ class ParallelApiMixin:
         return full
 
     def get_tensor_with_parallelism(self, key: str, target: Any = None) -> Any:
-        """The tensor ``target`` asks for (see module doc), or None."""
         op = "get_tensor_with_parallelism"
         try:
             primary, fallback = self._plan_read(key, target, op)
             if primary is not None:
-                t = self.get_tensor(primary)  # type: ignore[attr-defined]
+                t = self.tensors.get_tensor(primary)
                 if t is not None or fallback is None:
                     return t
             return fallback()
@@ -260,16 +258,13 @@ class ParallelApiMixin:
             return None
 
     def get_tensor_with_parallelism_into(self, key: str, buffer_ptr: int, size: int, target: Any = None) -> Any:
-        """``get_tensor_with_parallelism`` into a buffer (serialized layout, as
-        ``get_tensor_into``); the returned tensor aliases the buffer. A stored object is read
-        straight in; an assembled one (full / sliced) is copied in once."""
         op = "get_tensor_with_parallelism_into"
-        ptr = _cl._check_int(buffer_ptr, f"{op}: buffer_ptr", minimum=1)
-        size = _cl._check_int(size, f"{op}: size")
+        ptr = check_int(buffer_ptr, f"{op}: buffer_ptr", minimum=1)
+        size = check_int(size, f"{op}: size")
         try:
             primary, fallback = self._plan_read(key, target, op)
             if primary is not None:
-                t = self.get_tensor_into(primary, ptr, size)  # type: ignore[attr-defined]
+                t = self.tensors.get_tensor_into(primary, ptr, size)
                 if t is not None or fallback is None:
                     return t
             t = fallback()
@@ -290,21 +285,20 @@ class ParallelApiMixin:
         return _tensor.tensor_from_buffer(dst)
 
     def batch_get_tensor_with_parallelism(self, keys: list[str], targets: Any = None) -> list[Any]:
-        """One tensor/None per key (``targets``: one ReadTarget/None per key, or None)."""
         op = "batch_get_tensor_with_parallelism"
-        keys = _cl._check_keys(keys, op)
+        keys = check_keys(keys, op)
         if targets is None:
-            return self.batch_get_tensor(keys)  # type: ignore[attr-defined]
+            return self.tensors.batch_get_tensor(keys)
         return [self.get_tensor_with_parallelism(k, t) for k, t in zip(keys, _batch_arg(op, "targets", targets,
                                                                                       len(keys)))]
 
     def batch_get_tensor_with_parallelism_into(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int],
                                                targets: Any = None) -> list[Any]:
         op = "batch_get_tensor_with_parallelism_into"
-        keys = _cl._check_keys(keys, op)
-        ptrs, sizes = self._check_ptr_lists(op, keys, buffer_ptrs, sizes)  # type: ignore[attr-defined]
+        keys = check_keys(keys, op)
+        ptrs, sizes = check_ptr_lists(op, keys, buffer_ptrs, sizes)
         if targets is None:
-            return self.batch_get_tensor_into(keys, ptrs, sizes)  # type: ignore[attr-defined]
+            return self.tensors.batch_get_tensor_into(keys, ptrs, sizes)
         ts = _batch_arg(op, "targets", targets, len(keys))
         return [self.get_tensor_with_parallelism_into(k, p, n, t) for k, p, n, t in zip(keys, ptrs, sizes, ts)]
 

@@ -1,9 +1,8 @@
 """Ranged reads/writes, put/get sessions and replica clearing (upstream's names and codes).
 
-``RangeApiMixin`` is a base class of ``MooncakeDistributedStore``; it only uses the client's
-internals (``_master``, ``_engine``, ``_pick_order``, ``_enter``/``_exit``, ...). Why a mixin:
-these methods are a separate job (byte *ranges* of objects rather than whole objects), and
-keeping them out of ``client.py`` keeps that file reviewable.
+``RangeApi`` is a delegate of ``MooncakeDistributedStore``, typed against ``StoreInternals``
+(``master``, ``engine``, ``pick_order``, ``enter``/``exit``, ...). Why a family of its own:
+these methods are a separate job (byte *ranges* of objects rather than whole objects).
 
 Data never goes through a staging copy: a ranged read is a memcpy from our own segment or
 one ``batch_transfer_sync_read`` per remote segment straight into the caller's buffer; a
@@ -20,37 +19,36 @@ Safety rules (the store must never serve wrong bytes):
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import mooncake_core.store.client as _cl
+from mooncake_core import envs
 from mooncake_core.errors import ErrorCode, MooncakeError
+from mooncake_core.store.codes import INVALID, LEASE_EXPIRED, NOT_FOUND, OK, TRANSFER_FAIL
+from mooncake_core.store.internals import StoreInternals
+from mooncake_core.store.memory import memmove
+from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.store.range_plan import (
     Coverage,
     Fragment,
     plan_get_into_ranges,
     plan_key_ranges,
 )
+from mooncake_core.store.validate import check_config, check_int, check_key, check_keys
 from mooncake_core.utils.log import get_logger
 
-__all__ = ["RangeApiMixin"]
+__all__ = ["RangeApi"]
 
 log = get_logger("mooncake.store.range_api")
 
-OK = 0
-_INVALID = int(ErrorCode.INVALID_PARAMS)
-_NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
-_LEASE_EXPIRED = int(ErrorCode.LEASE_EXPIRED)
-_TRANSFER_FAIL = int(ErrorCode.TRANSFER_FAIL)
 
 # The master lets another put take over a reservation never finished within its
 # put_start_discard_timeout (30 s by default) and frees the old space at that moment, so a
-# session must stop writing well before: past this age its writes are refused (-600).
-PUT_SESSION_MAX_S = float(os.environ.get("MC_STORE_PUT_SESSION_MAX_S", "25"))
+# session must stop writing well before: past MC_STORE_PUT_SESSION_MAX_S (25 s) its writes
+# are refused (-600).
 
 
 @dataclass
@@ -59,7 +57,7 @@ class _Lease:
     the granting master's epoch (a read that outlives ``confirm_after_ms`` must confirm that
     this master still leads before its bytes are trusted)."""
 
-    replicas: list[Any]
+    replicas: list[ReplicaDesc]
     size: int
     deadline: float
     granted: float = 0.0
@@ -74,7 +72,7 @@ class _Lease:
 
 @dataclass
 class _PutSession:
-    replicas: list[Any]
+    replicas: list[ReplicaDesc]
     size: int
     started: float = field(default_factory=time.monotonic)
     written: Coverage = field(default_factory=Coverage)
@@ -88,26 +86,30 @@ class _RangeState:
         self.put_sessions: dict[str, _PutSession] = {}
 
 
-class RangeApiMixin:
+class RangeApi:
     """``get_into_ranges``, ``batch_*_multi_buffer_ranges``, put/get sessions,
     ``batch_replica_clear``, ``put_from_with_metadata``."""
+
+    def __init__(self, core: StoreInternals) -> None:
+        self.core = core
+        self._state: _RangeState | None = None
 
     # ------------------------------------------------------------------ internals
     def _range_state(self) -> _RangeState:
         """Session state of the current ``setup()``: after close() and a new setup() the old
         reservations may already be someone else's memory, so old sessions are dropped."""
-        cid = self._client_id  # type: ignore[attr-defined]
-        st = self.__dict__.get("_range_state_obj")
+        cid = self.core.client_id
+        st = self._state
         if st is None or st.client_id != cid:
-            with self._lock:  # type: ignore[attr-defined]
-                st = self.__dict__.get("_range_state_obj")
+            with self.core.lock:
+                st = self._state
                 if st is None or st.client_id != cid:
-                    st = self.__dict__["_range_state_obj"] = _RangeState(cid)
+                    st = self._state = _RangeState(cid)
         return st
 
     def _buffer_capacity(self, ptr: int) -> int | None:
         """Bytes writable from ``ptr`` inside a registered buffer, or None if unregistered."""
-        for base, size in list(self._registered.items()):  # type: ignore[attr-defined]
+        for base, size in list(self.core.registered.items()):
             if base <= ptr < base + size:
                 return base + size - ptr
         return None
@@ -118,18 +120,18 @@ class RangeApiMixin:
         if not uniq:
             return {}
         t_req = time.monotonic()
-        replies = list(self._master.batch_get_replica_list(uniq))  # type: ignore[attr-defined]
+        replies = list(self.core.master.batch_get_replica_list(uniq))
         out: dict[str, _Lease | int] = {}
         for key, reply in zip(uniq, replies):
             if isinstance(reply, int):
                 out[key] = reply
                 continue
-            order = self._pick_order(reply.replicas)  # type: ignore[attr-defined]
+            order = self.core.pick_order(reply.replicas)
             if not order:
-                out[key] = _NOT_FOUND
+                out[key] = NOT_FOUND
                 continue
             out[key] = _Lease(order, order[0].size, t_req + reply.lease_ttl_ms / 1000.0, t_req,
-                              int(getattr(reply, "epoch", 0) or 0), int(getattr(reply, "confirm_after_ms", 0) or 0))
+                              reply.epoch, reply.confirm_after_ms)
         return out
 
     def _leases_for(self, keys: list[str], use_sessions: bool) -> dict[str, _Lease | int]:
@@ -159,36 +161,38 @@ class RangeApiMixin:
                         done: Callable[[Fragment, int], None]) -> None:
         """Read each fragment from its object's best memory replica into ``frag.addr``;
         report bytes read or a negative code through ``done``."""
-        own = self._segment_name if self._segment is not None else None  # type: ignore[attr-defined]
-        remote: dict[str, list[tuple[Fragment, Any]]] = {}
+        own = self.core.segment_name if self.core.segment is not None else None
+        remote: dict[str, list[tuple[Fragment, ReplicaDesc]]] = {}
         todo: list[Fragment] = []
+        live: dict[int, _Lease] = {}  # id(fragment) -> the lease it is read under
         for f in frags:
-            lease = leases.get(f.key, _NOT_FOUND)
+            lease = leases.get(f.key, NOT_FOUND)
             if isinstance(lease, int):
                 done(f, lease)
                 continue
             if f.obj_off + f.size > lease.size:
                 log.warning("%s: key %r: source range [%d, %d) is beyond the object (%d bytes)",
                             op, f.key, f.obj_off, f.obj_off + f.size, lease.size)
-                done(f, _INVALID)
+                done(f, INVALID)
                 continue
-            mem = [r for r in lease.replicas if getattr(r, "kind", "memory") == "memory"]
+            mem = [r for r in lease.replicas if r.kind == "memory"]
             if not mem:
                 log.warning("%s: key %r has no memory replica (ranged reads need one, as upstream)", op, f.key)
-                done(f, _INVALID)
+                done(f, INVALID)
                 continue
             if f.size == 0:
                 done(f, 0)
                 continue
             todo.append(f)
+            live[id(f)] = lease
             first = mem[0]
             if first.segment_name == own:
-                _cl._memmove(f.addr, first.addr + f.obj_off, f.size)
+                memmove(f.addr, first.addr + f.obj_off, f.size)
                 continue
             remote.setdefault(first.segment_name, []).append((f, first))
         retry: list[Fragment] = []
         for seg, items in remote.items():
-            rc = self._engine.batch_transfer_sync_read(  # type: ignore[attr-defined]
+            rc = self.core.engine.batch_transfer_sync_read(
                 seg, [f.addr for f, _ in items], [rep.addr + f.obj_off for f, rep in items],
                 [f.size for f, _ in items])
             if rc is None or rc < 0:
@@ -198,36 +202,36 @@ class RangeApiMixin:
         failed: set[int] = set()
         for f in retry:  # fall back through the other memory replicas, fragment by fragment
             ok = False
-            for rep in leases[f.key].replicas:  # type: ignore[union-attr]
-                if getattr(rep, "kind", "memory") != "memory":
+            for rep in live[id(f)].replicas:
+                if rep.kind != "memory":
                     continue
                 if rep.segment_name == own:
-                    _cl._memmove(f.addr, rep.addr + f.obj_off, f.size)
+                    memmove(f.addr, rep.addr + f.obj_off, f.size)
                     ok = True
                     break
-                rc = self._engine.batch_transfer_sync_read(  # type: ignore[attr-defined]
+                rc = self.core.engine.batch_transfer_sync_read(
                     rep.segment_name, [f.addr], [rep.addr + f.obj_off], [f.size])
                 if rc is not None and rc >= 0:
                     ok = True
                     break
             if not ok:
                 failed.add(id(f))
-                done(f, _TRANSFER_FAIL)
+                done(f, TRANSFER_FAIL)
         now = time.monotonic()
-        unconfirmed = self._unconfirmed_epochs([leases[f.key] for f in todo if id(f) not in failed], now, op)
+        unconfirmed = self._unconfirmed_epochs([live[id(f)] for f in todo if id(f) not in failed], now, op)
         for f in todo:
             if id(f) in failed:
                 continue
-            lease = leases[f.key]
-            if now >= lease.deadline:  # type: ignore[union-attr]
+            lease = live[id(f)]
+            if now >= lease.deadline:
                 log.warning("%s(%r): lease expired during the read; result discarded", op, f.key)
-                done(f, _LEASE_EXPIRED)
-            elif lease.epoch in unconfirmed:  # type: ignore[union-attr]
-                done(f, _LEASE_EXPIRED)
+                done(f, LEASE_EXPIRED)
+            elif lease.epoch in unconfirmed:
+                done(f, LEASE_EXPIRED)
             else:
                 done(f, f.size)
 
-    def _unconfirmed_epochs(self, leases: list[Any], now: float, op: str) -> set[int]:
+    def _unconfirmed_epochs(self, leases: list[_Lease], now: float, op: str) -> set[int]:
         """Epochs of leases held longer than their ``confirm_after_ms`` whose master no longer
         leads (one ping for the whole call). A new master does not know its predecessor's
         leases and may reuse their ranges, so such reads count as -707 -- a miss, never
@@ -236,7 +240,7 @@ class RangeApiMixin:
                   if 0 < lease.confirm_after_ms < (now - lease.granted) * 1000.0}
         if not epochs:
             return set()
-        current, why = self._leading_epoch()  # type: ignore[attr-defined]
+        current, why = self.core.leading_epoch()
         if current < 0:
             log.warning("%s: cannot confirm the master's epoch (%s); ranged reads discarded (-707)", op, why)
             return epochs
@@ -249,38 +253,30 @@ class RangeApiMixin:
     def _write_fragments(self, frags: list[Fragment], sessions: dict[str, _PutSession], op: str,
                          done: Callable[[Fragment, int], None]) -> None:
         """Write each fragment from ``frag.addr`` into every reserved replica of its key."""
-        own = self._segment_name if self._segment is not None else None  # type: ignore[attr-defined]
+        own = self.core.segment_name if self.core.segment is not None else None
         remote: dict[str, tuple[list[Fragment], list[int]]] = {}
         for f in frags:
             for rep in sessions[f.key].replicas:
                 if rep.segment_name == own:
-                    _cl._memmove(rep.addr + f.obj_off, f.addr, f.size)
+                    memmove(rep.addr + f.obj_off, f.addr, f.size)
                 else:
                     fl, dl = remote.setdefault(rep.segment_name, ([], []))
                     fl.append(f)
                     dl.append(rep.addr + f.obj_off)
         bad: set[str] = set()
         for seg, (fl, dl) in remote.items():
-            rc = self._engine.batch_transfer_sync_write(  # type: ignore[attr-defined]
+            rc = self.core.engine.batch_transfer_sync_write(
                 seg, [f.addr for f in fl], dl, [f.size for f in fl])
             if rc is None or rc < 0:
                 log.warning("%s: write of %d ranges to segment %s failed (%s)", op, len(fl), seg, rc)
                 bad.update(f.key for f in fl)
         for f in frags:
-            done(f, _TRANSFER_FAIL if f.key in bad else f.size)
+            done(f, TRANSFER_FAIL if f.key in bad else f.size)
 
     # ------------------------------------------------------------------ ranged reads
     def get_into_ranges(self, buffer_ptrs: list[int], all_keys: list[list[str]],
                         all_dst_offsets: list[list[list[int]]], all_src_offsets: list[list[list[int]]],
                         all_sizes: list[list[list[int]]]) -> list[list[list[int]]]:
-        """Read byte ranges of many objects into registered buffers (buffer-major).
-
-        ``results[i][j][k]`` = bytes read for fragment k of key ``all_keys[i][j]`` into
-        ``buffer_ptrs[i] + all_dst_offsets[i][j][k]`` from object offset
-        ``all_src_offsets[i][j][k]``, or a negative code: -600 (bad shape, unregistered or
-        overflowing destination, source range past the object), -704 missing, -707 lease
-        expired, -800 transfer failure. Fragments succeed or fail independently.
-        """
         results, frags = plan_get_into_ranges(buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets,
                                               all_sizes, self._buffer_capacity, lambda m: log.warning("%s", m))
         if not frags:
@@ -303,7 +299,7 @@ class RangeApiMixin:
             worst, total = min(worst, rc), total + max(rc, 0)
             done(f, rc)
         try:
-            self._enter(op)  # type: ignore[attr-defined]
+            self.core.enter(op)
         except MooncakeError as e:
             log.warning("%s", e)
             for f in frags:
@@ -317,17 +313,12 @@ class RangeApiMixin:
             for f in frags:
                 tally(f, e.code)
         finally:
-            self._exit()  # type: ignore[attr-defined]
-        self._count(op, worst, total, t0)  # type: ignore[attr-defined]
+            self.core.exit()
+        self.core.count(op, worst, total, t0)
 
     def batch_get_into_multi_buffer_ranges(self, keys: list[str], all_buffer_ptrs: list[list[int]],
                                            all_sizes: list[list[int]],
                                            all_src_offsets: list[list[int]]) -> list[int]:
-        """Object ``keys[i]``'s range ``[all_src_offsets[i][k], +all_sizes[i][k])`` into
-        buffer ``all_buffer_ptrs[i][k]``. Per key: total bytes read, or the first negative
-        code among its ranges. Uses the replica lists cached by ``batch_get_session_start``
-        when present (upstream requires a session; here one is optional -- without it the
-        replicas are looked up in the same call)."""
         results, plans = plan_key_ranges("batch_get_into_multi_buffer_ranges", keys, all_buffer_ptrs,
                                          all_sizes, all_src_offsets, lambda m: log.warning("%s", m))
         frags = [f for p in plans for f in p.frags]
@@ -338,13 +329,11 @@ class RangeApiMixin:
 
     # ------------------------------------------------------------------ get sessions
     def batch_get_session_start(self, keys: list[str]) -> list[int]:
-        """Look the replicas of ``keys`` up once (one master round trip) and cache them for
-        the ranged reads that follow. Per key: 0, or -704 missing / another negative code."""
-        keys = _cl._check_keys(keys, "batch_get_session_start")
+        keys = check_keys(keys, "batch_get_session_start")
         if not keys:
             return []
         try:
-            self._require_ready("batch_get_session_start")  # type: ignore[attr-defined]
+            self.core.require_ready("batch_get_session_start")
             leases = self._fetch_leases(keys)
         except MooncakeError as e:
             log.warning("batch_get_session_start: %s", e)
@@ -362,8 +351,7 @@ class RangeApiMixin:
         return out
 
     def batch_get_session_end(self, keys: list[str]) -> int:
-        """Forget the cached replica lists of ``keys``. Always 0 (as upstream)."""
-        keys = _cl._check_keys(keys, "batch_get_session_end")
+        keys = check_keys(keys, "batch_get_session_end")
         st = self._range_state()
         with st.lock:
             for k in keys:
@@ -373,18 +361,13 @@ class RangeApiMixin:
     # ------------------------------------------------------------------ put sessions
     def batch_put_session_start(self, keys: list[str], sizes: list[int],
                                 config: Any = None) -> list[int]:
-        """Reserve objects of ``sizes`` bytes without writing them (put_start only); fill
-        them with ``batch_put_from_multi_buffer_ranges`` and publish with
-        ``batch_put_session_end``. Per key: 0, -705 already exists, -600 bad arguments,
-        -200 no space. Objects stay invisible to readers until the session ends. Writes must
-        happen within ``PUT_SESSION_MAX_S`` (25 s, env ``MC_STORE_PUT_SESSION_MAX_S``)."""
-        keys = _cl._check_keys(keys, "batch_put_session_start")
+        keys = check_keys(keys, "batch_put_session_start")
         if not isinstance(sizes, (list, tuple)) or len(sizes) != len(keys):
             log.warning("batch_put_session_start: %d keys but %s sizes", len(keys),
                         len(sizes) if isinstance(sizes, (list, tuple)) else type(sizes).__name__)
-            return [_INVALID] * len(keys)
-        sizes = [_cl._check_int(s, f"batch_put_session_start: sizes[{i}]") for i, s in enumerate(sizes)]
-        cfg = _cl._check_config(config, "batch_put_session_start")
+            return [INVALID] * len(keys)
+        sizes = [check_int(s, f"batch_put_session_start: sizes[{i}]") for i, s in enumerate(sizes)]
+        cfg = check_config(config, "batch_put_session_start")
         if not keys:
             return []
         out = [OK] * len(keys)
@@ -401,13 +384,13 @@ class RangeApiMixin:
         if not send:
             return out
         msg = cfg.to_msg()
-        if cfg.prefer_alloc_in_same_node and self._segment is not None \
-                and self._segment_name not in msg.preferred_segments:  # type: ignore[attr-defined]
-            msg.preferred_segments.insert(0, self._segment_name)  # type: ignore[attr-defined]
+        if cfg.prefer_alloc_in_same_node and self.core.segment is not None \
+                and self.core.segment_name not in msg.preferred_segments:
+            msg.preferred_segments.insert(0, self.core.segment_name)
         try:
-            self._require_ready("batch_put_session_start")  # type: ignore[attr-defined]
-            allocs = list(self._master.batch_put_start(  # type: ignore[attr-defined]
-                self._client_id, [keys[i] for i in send], [sizes[i] for i in send], msg))  # type: ignore[attr-defined]
+            self.core.require_ready("batch_put_session_start")
+            allocs = list(self.core.master.batch_put_start(
+                self.core.client_id, [keys[i] for i in send], [sizes[i] for i in send], msg))
         except MooncakeError as e:
             log.warning("batch_put_session_start: %s", e)
             for i in send:
@@ -424,10 +407,6 @@ class RangeApiMixin:
     def batch_put_from_multi_buffer_ranges(self, keys: list[str], all_buffer_ptrs: list[list[int]],
                                            all_sizes: list[list[int]],
                                            all_dst_offsets: list[list[int]]) -> list[int]:
-        """Write buffer ``all_buffer_ptrs[i][k]`` (``all_sizes[i][k]`` bytes) at offset
-        ``all_dst_offsets[i][k]`` of the object reserved by ``batch_put_session_start``.
-        Per key: bytes written, or -600 (no open session, range past the object),
-        -800 transfer failure."""
         op = "batch_put_from_multi_buffer_ranges"
         results, plans = plan_key_ranges(op, keys, all_buffer_ptrs, all_sizes, all_dst_offsets,
                                          lambda m: log.warning("%s", m))
@@ -439,27 +418,27 @@ class RangeApiMixin:
                 s = st.put_sessions.get(p.key)
                 if s is None:
                     log.warning("%s: key %r has no open put session (call batch_put_session_start)", op, p.key)
-                    results[p.index] = _INVALID
+                    results[p.index] = INVALID
                     continue
-                if time.monotonic() - s.started > PUT_SESSION_MAX_S:
+                max_age = envs.MC_STORE_PUT_SESSION_MAX_S
+                if time.monotonic() - s.started > max_age:
                     log.warning("%s: the put session of %r is older than %.0f s; the master may already have "
-                                "given its space to another put. Revoke it and start again", op, p.key,
-                                PUT_SESSION_MAX_S)
-                    results[p.index] = _INVALID
+                                "given its space to another put. Revoke it and start again", op, p.key, max_age)
+                    results[p.index] = INVALID
                     continue
                 over = [f for f in p.frags if f.obj_off + f.size > s.size]
                 if over:
                     f = over[0]
                     log.warning("%s: key %r: range [%d, %d) is beyond the reserved %d bytes", op, p.key,
                                 f.obj_off, f.obj_off + f.size, s.size)
-                    results[p.index] = _INVALID
+                    results[p.index] = INVALID
                     continue
                 sessions[p.key] = s
                 frags.extend(f for f in p.frags if f.size > 0)
         if not frags:
             return results
         try:
-            self._enter(op)  # type: ignore[attr-defined]
+            self.core.enter(op)
         except MooncakeError as e:
             log.warning("%s", e)
             return [e.code if r >= 0 else r for r in results]
@@ -476,23 +455,19 @@ class RangeApiMixin:
                 for f in written:
                     sessions[f.key].written.add(f.obj_off, f.size)
         finally:
-            self._exit()  # type: ignore[attr-defined]
-        self._count(op, min(results), sum(f.size for f in written), t0)  # type: ignore[attr-defined]
+            self.core.exit()
+        self.core.count(op, min(results), sum(f.size for f in written), t0)
         return results
 
     def batch_put_session_end(self, keys: list[str]) -> list[int]:
-        """Publish the objects of open put sessions (put_end). Per key: 0, or -600 (no open
-        session, or not every byte written yet -- the session then stays open), or the
-        master's code."""
         return self._finish_put_sessions(keys, revoke=False)
 
     def batch_put_session_revoke(self, keys: list[str]) -> list[int]:
-        """Abandon open put sessions (put_revoke frees the reserved space). Per key: 0 or -600."""
         return self._finish_put_sessions(keys, revoke=True)
 
     def _finish_put_sessions(self, keys: Any, *, revoke: bool) -> list[int]:
         op = "batch_put_session_revoke" if revoke else "batch_put_session_end"
-        keys = _cl._check_keys(keys, op)
+        keys = check_keys(keys, op)
         out = [OK] * len(keys)
         st = self._range_state()
         chosen: list[tuple[int, str, _PutSession]] = []
@@ -501,21 +476,21 @@ class RangeApiMixin:
                 s = st.put_sessions.get(k)
                 if s is None or any(k == c[1] for c in chosen):
                     log.warning("%s: key %r has no open put session", op, k)
-                    out[i] = _INVALID
+                    out[i] = INVALID
                 elif not revoke and not s.written.complete(s.size):
                     log.warning("%s: key %r: only %d of %d bytes written; session stays open", op, k,
                                 s.written.covered(), s.size)
-                    out[i] = _INVALID
+                    out[i] = INVALID
                 else:
                     chosen.append((i, k, st.put_sessions.pop(k)))
         if not chosen:
             return out
         names = [k for _, k, _ in chosen]
         try:
-            self._require_ready(op)  # type: ignore[attr-defined]
-            master = self._master  # type: ignore[attr-defined]
+            self.core.require_ready(op)
+            master = self.core.master
             fn = master.batch_put_revoke if revoke else master.batch_put_end
-            rcs = list(fn(self._client_id, names) or [None] * len(names))  # type: ignore[attr-defined]
+            rcs: list[int | None] = [*fn(self.core.client_id, names)] or [None] * len(names)
         except MooncakeError as e:
             # the master did not answer: the sessions stay open so the call can be retried
             log.warning("%s: %s", op, e)
@@ -527,18 +502,12 @@ class RangeApiMixin:
             if isinstance(rc, int) and rc < 0:
                 out[i] = rc
             elif not revoke:
-                self._remember_owned(k, s.replicas, rc)  # type: ignore[attr-defined]
+                self.core.remember_owned(k, s.replicas, rc)
         return out
 
     # ------------------------------------------------------------------ misc
     def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
-        """Drop the objects of ``keys`` whose read leases have expired; returns the keys
-        cleared (leased or missing ones are skipped, as upstream).
-
-        Clearing only the replicas on one ``segment_name`` needs a master operation this
-        implementation does not have: such a call clears nothing and logs why.
-        """
-        keys = _cl._check_keys(keys, "batch_replica_clear")
+        keys = check_keys(keys, "batch_replica_clear")
         if not isinstance(segment_name, str):
             raise TypeError(f"batch_replica_clear: segment_name must be str, got {type(segment_name).__name__}")
         if segment_name:
@@ -548,28 +517,26 @@ class RangeApiMixin:
         if not keys:
             return []
         try:
-            self._require_ready("batch_replica_clear")  # type: ignore[attr-defined]
-            rcs = [int(x) for x in self._master.batch_remove(keys, False)]  # type: ignore[attr-defined]
+            self.core.require_ready("batch_replica_clear")
+            rcs = [int(x) for x in self.core.master.batch_remove(keys, False)]
         except MooncakeError as e:
             log.warning("batch_replica_clear: %s", e)
             return []
         cleared = [k for k, rc in zip(keys, rcs) if rc == 0]
-        self._forget(cleared)  # type: ignore[attr-defined]
+        self.core.forget(cleared)
         return cleared
 
     def put_from_with_metadata(self, key: str, buffer_ptr: int, metadata_buffer_ptr: int, size: int,
                                metadata_size: int, config: Any = None) -> int:
-        """Store ``metadata`` followed by ``data`` as one object of ``metadata_size + size``
-        bytes, both written straight from their buffers (no join). 0 or negative."""
         op = "put_from_with_metadata"
-        key = _cl._check_key(key, op)
-        buffer_ptr = _cl._check_int(buffer_ptr, f"{op}: buffer_ptr", minimum=1)
-        metadata_buffer_ptr = _cl._check_int(metadata_buffer_ptr, f"{op}: metadata_buffer_ptr", minimum=1)
-        size = _cl._check_int(size, f"{op}: size")
-        metadata_size = _cl._check_int(metadata_size, f"{op}: metadata_size")
-        cfg = _cl._check_config(config, op)
+        key = check_key(key, op)
+        buffer_ptr = check_int(buffer_ptr, f"{op}: buffer_ptr", minimum=1)
+        metadata_buffer_ptr = check_int(metadata_buffer_ptr, f"{op}: metadata_buffer_ptr", minimum=1)
+        size = check_int(size, f"{op}: size")
+        metadata_size = check_int(metadata_size, f"{op}: metadata_size")
+        cfg = check_config(config, op)
         parts = [(a, n) for a, n in ((metadata_buffer_ptr, metadata_size), (buffer_ptr, size)) if n]
-        return self._call(lambda: self._put_many([key], [parts], cfg, upsert=False,  # type: ignore[attr-defined]
+        return self.core.call(lambda: self.core.put_many([key], [parts], cfg, upsert=False,
                                                  op=op)[0])
 
 

@@ -1,7 +1,7 @@
 """Tensor methods on caller-owned buffers, batch upserts and tensor-parallel (TP) variants.
 
-``TensorApiMixin`` is a base class of ``MooncakeDistributedStore`` (upstream method names,
-argument order, defaults and return conventions):
+``TensorApi`` is a delegate of ``MooncakeDistributedStore`` (upstream method names,
+argument order, defaults and return conventions; typed against ``StoreInternals``):
 
 * ``get_tensor_into`` / ``batch_get_tensor_into``: read a stored tensor object straight into
   a preallocated buffer and return a tensor that *aliases* that buffer (None on a miss or a
@@ -21,19 +21,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import mooncake_core.store.client as _cl
+import numpy as np
+
 from mooncake_core.errors import ErrorCode
 from mooncake_core.store import tensor as _tensor
+from mooncake_core.store.codes import INVALID, OK
+from mooncake_core.store.internals import StoreInternals
+from mooncake_core.store.memory import buffer_addr, bytes_addr
+from mooncake_core.store.object_api import ObjectApi
 from mooncake_core.store.offload import mem_view
+from mooncake_core.store.types import ReplicateConfig
+from mooncake_core.store.validate import check_config, check_int, check_key, check_keys, check_ptr_lists
 from mooncake_core.store.sharding import ShardError, tp_key_name, uniform_shard_check
 from mooncake_core.utils.log import get_logger
 
-__all__ = ["TensorApiMixin"]
+__all__ = ["TensorApi", "serialized_tensor_size"]
 
 log = get_logger("mooncake.store.tensor_api")
 
-OK = 0
-_INVALID = int(ErrorCode.INVALID_PARAMS)
 _ITEMSIZE = {
     "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "uint8": 1, "int8": 1, "int16": 2,
     "int32": 4, "int64": 8, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8,
@@ -60,21 +65,26 @@ def serialized_tensor_size(addr: int, size: int) -> int:
 
 
 def _check_tp(op: str, tp_rank: Any, tp_size: Any, split_dim: Any = 0) -> tuple[int, int, int]:
-    tp_rank = _cl._check_int(tp_rank, f"{op}: tp_rank")
-    tp_size = _cl._check_int(tp_size, f"{op}: tp_size", minimum=-(1 << 31))
+    tp_rank = check_int(tp_rank, f"{op}: tp_rank")
+    tp_size = check_int(tp_size, f"{op}: tp_size", minimum=-(1 << 31))
     if isinstance(split_dim, bool) or not isinstance(split_dim, int):
         raise TypeError(f"{op}: split_dim must be int, got {type(split_dim).__name__}")
     return tp_rank, tp_size, split_dim
 
 
-class TensorApiMixin:
-    """Tensor ``_into``/``_from``, batch upsert and TP methods of the store client."""
+class TensorApi:
+    """Tensor methods of the store client: whole tensors, ``_into``/``_from`` on caller-owned
+    buffers, batch upserts, tensor-parallel shards."""
+
+    def __init__(self, core: StoreInternals, objects: ObjectApi) -> None:
+        self.core = core
+        self.objects = objects
 
     # ------------------------------------------------------------------ internals
     def _tensor_reads(self, keys: list[str], ptrs: list[int], sizes: list[int], op: str) -> list[Any]:
         """Read each key into its buffer; a tensor aliasing the buffer, or None."""
         dests: list[Any] = [[ps] for ps in zip(ptrs, sizes)]
-        rcs = self._call_list(lambda: self._read_batch(keys, dests, op), len(keys))  # type: ignore[attr-defined]
+        rcs = self.core.call_list(lambda: self.core.read_batch(keys, dests, op), len(keys))
         out: list[Any] = []
         for key, ptr, rc in zip(keys, ptrs, rcs):
             if rc < 0:
@@ -89,7 +99,7 @@ class TensorApiMixin:
                 out.append(None)
         return out
 
-    def _put_tensors(self, keys: list[str], tensors: list[Any], cfg: Any, *, upsert: bool, op: str) -> list[int]:
+    def put_tensors(self, keys: list[str], tensors: list[Any], cfg: Any, *, upsert: bool, op: str) -> list[int]:
         """One batched put/upsert of tensors, each written from its own memory."""
         if len(set(keys)) != len(keys):
             raise ValueError(f"{op}: duplicate keys in one batch")
@@ -99,14 +109,14 @@ class TensorApiMixin:
         keep: list[Any] = []
         for t in tensors:
             header, payload, k = _tensor.tensor_payload(t)
-            p = [(_cl._bytes_addr(header), len(header))]
+            p = [(bytes_addr(header), len(header))]
             if len(payload):
-                p.append((_cl._buffer_addr(payload, op)[0], len(payload)))
+                p.append((buffer_addr(payload, op)[0], len(payload)))
             parts.append(p)
             keep.append((header, payload, k))
         if upsert:
-            self._forget(keys)  # type: ignore[attr-defined]
-        return self._call_list(lambda: self._put_many(keys, parts, cfg, upsert=upsert, op=op),  # type: ignore[attr-defined]
+            self.core.forget(keys)
+        return self.core.call_list(lambda: self.core.put_many(keys, parts, cfg, upsert=upsert, op=op),
                                len(keys), keep)
 
     def _put_tensor_buffers(self, keys: list[str], ptrs: list[int], sizes: list[int], *, upsert: bool,
@@ -123,11 +133,11 @@ class TensorApiMixin:
                 exact.append(serialized_tensor_size(p, n))
             except _tensor.TensorFormatError as e:
                 log.warning("%s: buffer %d (key %r) does not hold a tensor object: %s", op, i, k, e)
-                return [_INVALID] * len(keys)
+                return [INVALID] * len(keys)
         if upsert:
-            self._forget(keys)  # type: ignore[attr-defined]
-        return self._call_list(lambda: self._put_many(keys, [[(p, n)] for p, n in zip(ptrs, exact)],  # type: ignore[attr-defined]
-                                                      _cl.ReplicateConfig(), upsert=upsert, op=op), len(keys))
+            self.core.forget(keys)
+        return self.core.call_list(lambda: self.core.put_many(keys, [[(p, n)] for p, n in zip(ptrs, exact)],
+                                                      ReplicateConfig(), upsert=upsert, op=op), len(keys))
 
     @staticmethod
     def _shards(tensor: Any, tp_size: int, split_dim: int) -> list[Any]:
@@ -153,126 +163,168 @@ class TensorApiMixin:
                 parts = self._shards(t, tp_size, split_dim)
             except ShardError as e:
                 log.warning("%s(%r): %s", op, k, e)
-                out[i] = _INVALID
+                out[i] = INVALID
                 continue
             for r, s in enumerate(parts):
                 keys.append(tp_key_name(k, r))
                 shards.append(s)
                 owner.append(i)
-        rcs = self._put_tensors(keys, shards, cfg, upsert=upsert, op=op)
+        rcs = self.put_tensors(keys, shards, cfg, upsert=upsert, op=op)
         for i, rc in zip(owner, rcs):
             if rc != OK and out[i] == OK:
                 out[i] = rc
         return out
 
+    # ------------------------------------------------------------------ whole tensors
+    def put_tensor(self, key: str, tensor: Any) -> int:
+        return self.pub_tensor(key, tensor)
+
+    def pub_tensor(self, key: str, tensor: Any, config: ReplicateConfig | None = None) -> int:
+        return self._tensor_put(key, tensor, config, upsert=False, op="put_tensor")
+
+    def upsert_tensor(self, key: str, tensor: Any) -> int:
+        return self._tensor_put(key, tensor, None, upsert=True, op="upsert_tensor")
+
+    def upsert_pub_tensor(self, key: str, tensor: Any, config: ReplicateConfig | None = None) -> int:
+        return self._tensor_put(key, tensor, config, upsert=True, op="upsert_pub_tensor")
+
+    def _tensor_put(self, key: str, tensor: Any, config: Any, *, upsert: bool, op: str) -> int:
+        key = check_key(key, op)
+        cfg = check_config(config, op)
+        header, payload, keep = _tensor.tensor_payload(tensor)
+        # two parts, header + the tensor's own memory: written without a staging copy
+        parts = [(bytes_addr(header), len(header))]
+        if len(payload):
+            parts.append((buffer_addr(payload, op)[0], len(payload)))
+        if upsert:
+            self.core.forget([key])
+        return self.core.call(lambda: self.core.put_many([key], [parts], cfg, upsert=upsert, op=op)[0],
+                          (header, payload, keep))
+
+    def get_tensor(self, key: str) -> Any:
+        key = check_key(key, "get_tensor")
+        _tensor.require_torch()
+        size = self.objects.get_size(key)
+        if size < 0:
+            return None
+        buf = np.empty(size, dtype=np.uint8)
+        rc = self.core.call(lambda: self.core.read_batch([key], [[(int(buf.ctypes.data), size)]], "get_tensor")[0])
+        if rc < 0:
+            return None
+        return _tensor.tensor_from_buffer(buf[:rc])
+
+    def batch_put_tensor(self, keys: list[str], tensors_list: list[Any]) -> list[int]:
+        keys = check_keys(keys, "batch_put_tensor")
+        if not isinstance(tensors_list, (list, tuple)) or len(tensors_list) != len(keys):
+            raise ValueError("batch_put_tensor: tensors_list must be a list as long as keys")
+        return [self.put_tensor(k, t) for k, t in zip(keys, tensors_list)]
+
+    def batch_pub_tensor(self, keys: list[str], tensors_list: list[Any],
+                         config: ReplicateConfig | None = None) -> list[int]:
+        keys = check_keys(keys, "batch_pub_tensor")
+        if not isinstance(tensors_list, (list, tuple)) or len(tensors_list) != len(keys):
+            raise ValueError("batch_pub_tensor: tensors_list must be a list as long as keys")
+        return [self.pub_tensor(k, t, config) for k, t in zip(keys, tensors_list)]
+
+    def batch_get_tensor(self, keys: list[str]) -> list[Any]:
+        keys = check_keys(keys, "batch_get_tensor")
+        return [self.get_tensor(k) for k in keys]
+
+    def put_tensor_with_tp(self, key: str, tensor: Any, tp_rank: int = 0, tp_size: int = 1,
+                           split_dim: int = 0) -> int:
+        return self.pub_tensor_with_tp(key, tensor, None, tp_rank, tp_size, split_dim)
+
+    def get_tensor_with_tp(self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> Any:
+        if tp_size <= 1:
+            return self.get_tensor(key)
+        return self.get_tensor(f"{key}_tp_{tp_rank}")
+
     # ------------------------------------------------------------------ into / from
     def get_tensor_into(self, key: str, buffer_ptr: int, size: int) -> Any:
-        """Read the tensor object ``key`` into ``[buffer_ptr, buffer_ptr+size)`` and return a
-        tensor aliasing the element bytes there; None if missing, too big for the buffer
-        (logged), or not a tensor. The buffer must outlive the returned tensor."""
-        key = _cl._check_key(key, "get_tensor_into")
-        buffer_ptr = _cl._check_int(buffer_ptr, "get_tensor_into: buffer_ptr", minimum=1)
-        size = _cl._check_int(size, "get_tensor_into: size")
+        key = check_key(key, "get_tensor_into")
+        buffer_ptr = check_int(buffer_ptr, "get_tensor_into: buffer_ptr", minimum=1)
+        size = check_int(size, "get_tensor_into: size")
         _tensor.require_torch()
         return self._tensor_reads([key], [buffer_ptr], [size], "get_tensor_into")[0]
 
     def batch_get_tensor_into(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[Any]:
-        """``get_tensor_into`` for many keys in one master round trip; one tensor/None per key."""
-        keys = _cl._check_keys(keys, "batch_get_tensor_into")
-        ptrs, sizes = self._check_ptr_lists("batch_get_tensor_into", keys, buffer_ptrs, sizes)  # type: ignore[attr-defined]
+        keys = check_keys(keys, "batch_get_tensor_into")
+        ptrs, sizes = check_ptr_lists("batch_get_tensor_into", keys, buffer_ptrs, sizes)
         _tensor.require_torch()
         return self._tensor_reads(keys, ptrs, sizes, "batch_get_tensor_into") if keys else []
 
     def put_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
-        """Store the serialized tensor object held at ``buffer_ptr`` (e.g. what
-        ``get_tensor_into`` read). 0, -600 if the buffer does not hold one, or a store code."""
-        key = _cl._check_key(key, "put_tensor_from")
-        ptr = _cl._check_int(buffer_ptr, "put_tensor_from: buffer_ptr", minimum=1)
-        size = _cl._check_int(size, "put_tensor_from: size")
+        key = check_key(key, "put_tensor_from")
+        ptr = check_int(buffer_ptr, "put_tensor_from: buffer_ptr", minimum=1)
+        size = check_int(size, "put_tensor_from: size")
         return self._put_tensor_buffers([key], [ptr], [size], upsert=False, op="put_tensor_from")[0]
 
     def upsert_tensor_from(self, key: str, buffer_ptr: int, size: int) -> int:
-        """``put_tensor_from`` that replaces an existing object."""
-        key = _cl._check_key(key, "upsert_tensor_from")
-        ptr = _cl._check_int(buffer_ptr, "upsert_tensor_from: buffer_ptr", minimum=1)
-        size = _cl._check_int(size, "upsert_tensor_from: size")
+        key = check_key(key, "upsert_tensor_from")
+        ptr = check_int(buffer_ptr, "upsert_tensor_from: buffer_ptr", minimum=1)
+        size = check_int(size, "upsert_tensor_from: size")
         return self._put_tensor_buffers([key], [ptr], [size], upsert=True, op="upsert_tensor_from")[0]
 
     def batch_put_tensor_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[int]:
-        """Batch ``put_tensor_from``; any invalid buffer fails the whole batch with -600."""
-        keys = _cl._check_keys(keys, "batch_put_tensor_from")
-        ptrs, sizes = self._check_ptr_lists("batch_put_tensor_from", keys, buffer_ptrs, sizes)  # type: ignore[attr-defined]
+        keys = check_keys(keys, "batch_put_tensor_from")
+        ptrs, sizes = check_ptr_lists("batch_put_tensor_from", keys, buffer_ptrs, sizes)
         return self._put_tensor_buffers(keys, ptrs, sizes, upsert=False, op="batch_put_tensor_from")
 
     def batch_upsert_tensor_from(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[int]:
-        """Batch ``upsert_tensor_from``."""
-        keys = _cl._check_keys(keys, "batch_upsert_tensor_from")
-        ptrs, sizes = self._check_ptr_lists("batch_upsert_tensor_from", keys, buffer_ptrs, sizes)  # type: ignore[attr-defined]
+        keys = check_keys(keys, "batch_upsert_tensor_from")
+        ptrs, sizes = check_ptr_lists("batch_upsert_tensor_from", keys, buffer_ptrs, sizes)
         return self._put_tensor_buffers(keys, ptrs, sizes, upsert=True, op="batch_upsert_tensor_from")
 
     # ------------------------------------------------------------------ batch upserts
     def batch_upsert_tensor(self, keys: list[str], tensors_list: list[Any]) -> list[int]:
-        """Insert or replace many tensors in one master round trip; one code per key."""
         return self.batch_upsert_pub_tensor(keys, tensors_list)
 
     def batch_upsert_pub_tensor(self, keys: list[str], tensors_list: list[Any], config: Any = None) -> list[int]:
-        """``batch_upsert_tensor`` with a ReplicateConfig."""
-        keys = _cl._check_keys(keys, "batch_upsert_tensor")
+        keys = check_keys(keys, "batch_upsert_tensor")
         tensors = _tensor_list("batch_upsert_tensor", keys, tensors_list)
-        cfg = _cl._check_config(config, "batch_upsert_tensor")
-        return self._put_tensors(keys, tensors, cfg, upsert=True, op="batch_upsert_tensor")
+        cfg = check_config(config, "batch_upsert_tensor")
+        return self.put_tensors(keys, tensors, cfg, upsert=True, op="batch_upsert_tensor")
 
     # ------------------------------------------------------------------ tensor parallelism
     def pub_tensor_with_tp(self, key: str, tensor: Any, config: Any = None, tp_rank: int = 0,
                            tp_size: int = 1, split_dim: int = 0) -> int:
-        """Split ``tensor`` into ``tp_size`` uniform shards along ``split_dim`` and store all
-        of them as ``{key}_tp_{rank}`` with ``config``. 0, -600 for an uneven split or a bad
-        ``split_dim``, or a store code. (``tp_rank`` is accepted for upstream compatibility.)"""
-        key = _cl._check_key(key, "pub_tensor_with_tp")
+        key = check_key(key, "pub_tensor_with_tp")
         _, tp_size, split_dim = _check_tp("pub_tensor_with_tp", tp_rank, tp_size, split_dim)
-        cfg = _cl._check_config(config, "pub_tensor_with_tp")
+        cfg = check_config(config, "pub_tensor_with_tp")
         if tp_size <= 1:
-            return self.pub_tensor(key, tensor, cfg)  # type: ignore[attr-defined]
+            return self.pub_tensor(key, tensor, cfg)
         return self._put_tp([key], [tensor], cfg, tp_size, split_dim, "pub_tensor_with_tp")[0]
 
     def batch_put_tensor_with_tp(self, base_keys: list[str], tensors_list: list[Any], tp_rank: int = 0,
                                  tp_size: int = 1, split_dim: int = 0) -> list[int]:
-        """``put_tensor_with_tp`` for many tensors in one batch; one code per base key."""
         return self.batch_pub_tensor_with_tp(base_keys, tensors_list, None, tp_rank, tp_size, split_dim)
 
     def batch_pub_tensor_with_tp(self, base_keys: list[str], tensors_list: list[Any], config: Any = None,
                                  tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> list[int]:
-        """``pub_tensor_with_tp`` for many tensors in one batch; one code per base key."""
         op = "batch_pub_tensor_with_tp"
-        base_keys = _cl._check_keys(base_keys, op)
+        base_keys = check_keys(base_keys, op)
         tensors = _tensor_list(op, base_keys, tensors_list)
         _, tp_size, split_dim = _check_tp(op, tp_rank, tp_size, split_dim)
-        cfg = _cl._check_config(config, op)
+        cfg = check_config(config, op)
         if tp_size <= 1:
-            return self._put_tensors(base_keys, tensors, cfg, upsert=False, op=op)
+            return self.put_tensors(base_keys, tensors, cfg, upsert=False, op=op)
         return self._put_tp(base_keys, tensors, cfg, tp_size, split_dim, op)
 
     def batch_get_tensor_with_tp(self, base_keys: list[str], tp_rank: int = 0, tp_size: int = 1) -> list[Any]:
-        """Rank ``tp_rank``'s shard of each base key (the whole tensor when tp_size <= 1);
-        None per miss."""
-        base_keys = _cl._check_keys(base_keys, "batch_get_tensor_with_tp")
+        base_keys = check_keys(base_keys, "batch_get_tensor_with_tp")
         tp_rank, tp_size, _ = _check_tp("batch_get_tensor_with_tp", tp_rank, tp_size)
         keys = base_keys if tp_size <= 1 else [tp_key_name(k, tp_rank) for k in base_keys]
-        return self.batch_get_tensor(keys)  # type: ignore[attr-defined]
+        return self.batch_get_tensor(keys)
 
     def put_tensor_with_tp_from(self, key: str, buffer_ptr: int, size: int, tp_rank: int = 0,
                                 tp_size: int = 1, split_dim: int = 0) -> int:
-        """Like ``put_tensor_with_tp`` for a *full* tensor held serialized at ``buffer_ptr``
-        (header + elements): its shards are stored as ``{key}_tp_{rank}``."""
         return self.batch_put_tensor_with_tp_from([key], [buffer_ptr], [size], tp_rank, tp_size, split_dim)[0]
 
     def batch_put_tensor_with_tp_from(self, base_keys: list[str], buffer_ptrs: list[int], sizes: list[int],
                                       tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> list[int]:
-        """Batch ``put_tensor_with_tp_from``; a buffer that is not a tensor object gets -600
-        (the others are still stored)."""
         op = "batch_put_tensor_with_tp_from"
-        base_keys = _cl._check_keys(base_keys, op)
-        ptrs, sizes = self._check_ptr_lists(op, base_keys, buffer_ptrs, sizes)  # type: ignore[attr-defined]
+        base_keys = check_keys(base_keys, op)
+        ptrs, sizes = check_ptr_lists(op, base_keys, buffer_ptrs, sizes)
         _, tp_size, split_dim = _check_tp(op, tp_rank, tp_size, split_dim)
         if tp_size <= 1:
             return self._put_tensor_buffers(base_keys, ptrs, sizes, upsert=False, op=op)
@@ -286,9 +338,9 @@ class TensorApiMixin:
                 idx.append(i)
             except _tensor.TensorFormatError as e:
                 log.warning("%s: buffer %d (key %r) does not hold a tensor object: %s", op, i, k, e)
-                out[i] = _INVALID
+                out[i] = INVALID
         if idx:
-            rcs = self._put_tp([base_keys[i] for i in idx], tensors, _cl.ReplicateConfig(), tp_size,
+            rcs = self._put_tp([base_keys[i] for i in idx], tensors, ReplicateConfig(), tp_size,
                                split_dim, op)
             for i, rc in zip(idx, rcs):
                 out[i] = rc
@@ -296,16 +348,13 @@ class TensorApiMixin:
 
     def get_tensor_with_tp_into(self, key: str, buffer_ptr: int, size: int, tp_rank: int = 0,
                                 tp_size: int = 1, split_dim: int = 0) -> Any:
-        """``get_tensor_into`` of rank ``tp_rank``'s shard (``{key}_tp_{tp_rank}``), or of
-        ``key`` itself when tp_size <= 1."""
-        key = _cl._check_key(key, "get_tensor_with_tp_into")
+        key = check_key(key, "get_tensor_with_tp_into")
         tp_rank, tp_size, _ = _check_tp("get_tensor_with_tp_into", tp_rank, tp_size, split_dim)
         return self.get_tensor_into(key if tp_size <= 1 else tp_key_name(key, tp_rank), buffer_ptr, size)
 
     def batch_get_tensor_with_tp_into(self, base_keys: list[str], buffer_ptrs: list[int], sizes: list[int],
                                       tp_rank: int = 0, tp_size: int = 1) -> list[Any]:
-        """``batch_get_tensor_into`` of rank ``tp_rank``'s shards."""
-        base_keys = _cl._check_keys(base_keys, "batch_get_tensor_with_tp_into")
+        base_keys = check_keys(base_keys, "batch_get_tensor_with_tp_into")
         tp_rank, tp_size, _ = _check_tp("batch_get_tensor_with_tp_into", tp_rank, tp_size)
         keys = base_keys if tp_size <= 1 else [tp_key_name(k, tp_rank) for k in base_keys]
         return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)

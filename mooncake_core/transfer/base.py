@@ -4,19 +4,28 @@ A transport moves a list of ``TransferRequest``s (local address <-> address insi
 segment) to/from one peer described by a ``SegmentDescriptor``. ``can_reach`` says whether
 it can serve that peer at all (same host? same process? RDMA NIC?), so the engine can pick
 one per peer and log the choice. ``transfer`` blocks until every request is done or raises
-``TransferError``; it must honour ``deadline`` (time.monotonic()) on every wait. Regions carry
-a ``location`` ("cpu:0", "cuda:N", "*"), so a GPU-aware transport (CUDA IPC, staging through
-pinned buffers) is an added class in ``TRANSPORTS``, not a rewrite.
+``TransferError``; it must honour ``deadline`` (time.monotonic()) on every wait.
+
+A transport is a plugin (``mooncake_transports`` hook, docs/plugins.md): its class declares a
+``priority`` and :class:`Capabilities` (memory locations, array batches, notifications); the
+engine iterates the registered transports, most preferred first, and picks per peer the
+first that can reach it. Region hooks (``register_region``/``unregister_region``) and a
+versioned per-transport section of the segment descriptor (``descriptor_section``) are where
+RDMA memory keys or CUDA IPC handles go, so such a transport is an added module.
 """
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from typing import Callable, Iterable, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterable, NamedTuple
+
+import numpy as np
 
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.transfer.descriptor import SegmentDescriptor
+from mooncake_core.transfer.memory import Region, RegionTable
 
 
 class TransferOpcode(enum.IntEnum):
@@ -86,29 +95,113 @@ def partition(items: list, parts: int) -> list[list]:
     return [g for g in groups if g]
 
 
-class Transport(ABC):
-    """A way to move bytes to one kind of peer."""
+@dataclass(frozen=True)
+class Capabilities:
+    """What a transport can do, declared so the engine chooses by data instead of by name.
 
-    name: str = "abstract"
+    ``locations``: the kinds of memory it moves ("cpu", "cuda", ...; a region's location
+    "cuda:1" has kind "cuda", "cpu:0" and the wildcard "*" mean host memory, see
+    :func:`location_kind`). ``array_batches``: it has
+    ``transfer_arrays`` (a large batch as int64 arrays, no object per request).
+    ``notifications``: it delivers ``notify`` itself, in order with its data (RDMA immediate
+    data, say); otherwise the engine sends notifications over its control channel.
+    """
+
+    locations: frozenset[str] = frozenset({"cpu"})
+    array_batches: bool = False
+    notifications: bool = False
+
+    def serves(self, location: str) -> bool:
+        return location_kind(location) in self.locations
+
+
+#: memory-location kinds that are not host memory ("cuda:0" -> "cuda"); any other location
+#: name ("cpu:0", "*", a NUMA label...) is host memory, kind "cpu"
+DEVICE_KINDS = frozenset({"cuda", "npu", "hip", "xpu", "musa", "mlu"})
+
+
+def location_kind(location: str) -> str:
+    """"cuda:1" -> "cuda"; "cpu:0", "*", "" or any other host label -> "cpu"."""
+    kind = location.split(":", 1)[0].strip().lower() if location else ""
+    return kind if kind in DEVICE_KINDS else "cpu"
+
+
+@dataclass
+class TransportContext:
+    """What an engine tells each transport it builds: who we are and what we registered."""
+
+    #: this engine's segment name (known only after the rpc port is bound: a callable)
+    segment_name: Callable[[], str]
+    #: the regions this engine registered (shared, live)
+    regions: RegionTable
+    #: (boot_id, pid namespace) of this host/process, see descriptor.host_identity()
+    boot_id: str = ""
+    pidns: str = ""
+
+
+class Transport(ABC):
+    """A way to move bytes to one kind of peer.
+
+    Class attributes describe it to the engine: ``name`` (also the ``transport_hint`` that
+    forces it, plus any ``hints`` aliases), ``priority`` (higher is preferred among the
+    transports that can reach a peer; built-ins: local 100, cma 80, tcp 10 -- leave room for
+    rdma around 50), ``capabilities`` (see :class:`Capabilities`). Subclasses must implement
+    ``can_reach`` and ``transfer``; everything else has a working default.
+    """
+
+    name: ClassVar[str] = "abstract"
+    priority: ClassVar[int] = 0
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    hints: ClassVar[tuple[str, ...]] = ()
+    #: version of this transport's section of the segment descriptor (see ``descriptor_section``)
+    section_version: ClassVar[int] = 1
+    #: largest request ``transfer_one`` takes on its fast single-request path (0: none)
+    single_max: int = 0
+
+    def __init__(self, ctx: TransportContext | None = None) -> None:
+        self.ctx = ctx
 
     @abstractmethod
     def can_reach(self, desc: SegmentDescriptor) -> bool:
-        """True when this transport can serve the peer (checked once per peer and logged)."""
+        """True when this transport can serve the peer (checked once per peer and logged).
+        A transport that needs the peer's section reads ``desc.section(self.name, ...)``."""
 
     @abstractmethod
     def transfer(self, desc: SegmentDescriptor, reqs: list[TransferRequest], deadline: float) -> None:
-        """Execute all requests against the peer; raise TransferError on any failure."""
+        """Execute all requests against the peer; raise TransferError on any failure. Every
+        request was bounds-checked against ``desc`` by the engine; honour ``deadline``."""
 
-    def close(self) -> None:  # pragma: no cover - default no-op
+    def transfer_one(self, desc: SegmentDescriptor, opcode: int, local: int, remote: int, length: int,
+                     deadline: float) -> None:
+        """One request of at most ``single_max`` bytes (the latency path; default: ``transfer``)."""
+        self.transfer(desc, [TransferRequest(TransferOpcode(opcode), local, remote, length)], deadline)
+
+    def transfer_arrays(self, desc: SegmentDescriptor, opcode: TransferOpcode, local: np.ndarray,
+                        remote: np.ndarray, length: np.ndarray, deadline: float) -> None:
+        """A large batch as int64 arrays, validated and bounds-checked by the engine. Called
+        only when ``capabilities.array_batches``."""
+        raise NotImplementedError(f"transport {self.name!r} declares no array batches")
+
+    def notify(self, desc: SegmentDescriptor, name: str, msg: str, deadline: float) -> None:
+        """Deliver a notification after this transport's data. Called only when
+        ``capabilities.notifications``."""
+        raise NotImplementedError(f"transport {self.name!r} declares no notifications")
+
+    def register_region(self, region: Region) -> None:
+        """A region was registered (an RDMA memory region, a CUDA IPC handle goes here).
+        Raising refuses the registration; the engine then unregisters it everywhere."""
+
+    def unregister_region(self, region: Region) -> None:
+        """A region is being unregistered (release what ``register_region`` took)."""
+
+    def descriptor_section(self) -> dict[str, Any] | None:
+        """What peers need to reach us with this transport (keys, NIC ids, handles),
+        published as ``descriptor["transports"][name]`` with ``"version": section_version``;
+        None publishes nothing. Read after every (un)registration."""
+        return None
+
+    def drop_peer(self, desc: SegmentDescriptor) -> None:
+        """Forget connections/state for a peer that went down (it may come back elsewhere)."""
+
+    def close(self) -> None:
         """Release connections/threads."""
-
-
-# Registry by name so rdma / cuda transports can be added without touching the engine.
-TRANSPORTS: dict[str, Callable[..., Transport]] = {}
-
-
-def register_transport(name: str):
-    def deco(factory):
-        TRANSPORTS[name] = factory
-        return factory
-    return deco

@@ -23,13 +23,50 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from mooncake_core.transfer.base import (Transport, TransferError, TransferOpcode, TransferRequest,
-                                         register_transport)
+from mooncake_core.transfer.base import (Capabilities, Transport, TransportContext, TransferError, TransferOpcode,
+                                         TransferRequest)
 from mooncake_core.transfer.descriptor import SegmentDescriptor, host_identity, process_start_time
 from mooncake_core.transfer.vec import VEC_MIN, Plan, plan_chunks
 from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.te.cma")
+
+
+def _listening_inodes(pid: int, port: int) -> set[str]:
+    """Socket inodes in LISTEN state on ``port`` in ``pid``'s network namespace."""
+    out: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f, None)
+                for line in f:
+                    parts = line.split()
+                    # local_address is HEXIP:HEXPORT; st 0A = LISTEN; inode is field 10
+                    if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                        out.add(parts[9])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def pid_listens_on(pid: int, port: int) -> bool:
+    """True when process ``pid`` holds a socket listening on tcp ``port`` (read from /proc: the
+    same permission cross-memory attach needs)."""
+    inodes = _listening_inodes(pid, port)
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    want = {f"socket:[{i}]" for i in inodes}
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in want:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class _iovec(ctypes.Structure):
@@ -84,11 +121,11 @@ def _vm_op(write: bool, pid: int, pairs: list[tuple[int, int, int]]) -> None:
                                 f"of {want}")
         if got < want:  # partial: requeue the rest
             rest: list[tuple[int, int, int]] = []
-            for l, r, ln in chunk:
+            for lo, r, ln in chunk:
                 if got >= ln:
                     got -= ln
                     continue
-                rest.append((l + got, r + got, ln - got))
+                rest.append((lo + got, r + got, ln - got))
                 got = 0
             if not rest:
                 break
@@ -118,11 +155,14 @@ def _run_chunk(write: bool, pid: int, plan: Plan, k: int) -> None:
     _vm_op(write, pid, rest)
 
 
-@register_transport("cma")
 class CmaTransport(Transport):
     name = "cma"
+    priority = 80  # same host, no network stack: below only the in-process copy
+    capabilities = Capabilities(locations=frozenset({"cpu"}), array_batches=True)
+    hints = ("shm",)  # Mooncake's transport_hint for same-host transfers
 
-    def __init__(self, **_: object):
+    def __init__(self, ctx: TransportContext | None = None):
+        super().__init__(ctx)
         self.boot_id, self.pidns = host_identity()
         self._probed: dict[tuple[int, int], bool] = {}
         self._pidfds: dict[tuple[int, int], int] = {}
@@ -167,8 +207,20 @@ class CmaTransport(Transport):
         return True
 
     def _probe(self, desc: SegmentDescriptor) -> bool:
-        """Read one byte from the target's first region (or nothing if it has none)."""
+        """Is ``desc.pid`` really the peer, and may we attach to it? Then read one byte from its
+        first region (or nothing if it has none).
+
+        Why the ownership check: a descriptor comes from the peer (P2P handshake) or from the
+        metadata service, and cross-memory attach writes into whatever process ``pid`` names. A
+        peer claiming another local process's pid would otherwise make us write into that
+        process (found by tests/fuzz/test_fuzz_handshake.py). The process we attach to must own
+        the socket listening on the descriptor's port -- the one this descriptor was served from.
+        """
         if not self._alive(desc):
+            return False
+        if not pid_listens_on(desc.pid, desc.port):
+            log.warning("segment descriptor names a local process that does not serve its port; using tcp",
+                        extra={"segment": desc.name, "pid": desc.pid, "port": desc.port})
             return False
         if not desc.buffers:
             return os.path.exists(f"/proc/{desc.pid}")
@@ -177,8 +229,10 @@ class CmaTransport(Transport):
             _vm_op(False, desc.pid, [(ctypes.addressof(b), desc.buffers[0].addr, 1)])
             return True
         except TransferError as e:
-            log.info("cross-memory attach not permitted, will use tcp",
-                     extra={"segment": desc.name, "pid": desc.pid, "error": str(e)})
+            # a warning, not info: a same-host peer silently running over tcp is what users of the
+            # original could not tell from a working setup (DESIGN.md §6)
+            log.warning("cross-memory attach not permitted, using tcp for this same-host peer",
+                        extra={"segment": desc.name, "pid": desc.pid, "error": str(e)})
             return False
 
     def transfer(self, desc: SegmentDescriptor, reqs: list[TransferRequest], deadline: float) -> None:

@@ -1,6 +1,6 @@
 """In-process transport: memmove when the target segment lives in this very process.
 
-Why: DESIGN §1 "never loop through TCP to yourself". Engines in one process find each
+Why: never loop through TCP to yourself (docs/transfer-engine.md). Engines in one process find each
 other through a process-wide registry keyed by segment name; the target's own region
 table is consulted, so a local write is bounds-checked exactly like a remote one.
 """
@@ -10,46 +10,52 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from typing import Protocol
 
-from mooncake_core.transfer.base import (Transport, TransferError, TransferOpcode, TransferRequest,
-                                         register_transport)
+from mooncake_core.transfer.base import Capabilities, Transport, TransferError, TransferOpcode, TransferRequest
 from mooncake_core.transfer.descriptor import SegmentDescriptor
 from mooncake_core.transfer.memory import RegionTable, memcopy
 
-_LOCAL: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+class LocalOwner(Protocol):
+    """What an engine publishes in-process: its region table and its current descriptor."""
+
+    regions: RegionTable
+
+    def local_descriptor(self) -> SegmentDescriptor | None:
+        """This segment's descriptor now, or None once closed."""
+
+
+_LOCAL: "weakref.WeakValueDictionary[str, LocalOwner]" = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 
 
-def publish_local(name: str, owner: object) -> None:
-    """Make ``owner`` (an object with a ``regions: RegionTable``) reachable in-process."""
+def publish_local(name: str, owner: LocalOwner) -> None:
+    """Make ``owner`` reachable in-process under its segment name."""
     with _LOCK:
         _LOCAL[name] = owner
 
 
-def unpublish_local(name: str, owner: object) -> None:
+def unpublish_local(name: str, owner: LocalOwner) -> None:
     with _LOCK:
         if _LOCAL.get(name) is owner:
             del _LOCAL[name]
 
 
-def local_engine(name: str) -> object | None:
-    """The object published under ``name`` in this process, if any."""
+def local_owner(name: str) -> LocalOwner | None:
+    """The engine published under ``name`` in this process, if any."""
     with _LOCK:
         return _LOCAL.get(name)
 
 
 def local_regions(name: str) -> RegionTable | None:
-    with _LOCK:
-        o = _LOCAL.get(name)
-    return getattr(o, "regions", None) if o is not None else None
+    o = local_owner(name)
+    return o.regions if o is not None else None
 
 
-@register_transport("local")
 class LocalTransport(Transport):
     name = "local"
-
-    def __init__(self, **_: object):
-        pass
+    priority = 100  # same process: a memmove beats everything
+    capabilities = Capabilities(locations=frozenset({"cpu"}))
 
     def can_reach(self, desc: SegmentDescriptor) -> bool:
         return desc.pid == os.getpid() and local_regions(desc.name) is not None

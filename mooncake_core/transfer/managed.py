@@ -17,9 +17,10 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from mooncake_core import envs
 from mooncake_core.utils.range_allocator import RangeAllocator
 
-DEFAULT_POOL = 64 << 20
+DEFAULT_POOL = 64 << 20  # the default of MC_MANAGED_POOL_SIZE (envs.py)
 
 
 @dataclass
@@ -36,8 +37,7 @@ class ManagedPool:
                  chunk_size: int | None = None):
         self._register = register
         self._unregister = unregister
-        env = os.environ.get("MC_MANAGED_POOL_SIZE")
-        self.chunk_size = chunk_size or (int(env) if env else DEFAULT_POOL)
+        self.chunk_size = chunk_size or envs.MC_MANAGED_POOL_SIZE
         self._chunks: list[_Chunk] = []
         self._lock = threading.Lock()
 
@@ -74,9 +74,10 @@ class ManagedPool:
                 off = ch.alloc.allocate(length)
                 if off is not None:
                     return ch.addr + off
-            ch = self._new_chunk(max(self.chunk_size, length))
-            if ch is None:
+            new = self._new_chunk(max(self.chunk_size, length))
+            if new is None:
                 return 0
+            ch = new
             off = ch.alloc.allocate(length)
             return 0 if off is None else ch.addr + off
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of the Transfer Engine (process-wide, labelled by transport and op).
 
-Kept few and readable (DESIGN §6, #2318): bytes, requests, errors and batch latency per
+Kept few and readable (Mooncake issue #2318): bytes, requests, errors and batch latency per
 transport and direction, plus what this engine served to peers and what it refused.
 
 Why a custom collector instead of prometheus_client Counters on the hot path: a 4 KiB

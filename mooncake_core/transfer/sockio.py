@@ -16,7 +16,7 @@ from mooncake_core.utils.busypoll import Poller, env_busy_poll_s, poll_recv_into
 IOV_MAX = 1024
 
 #: default of MC_TCP_BUSY_POLL_US (see ``busy_poll_s``)
-DEFAULT_BUSY_POLL_US = 50
+DEFAULT_BUSY_POLL_US = 50  # the default of MC_TCP_BUSY_POLL_US (envs.py)
 
 
 def busy_poll_s() -> float:
@@ -24,7 +24,7 @@ def busy_poll_s() -> float:
     (``MC_TCP_BUSY_POLL_US``, default 50; 0 disables). The initiator polls this long after
     sending a small request; a target polls twice as long after serving one. Why and how it
     backs off: ``mooncake_core.utils.busypoll``."""
-    return env_busy_poll_s("MC_TCP_BUSY_POLL_US", DEFAULT_BUSY_POLL_US)
+    return env_busy_poll_s("MC_TCP_BUSY_POLL_US")
 
 
 class PeerClosed(ConnectionError):

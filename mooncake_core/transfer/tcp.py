@@ -18,28 +18,26 @@ Why it looks like this:
 from __future__ import annotations
 
 import itertools
-import os
-import socket
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from mooncake_core.transfer.base import (TransferError, TransferOpcode, TransferRequest, Transport, partition,
-                                         register_transport, split_slices)
+from mooncake_core import envs
+from mooncake_core.transfer.base import (Capabilities, TransferError, TransferOpcode, TransferRequest, Transport,
+                                         TransportContext, partition, split_slices)
+from mooncake_core.transfer.conn import POOL_IDLE_MAX, Conn, ConnGroup, PeerPool
 from mooncake_core.transfer.descriptor import SegmentDescriptor
 from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import memview
-from mooncake_core.transfer.sockio import (PeerClosed, Poller, busy_poll_s, is_timeout, recv_exact,
+from mooncake_core.transfer.sockio import (PeerClosed, Poller, busy_poll_s, recv_exact,
                                            recv_into_exact, send_rest, sendmsg_all, set_kernel_timeouts)
 from mooncake_core.transfer.tcp_vec import ENTRY_SIZE, MAX_BYTES, VecPlan, plan_requests, runs, with_blocks
-from mooncake_core.transfer.wire import (MAGIC, MAX_AUX, REQ, RESP, WIRE_VERSION, Op, Request, Status, WireError,
-                                         unpack_response)
+from mooncake_core.transfer.wire import (MAGIC, MAX_AUX, REQ, RESP, WIRE_VERSION, Op, Status, WireError)
 from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.te.tcp")
@@ -59,96 +57,15 @@ VEC_BIG_BLOCK = 256 << 10
 VEC_MIN_REQ = 1 << 20
 #: batches of at least this many bytes are spread over the peer's connections
 VEC_SPREAD = 8 << 20
-POOL_IDLE_MAX = 60.0  # seconds a pooled connection may sit idle (targets close idle ones after 600 s)
 
 
-def _env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    if not v:
-        return default
-    try:
-        n = int(v)
-    except ValueError:
-        raise ValueError(f"{name}={v!r} is not an integer") from None
-    if n <= 0:
-        raise ValueError(f"{name}={v!r} must be > 0")
-    return n
-
-
-def _remaining(deadline: float, what: str) -> float:
-    r = deadline - time.monotonic()
-    if r <= 0:
-        raise TransferError(f"{what}: deadline exceeded (MC_TRANSFER_TIMEOUT)")
-    return r
-
-
-_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, drops unsent data
-
-class _Conn:
-    """One connection to a peer; used by one thread at a time."""
+class _Conn(Conn):
+    """A pooled connection with the data-path exchanges (single request, pipelined slices,
+    vectored batches); used by one thread at a time."""
 
     def __init__(self, host: str, port: int, deadline: float, peer: str):
-        self.peer = peer
-        timeout = min(_remaining(deadline, f"connect to {peer}"), 10.0)
-        try:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
-        except OSError as e:
-            raise TransferError(f"cannot connect to segment {peer} at {host}:{port}: {e}", peer_down=True) from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        set_kernel_timeouts(self.sock, timeout)
-        self._rid = 0
-        self.last_used = time.monotonic()
-        self.uses = 0
-        self._hdr = bytearray(RESP.size)
-        self._hview = memoryview(self._hdr)
-        self._timeout = timeout
+        super().__init__(host, port, deadline, peer)
         self.poller = Poller(busy_poll_s())  # MC_TCP_BUSY_POLL_US, small round trips (``one``)
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def abort(self) -> None:
-        """Close with a reset: bytes still queued for the peer are discarded. A plain close
-        keeps retransmitting them, so a write given up on (timeout across a partition) could
-        land after the master handed its range to another put (found by bench/chaos.py)."""
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-        except OSError:
-            pass
-        self.close()
-
-    def kill(self) -> None:
-        """From another thread: make a send/recv blocked on this connection fail at once (the
-        thread using it then aborts it)."""
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def _settimeout(self, deadline: float, what: str) -> None:
-        t = _remaining(deadline, what)
-        if abs(t - self._timeout) > 0.05:
-            set_kernel_timeouts(self.sock, t)
-            self._timeout = t
-
-    def _read_resp(self, expect_rid: int):
-        recv_into_exact(self.sock, self._hview)
-        resp = unpack_response(self._hdr)
-        if resp.req_id != expect_rid:
-            raise WireError(f"response id {resp.req_id} does not match request {expect_rid}")
-        aux = bytes(recv_exact(self.sock, resp.aux_len)) if resp.aux_len else b""
-        return resp, aux
-
-    def control(self, op: Op, aux: bytes, deadline: float) -> tuple[int, bytes]:
-        self._settimeout(deadline, f"{op.name} to {self.peer}")
-        self._rid += 1
-        sendmsg_all(self.sock, [Request(op, self._rid, aux_len=len(aux)).pack(), aux])
-        resp, raux = self._read_resp(self._rid)
-        return resp.status, raux
 
     def one(self, opcode: int, local: int, remote: int, length: int, deadline: float,
             _pack=REQ.pack, _unpack=RESP.unpack, _mv=memview) -> None:
@@ -280,7 +197,7 @@ class _Conn:
                         send_iov(sock, iov_array(*runs(local[a:b], length[a:b]),
                                                  head=(head.ctypes.data, head.nbytes)), deadline)
                     else:
-                        sock.sendall(head)
+                        sock.sendall(head.data)
                 if not pending:
                     return
                 rid, j = pending[0]
@@ -321,169 +238,38 @@ class _VecWork:
         self._redo.extend(ks)
 
 
-class _Group:
-    """The connections one transfer's threads are using. A transfer that fails (an error, or
-    its deadline) cancels the group before it returns: threads still blocked in a send fail at
-    once and reset their connections, and none starts another request. So when the caller
-    hears "failed", no byte of it can still reach the peer -- the store then revokes the put,
-    and the master may hand the range to another writer at once (bench/chaos.py found late
-    bytes of a timed-out write overwriting the next object after a partition healed)."""
-
-    __slots__ = ("conns", "lock", "cancelled")
-
-    def __init__(self) -> None:
-        self.conns: set[_Conn] = set()
-        self.lock = threading.Lock()
-        self.cancelled = False
-
-    def enter(self, c: _Conn) -> None:
-        with self.lock:
-            if self.cancelled:
-                raise TransferError("transfer cancelled: another part of it failed")
-            self.conns.add(c)
-
-    def leave(self, c: _Conn) -> None:
-        with self.lock:
-            self.conns.discard(c)
-
-    def cancel(self, futs: list) -> None:
-        """Stop every part of the transfer and wait (bounded) until none is running."""
-        with self.lock:
-            self.cancelled = True
-            conns = list(self.conns)
-        for c in conns:
-            c.kill()
-        running = [f for f in futs if not f.cancel()]
-        if running:
-            wait(running, timeout=5.0)
-
-
-class _PeerPool:
-    """Connections and worker threads dedicated to one peer (per-peer isolation)."""
-
-    def __init__(self, host: str, port: int, name: str, nconn: int):
-        self.host, self.port, self.name = host, port, name
-        self.nconn = nconn
-        self._idle: deque[_Conn] = deque()  # pop/append are atomic under the GIL: no lock on the hot path
-        self.executor = ThreadPoolExecutor(max_workers=max(1, nconn - 1) if nconn > 1 else 1,
-                                           thread_name_prefix=f"te-tcp-{port}")
-
-    def checkout(self, deadline: float) -> _Conn:
-        while True:
-            try:
-                c = self._idle.pop()
-            except IndexError:
-                return _Conn(self.host, self.port, deadline, self.name)
-            if time.monotonic() - c.last_used < POOL_IDLE_MAX:
-                return c
-            c.close()  # idle too long: the target may have closed it (its idle timeout)
-
-    def checkin(self, c: _Conn) -> None:
-        c.last_used = time.monotonic()
-        c.uses += 1
-        if len(self._idle) < 2 * self.nconn:
-            self._idle.append(c)
-        else:
-            c.close()
-
-    def _stale(self, c: _Conn, e: BaseException) -> bool:
-        """A reused connection that the peer closed since (it restarted, or timed us out):
-        the request never reached a live server, so one retry on a fresh connection is safe
-        (WRITE and READ are idempotent) and the other idle connections are suspect too."""
-        if c.uses == 0 or not isinstance(e, (PeerClosed, ConnectionResetError, BrokenPipeError)):
-            return False
-        while self._idle:
-            try:
-                self._idle.pop().close()
-            except IndexError:
-                break
-        return True
-
-    def failed(self, c: _Conn, e: BaseException) -> BaseException:
-        """Close a connection whose exchange failed; return the error to raise.
-
-        A refused request or an I/O error leaves the stream in an unknown state, so the
-        connection is never reused (and reset: nothing of it may reach the peer later);
-        socket errors become TransferErrors naming the peer.
-        """
-        c.abort()
-        if isinstance(e, TransferError):
-            return e
-        if isinstance(e, (OSError, WireError, PeerClosed)):
-            if is_timeout(e):
-                return TransferError(f"segment {self.name}: timed out waiting for peer (MC_TRANSFER_TIMEOUT)",
-                                     peer_down=True)
-            return TransferError(f"segment {self.name}: connection failed: {e}", peer_down=True)
-        return e
-
-    def use(self, fn, deadline: float, group: _Group | None = None):
-        c = self.checkout(deadline)
-        try:
-            if group is not None:
-                group.enter(c)
-            out = fn(c)
-        except BaseException as e:
-            err = self.failed(c, e)
-            if not self._stale(c, e) or (group is not None and group.cancelled):
-                raise err from None
-            log.info("pooled connection was closed by the peer; retrying on a new one",
-                     extra={"segment": self.name})
-            if group is not None:
-                group.leave(c)
-            c = _Conn(self.host, self.port, deadline, self.name)
-            try:
-                if group is not None:
-                    group.enter(c)
-                out = fn(c)
-            except BaseException as e2:
-                raise self.failed(c, e2) from None
-        finally:
-            if group is not None:
-                group.leave(c)
-        self.checkin(c)
-        return out
-
-    def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        while self._idle:
-            try:
-                self._idle.pop().close()
-            except IndexError:
-                break
-
-
-@register_transport("tcp")
 class TcpTransport(Transport):
     name = "tcp"
+    priority = 10  # reaches anything with a host and port: the last resort
+    capabilities = Capabilities(locations=frozenset({"cpu"}), array_batches=True)
 
-    def __init__(self, **_: object):
-        self.nconn = _env_int("MC_TCP_CONNECTIONS", 2)
-        self.slice_size = _env_int("MC_SLICE_SIZE", 1 << 20)
+    def __init__(self, ctx: TransportContext | None = None):
+        super().__init__(ctx)
+        self.nconn = envs.MC_TCP_CONNECTIONS
+        self.slice_size = envs.MC_SLICE_SIZE
+        self.single_max = self.slice_size
         # payload per vectored request; a request may overshoot by one block, so at most
         # half of what a target accepts (tcp_vec.MAX_BYTES)
-        self.vec_bytes = min(_env_int("MC_TCP_VEC_BYTES", 16 << 20), MAX_BYTES // 2)
-        self._pools: dict[tuple[str, int], _PeerPool] = {}
+        self.vec_bytes = min(envs.MC_TCP_VEC_BYTES, MAX_BYTES // 2)
+        self._pools: dict[tuple[str, int], PeerPool] = {}
         self._lock = threading.Lock()
 
     def can_reach(self, desc: SegmentDescriptor) -> bool:
         return bool(desc.host) and desc.port > 0
 
-    def pool(self, host: str, port: int, name: str) -> _PeerPool:
+    def pool(self, host: str, port: int, name: str) -> PeerPool:
         key = (host, port)
         with self._lock:
             p = self._pools.get(key)
             if p is None:
-                p = self._pools[key] = _PeerPool(host, port, name, self.nconn)
+                p = self._pools[key] = PeerPool(host, port, name, self.nconn, _Conn)
             return p
 
-    def drop_peer(self, host: str, port: int) -> None:
+    def drop_peer(self, desc: SegmentDescriptor) -> None:
         with self._lock:
-            p = self._pools.pop((host, port), None)
+            p = self._pools.pop((desc.host, desc.port), None)
         if p:
             p.close()
-
-    def control(self, host: str, port: int, name: str, op: Op, aux: bytes, deadline: float) -> tuple[int, bytes]:
-        return self.pool(host, port, name).use(lambda c: c.control(op, aux, deadline), deadline)
 
     def transfer_one(self, desc: SegmentDescriptor, opcode: int, local: int, remote: int, length: int,
                      deadline: float) -> None:
@@ -517,7 +303,7 @@ class TcpTransport(Transport):
         total = sum(s.length for s in slices)
         ngroups = 1 if total < 2 * self.slice_size else min(self.nconn, len(slices))
         groups = partition(slices, ngroups)
-        group = _Group()
+        group = ConnGroup()
         futs = [pool.executor.submit(pool.use, (lambda g: lambda c: c.run(g, deadline))(g), deadline, group)
                 for g in groups[1:]]
         first_err: BaseException | None = None
@@ -564,7 +350,7 @@ class TcpTransport(Transport):
             return
         pool = self.pool(desc.host, desc.port, desc.name)
         work = _VecWork(nreq)
-        group = _Group()
+        group = ConnGroup()
 
         def worker() -> None:
             try:

@@ -124,7 +124,7 @@ class TcpServer:
                             conn.sendall(rpack(MAGIC, WIRE_VERSION, op, 0, rid, 0, 0, 0))
                             served["write"] += length
                         else:
-                            bufs = [rpack(MAGIC, WIRE_VERSION, op, 0, rid, 0, 0, length)]
+                            bufs: list[bytes | memoryview] = [rpack(MAGIC, WIRE_VERSION, op, 0, rid, 0, 0, length)]
                             if length:
                                 bufs.append(memview(raddr, length, writable=False))
                             sendmsg_all(conn, bufs)
@@ -163,7 +163,8 @@ class TcpServer:
 
     def _reply(self, conn: socket.socket, op: int, req_id: int, status: int, aux: bytes = b"",
                payload: memoryview | None = None) -> None:
-        bufs = [Response(op, req_id, status, len(aux), len(payload) if payload is not None else 0).pack()]
+        bufs: list[bytes | memoryview] = [Response(op, req_id, status, len(aux),
+                                                   len(payload) if payload is not None else 0).pack()]
         if aux:
             bufs.append(aux)
         if payload is not None:

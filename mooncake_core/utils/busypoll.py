@@ -15,25 +15,18 @@ only follows traffic.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 
 __all__ = ["Poller", "env_busy_poll_s", "poll_recv", "poll_recv_into"]
 
 
-def env_busy_poll_s(name: str, default_us: int) -> float:
-    """Seconds of polling from the environment variable ``name`` (microseconds, >= 0)."""
-    raw = os.environ.get(name, "")
-    if not raw.strip():
-        return default_us / 1e6
-    try:
-        us = int(raw)
-    except ValueError:
-        us = -1
-    if us < 0:
-        raise ValueError(f"{name}={raw!r}: expected an integer number of microseconds >= 0")
-    return us / 1e6
+def env_busy_poll_s(name: str) -> float:
+    """Seconds of polling from the environment variable ``name`` (microseconds >= 0; declared
+    with its default in ``mooncake_core/envs.py``; a bad value is a ValueError naming it)."""
+    from mooncake_core import envs
+
+    return int(envs.get(name)) / 1e6
 
 
 class Poller:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 
@@ -50,9 +49,11 @@ class _KvFormatter(logging.Formatter):
 
 def setup_logging(level: str | None = None, json_format: bool | None = None) -> None:
     """Configure the root logger once for a service process (idempotent)."""
-    level = (level or os.environ.get("MC_LOG_LEVEL", "INFO")).upper()
+    from mooncake_core import envs
+
+    level = (level or envs.MC_LOG_LEVEL).upper()
     if json_format is None:
-        json_format = os.environ.get("MC_LOG_JSON", "0").lower() in ("1", "true", "yes")
+        json_format = envs.MC_LOG_JSON
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "_mooncake", False):

@@ -37,7 +37,7 @@ def start_metrics_server(port: int, host: str = "127.0.0.1",
     """Serve ``registry`` at http://host:port/metrics on a daemon thread; return the port."""
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"metrics port must be an int in 0..65535, got {port!r}")
-    server_cls = _ThreadingWSGIServer
+    server_cls: type[_ThreadingWSGIServer] = _ThreadingWSGIServer
     if ":" in host:  # IPv6 literal
         server_cls = type("_ThreadingWSGIServer6", (_ThreadingWSGIServer,),
                           {"address_family": socket.AF_INET6})

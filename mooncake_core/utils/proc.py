@@ -16,6 +16,7 @@ def close_piped(proc: subprocess.Popen, command: str = "exit", timeout: float = 
     its return code (None only if even a SIGKILL'd child did not go away within ``timeout``).
     """
     if proc.poll() is None:
+        assert proc.stdin is not None  # started with stdin=PIPE
         try:
             proc.stdin.write(command + "\n")
             proc.stdin.flush()
@@ -54,7 +55,9 @@ def readline_timeout(proc: subprocess.Popen, timeout: float, *, what: str = "chi
     import threading
 
     out: list[str] = []
-    t = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)
+    stdout = proc.stdout
+    assert stdout is not None  # started with stdout=PIPE
+    t = threading.Thread(target=lambda: out.append(stdout.readline()), daemon=True)
     t.start()
     t.join(timeout)
     if t.is_alive():
@@ -64,14 +67,36 @@ def readline_timeout(proc: subprocess.Popen, timeout: float, *, what: str = "chi
     return out[0] if out else ""
 
 
+def _drain_in_background(proc: subprocess.Popen, lines: list[str], keep: int = 200) -> None:
+    """Keep reading the child's output after start-up. A pipe nobody reads fills up (64 KiB)
+    and then blocks the child on its next log line -- a service under a long test froze that
+    way. The last ``keep`` lines stay readable as ``proc.output_tail`` for failure messages."""
+    import collections
+    import threading
+
+    tail: collections.deque[str] = collections.deque(lines[-keep:], maxlen=keep)
+    proc.output_tail = tail  # type: ignore[attr-defined]
+
+    def run() -> None:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                tail.append(line)
+        except (OSError, ValueError):
+            pass
+
+    threading.Thread(target=run, name=f"drain-{proc.pid}", daemon=True).start()
+
+
 def spawn_until(cmd: list[str], pattern: str, timeout: float, env: dict[str, str] | None = None,
                 what: str = "process") -> tuple[subprocess.Popen, re.Match[str]]:
     """Start ``cmd`` (stdout+stderr piped, text) and read lines until one matches ``pattern``.
 
     For services that print the address they bound (``... listening on http://h:PORT``): the
-    caller learns the port without racing for a free one. The whole wait is bounded by
-    ``timeout`` (each read goes through :func:`readline_timeout`); on timeout or early exit the
-    process is killed and RuntimeError carries its output.
+    caller learns the port without racing for a free one. After the match the output keeps
+    being read (``proc.output_tail``: the last lines), so the child never blocks on a full pipe.
+    The whole wait is bounded by ``timeout`` (each read goes through :func:`readline_timeout`); on
+    timeout or early exit the process is killed and RuntimeError carries its output.
     """
     import time
 
@@ -89,6 +114,7 @@ def spawn_until(cmd: list[str], pattern: str, timeout: float, env: dict[str, str
             lines.append(line)
             m = re.search(pattern, line)
             if m:
+                _drain_in_background(proc, lines)
                 return proc, m
     except (TimeoutError, RuntimeError) as e:
         if proc.poll() is None:

@@ -72,7 +72,8 @@ class RangeAllocator:
         """Size of the largest free block: the biggest request that can succeed now."""
         if not self._free_by_size:
             return 0
-        return self._free_by_size[-1][0]
+        size: int = self._free_by_size[-1][0]
+        return size
 
     @property
     def num_allocations(self) -> int:
@@ -142,7 +143,7 @@ class RangeAllocator:
                     if boff + bsize == self._capacity:
                         self._remove_free(boff, bsize)
                         self._record(boff, bsize)
-                        return boff
+                        return int(boff)
             return None
         bsize, boff = self._free_by_size[idx]
         self._remove_free(boff, bsize)
@@ -151,7 +152,7 @@ class RangeAllocator:
         else:
             need = bsize
         self._record(boff, need)
-        return boff
+        return int(boff)
 
     def reserve(self, offset: int, size: int) -> None:
         """Mark ``[offset, offset+size)`` as allocated at a fixed place.

@@ -23,10 +23,10 @@ from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
 from .hashing import BlockHasher
 from .lru import LruBlockCache
-from .policies import POLICIES, PrefillPlan, Scheduler, make_scheduler
+from .policies import POLICIES, PrefillPlan, Scheduler, make_scheduler, policy_names
 
 __all__ = [
     "BlockHasher", "RequestInfo", "InstanceInfo", "ClusterState", "Decision", "Rejection",
-    "CostModel", "SloConfig", "make_scheduler", "POLICIES", "Scheduler", "PrefillPlan",
+    "CostModel", "SloConfig", "make_scheduler", "policy_names", "POLICIES", "Scheduler", "PrefillPlan",
     "LruBlockCache", "STORE", "PrefillEntry", "DecodeEntry", "PrefillLoad", "DecodeLoad",
 ]

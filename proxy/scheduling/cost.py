@@ -87,7 +87,8 @@ class CostModel:
         """Seconds to move ``num_blocks`` KV blocks between nodes (or from the store)."""
         if num_blocks <= 0:
             return 0.0
-        return self.transfer_latency_s + num_blocks * self.block_size * self.bytes_per_token / self.bandwidth_bytes_per_s
+        nbytes = num_blocks * self.block_size * self.bytes_per_token
+        return self.transfer_latency_s + nbytes / self.bandwidth_bytes_per_s
 
     # ------------------------------------------------------------------ profiles
     @classmethod

@@ -17,11 +17,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from .cost import CostModel
 
 
-def _predict(m: CostModel, s: dict) -> float:
+def _predict(m: CostModel, s: dict[str, Any]) -> float:
     k = s["kind"]
     if k == "prefill":
         return m.prefill_time(int(s["new_tokens"]), int(s.get("cached_tokens", 0)))

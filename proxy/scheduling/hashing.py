@@ -80,7 +80,8 @@ class BlockHasher:
             raw = array("q", block_tokens).tobytes()
         except (TypeError, OverflowError) as e:
             raise ValueError(f"block_tokens must be 64-bit ints: {e}") from None
-        return struct.unpack("<Q", hashlib.blake2b(prev + raw, digest_size=8).digest())[0]
+        h: int = struct.unpack("<Q", hashlib.blake2b(prev + raw, digest_size=8).digest())[0]
+        return h
 
     def hash_text(self, text: str) -> list[int]:
         """Chained hashes of raw text for a proxy without a tokenizer.

@@ -7,7 +7,7 @@ simulator's "global LRU" hit-ratio mode uses the very same code.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 __all__ = ["LruBlockCache"]
 
@@ -40,7 +40,7 @@ class LruBlockCache:
     def __contains__(self, key: object) -> bool:
         return key in self._d
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self._d)
 
     def prefix_len(self, keys: Sequence[int]) -> int:

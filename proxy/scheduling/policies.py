@@ -32,10 +32,8 @@ from .cluster import STORE, ClusterState, DecodeLoad, PrefillEntry, kv_footprint
 from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
 
-__all__ = ["POLICIES", "Scheduler", "make_scheduler", "RandomScheduler", "RoundRobinScheduler",
-           "LoadBalanceScheduler", "CacheAwareScheduler", "ConductorScheduler"]
-
-POLICIES: tuple[str, ...] = ("random", "round_robin", "load_balance", "cache_aware", "conductor")
+__all__ = ["BUILTIN_SCHEDULERS", "POLICIES", "Scheduler", "make_scheduler", "policy_names", "RandomScheduler",
+           "RoundRobinScheduler", "LoadBalanceScheduler", "CacheAwareScheduler", "ConductorScheduler"]
 
 
 @dataclass(slots=True)
@@ -55,6 +53,8 @@ class Scheduler(abc.ABC):
     :meth:`choose_prefill` (and may override :meth:`choose_decode`)."""
 
     policy: ClassVar[str] = ""
+    #: keyword options ``make_scheduler`` may pass on (``--policy-opt`` style); none by default
+    options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cluster: ClusterState, cost: CostModel | None = None,
                  slo: SloConfig | None = None, seed: int = 0) -> None:
@@ -186,9 +186,9 @@ class Scheduler(abc.ABC):
                 if e.started_at + e.max_output_tokens * step_now > t:
                     n += 1
                     kv += kv_footprint(e.prompt_tokens, e.max_output_tokens)
-            for e in load.incoming.values():
+            for pe in load.incoming.values():
                 n += 1
-                kv += kv_footprint(e.prompt_tokens, e.max_output_tokens)
+                kv += kv_footprint(pe.prompt_tokens, pe.max_output_tokens)
         cap = inst.cache_capacity_blocks
         if cap and kv > cap * self.cluster.block_size and load.running > 0:
             return None
@@ -257,11 +257,13 @@ class LoadBalanceScheduler(Scheduler):
     policy = "load_balance"
 
     def choose_prefill(self, req: RequestInfo, prefills: Sequence[InstanceInfo], now: float) -> PrefillPlan:
-        best_id, best_q = None, 0.0
+        best_id: str | None = None
+        best_q = 0.0
         for inst in self._rotated(prefills):
             q = self.queue_time(inst.instance_id, now)
             if best_id is None or q < best_q:
                 best_id, best_q = inst.instance_id, q
+        assert best_id is not None  # schedule() only asks with at least one healthy prefill
         return self.local_plan(best_id, req, now, queue=best_q)
 
 
@@ -286,6 +288,7 @@ class ConductorScheduler(Scheduler):
     """
 
     policy = "conductor"
+    options = ("replicate_hot", "hot_threshold", "hot_window")
 
     def __init__(self, cluster: ClusterState, cost: CostModel | None = None, slo: SloConfig | None = None,
                  seed: int = 0, *, replicate_hot: bool = False, hot_threshold: int = 4,
@@ -345,17 +348,35 @@ class ConductorScheduler(Scheduler):
         return 0
 
 
-_CLASSES: dict[str, type[Scheduler]] = {c.policy: c for c in (
-    RandomScheduler, RoundRobinScheduler, LoadBalanceScheduler, CacheAwareScheduler, ConductorScheduler)}
+#: the built-in policies (registered as a plugin by mooncake_proxy.plugins), in --help order
+BUILTIN_SCHEDULERS: tuple[type[Scheduler], ...] = (
+    RandomScheduler, RoundRobinScheduler, LoadBalanceScheduler, CacheAwareScheduler, ConductorScheduler)
+#: names of the built-in policies
+POLICIES: tuple[str, ...] = tuple(c.policy for c in BUILTIN_SCHEDULERS)
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every registered policy: the built-ins, then those of plugins (docs/plugins.md)."""
+    from mooncake_proxy.plugins import policy_names as names
+    return names()
 
 
 def make_scheduler(policy: str, cluster: ClusterState, cost: CostModel | None = None,
-                   slo: SloConfig | None = None, seed: int = 0, **options) -> Scheduler:
-    """Build the scheduler for ``policy`` (one of :data:`POLICIES`). ``options`` go to the
-    policy class (``conductor``: ``replicate_hot``, ``hot_threshold``)."""
-    cls = _CLASSES.get(policy)
-    if cls is None:
-        raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
-    if options and cls is not ConductorScheduler:
-        raise ValueError(f"policy {policy!r} takes no options, got {sorted(options)}")
-    return cls(cluster, cost, slo, seed, **options)
+                   slo: SloConfig | None = None, seed: int = 0, **options: object) -> Scheduler:
+    """Build the scheduler for ``policy`` (a built-in of :data:`POLICIES` or a plugin's).
+    ``options`` go to the policy class (``conductor``: ``replicate_hot``, ``hot_threshold``)."""
+    from mooncake_proxy.plugins import policies
+
+    table = policies()
+    f = table.get(policy)
+    if f is None:
+        raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(table)}")
+    allowed = getattr(f.factory, "options", ())
+    bad = sorted(set(options) - set(allowed))
+    if bad:
+        raise ValueError(f"policy {policy!r} takes no options {bad}"
+                         + (f" (it takes: {', '.join(allowed)})" if allowed else ""))
+    sched = f.factory(cluster, cost, slo, seed, **options)
+    if not isinstance(sched, Scheduler):
+        raise TypeError(f"scheduling plugin {policy!r} built a {type(sched).__name__}, not a Scheduler")
+    return sched

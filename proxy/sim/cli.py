@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any, Callable
 from pathlib import Path
 
 from mooncake_core.utils.log import get_logger, setup_logging
-from mooncake_proxy.scheduling import POLICIES, CostModel, SloConfig
+from mooncake_proxy.scheduling import CostModel, SloConfig, policy_names
 
 from .cache_only import hit_ratio_curve, prefix_hit_ratio
 from .engine import SimConfig, Simulator
@@ -29,9 +30,10 @@ DEFAULT_CURVE = "1000,2000,5000,10000,20000,50000,100000,0"
 
 def _policies(s: str) -> list[str]:
     out = [p.strip() for p in s.split(",") if p.strip()]
-    bad = [p for p in out if p not in POLICIES]
+    known = policy_names()
+    bad = [p for p in out if p not in known]
     if bad or not out:
-        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(bad) or s!r}; choose from {', '.join(POLICIES)}")
+        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(bad) or s!r}; choose from {', '.join(known)}")
     return out
 
 
@@ -91,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", required=True, help="Mooncake trace JSONL (timestamp ms, input_length, output_length, "
                                                    "hash_ids per 512-token block)")
     p.add_argument("--policy", type=_policies, default=["conductor"],
-                   help=f"scheduling policy, or a comma-separated list to compare: {', '.join(POLICIES)}")
+                   help=f"scheduling policy, or a comma-separated list to compare: {', '.join(policy_names())}")
     p.add_argument("--prefill", type=_pos_int, default=8, help="number of prefill instances")
     p.add_argument("--decode", type=_pos_int, default=8, help="number of decode instances")
     p.add_argument("--cache-blocks", type=_nonneg_int, default=10000,
@@ -173,14 +175,14 @@ def main(argv: list[str] | None = None) -> int:
                         replicate_hot=args.replicate_hot and pol == "conductor")
         sim = Simulator(cfg, cost)
         bar = None
+        progress: Callable[[int], None] | None = None
         if show:
             from tqdm import tqdm
             bar = tqdm(total=len(records), desc=pol, unit="req", file=sys.stderr, leave=False)
 
-            def progress(n, bar=bar):
+            def show_progress(n: int, bar: Any = bar) -> None:
                 bar.update(n - bar.n)
-        else:
-            progress = None
+            progress = show_progress
         res = sim.run(records, progress)
         if bar is not None:
             bar.close()

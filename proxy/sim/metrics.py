@@ -70,15 +70,15 @@ def format_summary(s: dict[str, Any]) -> str:
         return "n/a" if v is None else f"{v * scale:.3f}{unit}"
 
     lines = [
-        f"policy {s['policy']}: {s['prefill']}P/{s['decode']}D, cache {s['cache_blocks'] or 'unlimited'} blocks/instance, "
-        f"speed x{s['speed']:g}",
+        f"policy {s['policy']}: {s['prefill']}P/{s['decode']}D, "
+        f"cache {s['cache_blocks'] or 'unlimited'} blocks/instance, speed x{s['speed']:g}",
         f"  requests {s['requests']}  completed {s['completed']}  rejected {s['rejected']}  "
         f"hit ratio {100 * s['hit_ratio']:.2f}%  remote fetches {s['remote_fetches']}",
         f"  TTFT mean {f(s['ttft_mean'])}  p50 {f(s['ttft_p50'])}  p90 {f(s['ttft_p90'])}  p99 {f(s['ttft_p99'])}",
         f"  TBT  mean {f(s['tbt_mean'], 'ms', 1e3)}  p50 {f(s['tbt_p50'], 'ms', 1e3)}  "
         f"p90 {f(s['tbt_p90'], 'ms', 1e3)}  p99 {f(s['tbt_p99'], 'ms', 1e3)}",
-        f"  SLO attainment {100 * s['slo_attainment']:.2f}% (admitted but missed: {s['slo_violations']})  goodput {s['goodput_rps']:.3f} req/s "
-        f"({s['goodput_tokens_per_s']:.1f} output tok/s)",
+        f"  SLO attainment {100 * s['slo_attainment']:.2f}% (admitted but missed: {s['slo_violations']})  "
+        f"goodput {s['goodput_rps']:.3f} req/s ({s['goodput_tokens_per_s']:.1f} output tok/s)",
         f"  simulated {s['sim_time_s']:.1f}s in {s['wall_time_s']:.2f}s wall",
     ]
     return "\n".join(lines)

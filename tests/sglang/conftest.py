@@ -1,7 +1,7 @@
 """Fixtures for the SGLang connector tests.
 
-SGLang (0.5.23) lives in its own venv (``scripts/install_sglang.sh``; ``$SGLANG_VENV`` or
-/work/venvs/sglang) because it pins its own torch/transformers. The tests run the SGLang side
+SGLang (0.5.23) lives in its own venv (``scripts/install_sglang.sh``; ``$SGLANG_VENV``, default
+``~/.cache/mooncake-core/venvs/sglang``) because it pins its own torch/transformers. The tests run the SGLang side
 as subprocesses of that venv's python; without the venv they skip with a message naming the
 install script, unless ``MOONCAKE_REQUIRE_SGLANG=1`` turns the skip into a failure (CI).
 """
@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
-from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
+from mooncake_core import envs
+from checkout_shim import shim_pythonpath
+from venvs import venv_python  # tests/ is on sys.path (rootdir conftest)
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -29,8 +31,7 @@ INSTALL_HINT = "run scripts/install_sglang.sh (or set SGLANG_VENV to an SGLang 0
 
 def sglang_venv_python() -> str | None:
     """The SGLang venv's python if it exists and has sglang + this repo installed, else None."""
-    venv = os.environ.get("SGLANG_VENV") or "/work/venvs/sglang"
-    py = os.path.join(venv, "bin", "python")
+    py = str(venv_python("sglang"))  # $SGLANG_VENV, else the user's cache dir (tests/venvs.py)
     if not os.access(py, os.X_OK):
         return None
     probe = ("import importlib.util as u; "
@@ -44,7 +45,7 @@ def sglang_python() -> str:
     py = sglang_venv_python()
     if py is None:
         msg = f"SGLang venv not found or incomplete: {INSTALL_HINT}"
-        if os.environ.get("MOONCAKE_REQUIRE_SGLANG") == "1":
+        if envs.require("sglang"):
             pytest.fail(msg + " (MOONCAKE_REQUIRE_SGLANG=1)")
         pytest.skip(msg)
     return py

@@ -82,7 +82,8 @@ def main(argv=None) -> int:
     bootstrap_addr = f"127.0.0.1:{a.bootstrap_port}"
     deadline = time.monotonic() + a.deadline
     n_bufs = len(side.kv)
-    out_arrays = lambda: [t.numpy() for t in side.kv] + [t.numpy() for t in side.aux_tensors()]
+    def out_arrays() -> list:
+        return [t.numpy() for t in side.kv] + [t.numpy() for t in side.aux_tensors()]
 
     if a.role == "prefill":
         emit(event="ready", role="prefill")

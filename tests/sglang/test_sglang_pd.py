@@ -58,6 +58,12 @@ def test_pd_handoff_byte_exact(backend, sglang_python, peers, tmp_path):
         assert set(p_res["transports"].values()) == {"tcp"}, p_res
     assert prefill.proc.wait(timeout=30) == 0 and decode.proc.wait(timeout=30) == 0
 
+    assert_pages_moved(p_out, d_out)
+
+
+def assert_pages_moved(p_out: str, d_out: str) -> None:
+    """The decode's buffers (saved by peer_pd.py) hold exactly the prefill pages / metadata rows
+    of SRC/DST/AUX and their own bytes everywhere else. Shared with tests/nixl."""
     src, dst, before = _arrays(p_out), _arrays(d_out), _arrays(d_out + ".before.npz")
     n_kv = 2 * LAYERS
     moved = {d: s for room_src, room_dst in zip(SRC, DST) for s, d in zip(room_src, room_dst)}

@@ -8,7 +8,7 @@ from mooncake_proxy.sim import SimConfig, load_trace, prefix_hit_ratio, simulate
 
 pytestmark = pytest.mark.slow
 
-# DESIGN.md §5: token-weighted leading-block hit ratio of one global LRU.
+# The paper (docs/scheduler-and-simulator.md): token-weighted leading-block hit ratio of one global LRU.
 EXPECTED = {
     "conversation": {10_000: 0.21, 50_000: 0.36, 0: 0.37},
     "synthetic": {10_000: 0.43, 50_000: 0.65, 0: 0.65},

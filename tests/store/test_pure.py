@@ -4,6 +4,7 @@ argument checking before any network use (milliseconds, no sockets)."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 
 import numpy as np
@@ -129,17 +130,22 @@ def test_api_argument_errors_before_setup() -> None:
     assert s.get("k") == b""
     assert s.put("k", b"x") == -600
     assert s.is_exist("k") == -1
+    # ... and falsy: LMCache's adapter does `if store.is_exist(k)`, an error must read as a miss
+    assert not s.is_exist("k") and not s.batch_is_exist(["k", "j"])[1]
+    assert s.batch_is_exist(["k"]) == [-1] and json.dumps(s.batch_is_exist(["k"])) == "[-1]"
     assert s.get_size("k") == -600
     assert s.remove("k") == -600
     assert s.close() == 0
 
 
 def test_owned_index_drops_overlapped_entries() -> None:
-    from mooncake_core.store.client import OwnedIndex
+    from mooncake_core.store.owned import OwnedIndex
     from mooncake_core.store.protocol import ReplicaDesc
 
     idx = OwnedIndex()
-    r = lambda addr, size: ReplicaDesc("seg", addr, size)
+    def r(addr: int, size: int) -> ReplicaDesc:
+        return ReplicaDesc("seg", addr, size)
+
     idx.add("a", r(1000, 100), b"fa")
     idx.add("b", r(1100, 100), b"fb")  # adjacent, no overlap
     idx.add("c", r(2000, 50), b"fc")
@@ -172,7 +178,7 @@ def test_owned_index_drops_overlapped_entries() -> None:
 
 
 def test_spans_map_object_bytes_onto_parts() -> None:
-    from mooncake_core.store.client import _spans
+    from mooncake_core.store.memory import spans as _spans
 
     assert _spans([(100, 10)], 5000, 10) == [(100, 5000, 10)]
     # object of 25 bytes over parts 10 + 10 + 10: the last part is used for 5 bytes only

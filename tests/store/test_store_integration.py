@@ -581,7 +581,7 @@ def test_client_outlives_master(master_factory, worker_factory, client_factory) 
     t0 = time.monotonic()
     assert c.put("y", payload(81, 1000)) == -900
     assert c.get("x") == b""
-    assert c.is_exist("x") == -1
+    assert c.is_exist("x") == -1 and not c.is_exist("x")  # falsy: an unreachable master is no hit
     assert c.get_size("x") == -900
     assert c.health_check() == 2
     assert time.monotonic() - t0 < 25  # five calls, each bounded by the 1 s RPC timeout (+ CI slack)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from mooncake_core.store import ReplicateConfig, range_api
+from mooncake_core.store import ReplicateConfig
 from mooncake_core.store import tensor as T
 from mooncake_core.store.range_plan import (
     Coverage,
@@ -262,8 +262,10 @@ def test_get_into_ranges_and_get_sessions(cluster) -> None:
     cfg = ReplicateConfig()
     cfg.preferred_segment = d.get_hostname()
     assert d.put("k2", k2, cfg) == 0  # in d's own segment: a memcpy for d
+    alive = []  # registered buffers must outlive the test: freed memory could be reused by a later Buf
     for s in (c, d):
         b0, b1 = Buf(s, 200_000, seed=1), Buf(s, 64, seed=2)
+        alive.append((b0, b1))
         before1 = b1.bytes(0, 64)
         res = s.get_into_ranges([b0.ptr, b1.ptr], [["k1", "k2"], ["k2", "k1"]],
                                 [[[0, 100_000], [150_000]], [[4], [16]]],
@@ -348,7 +350,7 @@ def test_put_sessions_and_misc(cluster, monkeypatch) -> None:
     assert [r.segment_name for r in c.get_replica_desc("own")] == [d.get_hostname()]
     assert w.cmd(op="get", key="own")["sha"] == sha(data_b)
     assert d.batch_put_session_start(["old"], [8]) == [0]
-    monkeypatch.setattr(range_api, "PUT_SESSION_MAX_S", 0.2)
+    monkeypatch.setenv("MC_STORE_PUT_SESSION_MAX_S", "0.2")  # read at call time
     time.sleep(0.3)
     assert d.batch_put_from_multi_buffer_ranges(["old"], [[p]], [[8]], [[0]]) == [INVALID]
     assert d.batch_put_session_revoke(["old"]) == [0] and d.is_exist("old") == 0

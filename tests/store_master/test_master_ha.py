@@ -97,7 +97,7 @@ def test_paused_leader_steps_down_and_never_serves_stale_state(etcd_endpoint: st
     b = start_master(*ha, wait=False)
     with MasterClient(a.addr, timeout=2.0) as direct:
         direct.mount_segment("cA", "segP", 0x10000, 4 * MiB)
-        a.proc.send_signal(signal.SIGSTOP)  # a frozen leader (DESIGN §6, #2253)
+        a.proc.send_signal(signal.SIGSTOP)  # a frozen leader (Mooncake issue #2253)
         try:
             _wait_leader(eps, b.addr, timeout=15)
         finally:

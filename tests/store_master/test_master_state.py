@@ -429,6 +429,24 @@ def test_reports_of_one_key_keep_the_highest_version() -> None:
     assert st4.heartbeat("x").removed[0][1] > v2 + 10**15  # the removal notice outranks the report
 
 
+def test_versions_come_from_the_injected_version_clock() -> None:
+    """Versions are the injected wall clock's, kept strictly increasing when it stalls or
+    steps back (a successor master with a slow clock still outranks what it was told)."""
+    now = [5_000]
+    st = MasterState(MasterConfig(), clock=Clock(), version_clock=lambda: now[0])
+    st.mount_segment("c0", "seg0", 0x100000, MiB)
+    st.put_start("c0", "a", 10)
+    assert st.put_end("c0", "a") == 5_000
+    st.put_start("c0", "b", 10)
+    assert st.put_end("c0", "b") == 5_001  # the clock did not move: one more
+    now[0] = 4_000  # stepped back
+    st.upsert_start("c0", "a", 10)
+    assert st.put_end("c0", "a") > 5_001  # (the overwrite's removal notice takes a version too)
+    now[0] = 9_000
+    st.put_start("c0", "c", 10)
+    assert st.put_end("c0", "c") == 9_000
+
+
 def test_owners_hear_of_removals_in_their_segments() -> None:
     clock = Clock()
     st = MasterState(MasterConfig(default_kv_lease_ttl_ms=1000), clock=clock)
@@ -506,6 +524,39 @@ def test_disk_quota_evicts_lru_files() -> None:
     assert not st.exist_key("a") and st.exist_key("b") and st.exist_key("c")
     assert "f/a" in st.take_file_deletes()
     assert st.stats.disk_evictions == 1
+
+
+def test_offload_makes_disk_room_before_the_file_is_written() -> None:
+    """Files for offloads in flight are counted before they exist, and the oldest files are
+    released when a task is handed out -- so the tier never exceeds its quota, even briefly."""
+    st, clock = make(n_segs=1, seg_size=20 * 1024, enable_offload=True, root_fs_dir="/tmp/x",
+                     disk_quota_bytes=25 * 1024, eviction_high_watermark_ratio=1.0, eviction_ratio=0.5,
+                     default_kv_lease_ttl_ms=1)
+    peak = 0
+    for i in range(8):
+        clock.advance(0.01)
+        while True:
+            try:
+                st.put_start("c0", f"k{i}", 10 * 1024)
+                break
+            except MooncakeError as e:
+                assert e.code == ErrorCode.NO_AVAILABLE_HANDLE
+            for t in st.heartbeat("c0").offload_tasks:  # the owner writes the file, then reports
+                peak = max(peak, st.disk_used + st._offload_reserved())
+                st.offload_done("c0", t.key, f"f/{t.key}", 10 * 1024)
+        st.put_end("c0", f"k{i}")
+        peak = max(peak, st.disk_used + st._offload_reserved())
+    assert 0 < peak <= 25 * 1024
+    assert st.stats.disk_evictions > 0 and st.take_file_deletes()
+
+
+def test_object_bigger_than_the_disk_quota_is_evicted_without_a_file() -> None:
+    st, _ = make(n_segs=1, seg_size=20 * 1024, enable_offload=True, root_fs_dir="/tmp/x",
+                 disk_quota_bytes=4 * 1024, eviction_high_watermark_ratio=1.0, eviction_ratio=0.5)
+    put(st, "a", 10 * 1024)
+    put(st, "b", 10 * 1024)
+    put(st, "c", 10 * 1024)  # room made by plain eviction: no offload task for 10 KiB > 4 KiB quota
+    assert st.heartbeat("c0").offload_tasks == [] and not st.exist_key("a")
 
 
 def test_memory_per_object_is_small() -> None:

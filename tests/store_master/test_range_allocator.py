@@ -135,7 +135,7 @@ def test_randomized_no_overlap_and_full_coalescing() -> None:
             # free blocks never adjacent (always coalesced) and never overlap live spans
             for (f1, l1), (f2, _l2) in zip(free, free[1:]):
                 assert f1 + l1 < f2
-            assert sum(l for _, l in free) + a.used == cap
+            assert sum(n for _, n in free) + a.used == cap
     for off in list(live):
         a.free(off)
     assert a.used == 0

@@ -48,10 +48,11 @@ def start_peer(python_exe):
     started: list[Peer] = []
 
     def start(metadata: str, size: int = 1 << 20, seed: int = 7, hostname: str = "127.0.0.1",
-              env: dict | None = None) -> Peer:
+              env: dict | None = None, wrap: list[str] | None = None) -> Peer:
+        """``wrap``: a command prefix, e.g. ``["unshare", "--pid", "--fork"]``."""
         e = dict(os.environ)
         e.update(env or {})
-        proc = subprocess.Popen([python_exe, PEER, "--metadata", metadata, "--size", str(size),
+        proc = subprocess.Popen([*(wrap or []), python_exe, PEER, "--metadata", metadata, "--size", str(size),
                                  "--seed", str(seed), "--hostname", hostname],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=e)
         line = proc.stdout.readline()

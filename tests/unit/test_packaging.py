@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import pathlib
-import tomllib
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # requires-python is 3.10: tomllib is 3.11+, its backport comes with the test extra
+    import tomli as tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

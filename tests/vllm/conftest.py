@@ -14,8 +14,13 @@ from typing import Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mooncake_core import envs
 
+HERE = str(Path(__file__).resolve().parent)
+sys.path.insert(0, HERE)
+
+from checkout_shim import shim_pythonpath  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
+from venvs import venv_dir  # noqa: E402
 from vllm_harness import LEASE_S, VllmServer, free_port, make_tiny_model, p2p_config, start_all, vllm_python  # noqa: E402
 
 
@@ -23,9 +28,9 @@ from vllm_harness import LEASE_S, VllmServer, free_port, make_tiny_model, p2p_co
 def vllm_py() -> str:
     py = vllm_python()
     if py is None:
-        msg = (f"vLLM venv not found at {os.environ.get('VLLM_VENV', '/work/venvs/vllm')} "
+        msg = (f"vLLM venv not found at {venv_dir('vllm')} "
                "(create it with scripts/install_vllm.sh, or point VLLM_VENV at one)")
-        if os.environ.get("MOONCAKE_REQUIRE_VLLM") == "1":
+        if envs.require("vllm"):
             pytest.fail(msg)
         pytest.skip(msg)
     return py
@@ -41,9 +46,12 @@ def pd_pair(vllm_py: str, tiny_model: Path, tmp_path_factory) -> Iterator[tuple[
     logs = tmp_path_factory.mktemp("vllm-logs")
     p = VllmServer(vllm_py, tiny_model, free_port(), 0, logs / "prefill.log",
                    p2p_config("kv_producer", kv_lease_s=LEASE_S))
+    # the decode runs the production connector subclassed with the negative control (noise on
+    # request), loaded by vLLM from tests/vllm through kv_connector_module_path
     d = VllmServer(vllm_py, tiny_model, free_port(), 1, logs / "decode.log",
-                   dict(p2p_config("kv_consumer"), kv_load_failure_policy="recompute"),
-                   env={"MOONCAKE_VLLM_TEST_CORRUPT_KV": "on_request"})
+                   dict(p2p_config("kv_consumer"), kv_load_failure_policy="recompute",
+                        kv_connector="CorruptingMooncakeConnector", kv_connector_module_path="corrupting_connector"),
+                   env={"PYTHONPATH": os.pathsep.join([shim_pythonpath(), HERE])})
     t0 = time.monotonic()
     start_all([p, d])
     print(f"1P1D healthy in {time.monotonic() - t0:.1f} s")

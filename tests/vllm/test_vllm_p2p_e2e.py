@@ -96,7 +96,7 @@ def test_negative_control_corrupted_blocks_change_the_output(pd_pair):
     prompt = prompt_ids(2)
     want = baseline(d.url, prompt)
     params = prefill(p.url, prompt)
-    params["mooncake_test_corrupt"] = True  # honoured only with MOONCAKE_VLLM_TEST_CORRUPT_KV=on_request
+    params["mooncake_test_corrupt"] = True  # honoured by the decode's CorruptingMooncakeConnector (conftest)
     got = completion(d.url, prompt, 16, params)["choices"][0]["token_ids"]
     assert got != want, "overwriting the received KV with noise did not change the output: decode ignores it"
 

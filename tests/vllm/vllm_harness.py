@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
+from venvs import venv_python
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_VENV = "/work/venvs/vllm"
 #: Prefill lease in the P2P tests: long enough for a decode on a busy 2-core box to start its
 #: read, short enough for the lease-expiry test to wait it out.
 LEASE_S = 12.0
@@ -31,8 +31,7 @@ LEASE_S = 12.0
 
 def vllm_python() -> str | None:
     """The vLLM venv's python, or None when it is not installed."""
-    venv = os.environ.get("VLLM_VENV", DEFAULT_VENV)
-    py = Path(venv) / "bin" / "python"
+    py = venv_python("vllm")  # $VLLM_VENV, else the user's cache dir (tests/venvs.py)
     if not py.exists():
         return None
     ok = subprocess.run([str(py), "-c", "import importlib.util as u, sys; "

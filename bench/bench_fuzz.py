@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Long fuzzing runs of every surface a peer or a client can reach (not a test; the CI tests in
+tests/fuzz/ run the same drivers for a few hundred hypothesis examples each).
+
+Surfaces: ``te`` (Transfer Engine tcp wire: data, vectored, control ops), ``master`` (store
+master RPC), ``metadata`` (the master's embedded HTTP metadata server), ``proxy`` (PD proxy HTTP
++ admin API, fake engines behind it), ``handshake`` (a hostile peer answering our engine: the
+P2P descriptor fetch and the replies to reads/writes), ``params`` (vLLM connector's
+kv_transfer_params parser, in process). Each input comes from ``random.Random(seed + i)``, so a
+failure is replayed with ``--seed`` and ``--start``. Every ``--check-every`` inputs the server's
+liveness and invariants are checked (a real engine read / store put+get / a valid completion);
+the report gives inputs/s, failures, answer codes, and the server's RSS and open fds before and
+after.
+
+    python bench/bench_fuzz.py --surface all --inputs 1000000
+    python bench/bench_fuzz.py --surface te --inputs 20000 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+import numpy as np  # noqa: E402
+
+from fuzz.conftest import start_te_target  # noqa: E402
+from fuzz.surfaces import (EvilPeer, FuzzFailure, HttpFuzzer, MasterRpcFuzzer, TeWireFuzzer,  # noqa: E402
+                           json_body, metadata_routes, proxy_routes, rand_bytes, rand_json_value)
+from mooncake_core.utils.proc import close_piped, spawn_until, stop_process  # noqa: E402
+
+SURFACES = ("te", "master", "metadata", "proxy", "handshake", "params")
+TIMEOUT = [10.0]  # --timeout: how long a server may take to answer one input before it is a hang
+
+
+def proc_stats(pid: int) -> dict[str, int]:
+    rss = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return {"rss": -1, "fds": -1}
+    return {"rss": rss, "fds": fds}
+
+
+class Run:
+    """Feeds one surface and keeps its figures."""
+
+    def __init__(self, name: str, one: Callable[[random.Random], Any], check: Callable[[], None],
+                 pid: int, extra: Callable[[], dict] = dict) -> None:
+        self.name, self.one, self.check, self.pid, self.extra = name, one, check, pid, extra
+        self.failures: list[dict] = []
+
+    def go(self, n: int, seed: int, start: int, every: int, quiet: bool) -> dict:
+        before = proc_stats(self.pid)
+        t0 = last = time.monotonic()
+        done = 0
+        for i in range(start, start + n):
+            try:
+                self.one(random.Random(seed * 1_000_003 + i))
+            except FuzzFailure as e:
+                self.failures.append({"input": i, "error": str(e)[:500]})
+                print(f"  [{self.name}] FAILURE at input {i} (--seed {seed} --start {i}): {str(e)[:300]}",
+                      file=sys.stderr, flush=True)
+                if len(self.failures) >= 5:
+                    break
+            done += 1
+            if done % every == 0:
+                try:
+                    self.check()
+                except (AssertionError, Exception) as e:  # noqa: BLE001 - the report names it
+                    self.failures.append({"input": i, "error": f"liveness: {type(e).__name__}: {e}"[:500]})
+                    break
+            if not quiet and time.monotonic() - last > 10:
+                last = time.monotonic()
+                print(f"  [{self.name}] {done}/{n} inputs, {done / (last - t0):.0f}/s, "
+                      f"{len(self.failures)} failures", file=sys.stderr, flush=True)
+        try:
+            self.check()
+        except (AssertionError, Exception) as e:  # noqa: BLE001
+            self.failures.append({"input": "end", "error": f"liveness: {type(e).__name__}: {e}"[:500]})
+        secs = time.monotonic() - t0
+        after = proc_stats(self.pid)
+        return {"surface": self.name, "inputs": done, "seconds": round(secs, 1),
+                "inputs_per_s": round(done / secs, 1) if secs else 0, "failures": self.failures,
+                "rss_before": before["rss"], "rss_after": after["rss"], "fds_before": before["fds"],
+                "fds_after": after["fds"], **self.extra()}
+
+
+def surface_te(cleanup: list) -> Run:
+    from mooncake_core.engine import TransferEngine
+
+    t = start_te_target(sys.executable)
+    cleanup.append(lambda: close_piped(t.proc))
+    fz = TeWireFuzzer("127.0.0.1", t.rpc_port, t.base, t.size, t.initial(), timeout=TIMEOUT[0])
+    eng = TransferEngine()
+    assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    buf = np.zeros(t.size, dtype=np.uint8)
+    eng.register_memory(buf.ctypes.data, buf.nbytes)
+    cleanup.append(eng.close)
+
+    def check() -> None:
+        st = t.check()
+        assert st["guards_ok"], "unregistered guard bytes changed"
+        assert st["sha"] == hashlib.sha256(fz.shadow).hexdigest(), "registered bytes differ from the model"
+        assert eng.transfer_sync_read(t.segment, buf.ctypes.data, t.base, t.size) == 0, eng.last_error
+        assert bytes(buf) == bytes(fz.shadow), "a real read returned other bytes"
+
+    return Run("te", fz.one, check, t.proc.pid, lambda: {"kinds": dict(fz.kinds), "reconnects": fz.reconnects})
+
+
+def _master(cleanup: list) -> tuple[Any, Any]:
+    from store.helpers import Master, make_client
+
+    m = Master(sys.executable, tempfile.mkdtemp(prefix="fuzz-master-")).start()
+    cleanup.append(m.stop)
+    c = make_client(m, 16 << 20)
+    cleanup.insert(len(cleanup) - 1, c.close)
+    return m, c
+
+
+def _store_live(m: Any, c: Any) -> Callable[[], None]:
+    def check() -> None:
+        key, val = f"fuzz-live/{os.urandom(8).hex()}", os.urandom(4096)
+        assert c.put(key, val) == 0, "put failed"
+        assert c.get(key) == val, "get returned other bytes"
+        assert m.proc.poll() is None, "master died"
+    return check
+
+
+def surface_master(cleanup: list) -> Run:
+    m, c = _master(cleanup)
+    fz = MasterRpcFuzzer("127.0.0.1", m.port, timeout=TIMEOUT[0])
+    return Run("master", fz.one, _store_live(m, c), m.proc.pid,
+               lambda: {"kinds": dict(fz.kinds), "statuses": dict(fz.statuses)})
+
+
+def surface_metadata(cleanup: list) -> Run:
+    m, c = _master(cleanup)
+    fz = HttpFuzzer("127.0.0.1", m.http_port, metadata_routes(), lambda r: rand_bytes(r, r.randrange(0, 2000)),
+                    timeout=TIMEOUT[0])
+    return Run("metadata", fz.one, _store_live(m, c), m.proc.pid, lambda: {"statuses": dict(fz.statuses)})
+
+
+def surface_proxy(cleanup: list) -> Run:
+    import httpx
+
+    env = {**os.environ, "MC_LOG_LEVEL": "ERROR"}
+    procs = []
+
+    def spawn(args: list[str], what: str) -> int:
+        p, mt = spawn_until([sys.executable, "-u", *args], what + r" listening on http://[^:]+:(\d+)", 30,
+                            env=env, what=what)
+        procs.append(p)
+        cleanup.append(lambda: stop_process(p, 5))
+        return int(mt.group(1))
+
+    ports = [spawn(["-m", "mooncake_proxy.fake_engine", "--name", n, "--chunks", "2", "--no-record"],
+                   "fake_engine") for n in ("P", "D")]
+    port = spawn(["-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", "0", "--prefiller-hosts",
+                  "127.0.0.1", "--prefiller-ports", str(ports[0]), "--decoder-hosts", "127.0.0.1",
+                  "--decoder-ports", str(ports[1]), "--admin-key", "K", "--policy", "conductor"], "mooncake_proxy")
+    url = f"http://127.0.0.1:{port}"
+    fz = HttpFuzzer("127.0.0.1", port, proxy_routes(), json_body, timeout=TIMEOUT[0])
+
+    def check() -> None:
+        assert all(p.poll() is None for p in procs), "a process died"
+        r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "hi " * 30, "max_tokens": 2},
+                       timeout=10)
+        assert r.status_code == 200, r.text[:300]
+
+    return Run("proxy", fz.one, check, procs[-1].pid, lambda: {"statuses": dict(fz.statuses)})
+
+
+def surface_handshake(cleanup: list) -> Run:
+    os.environ["MC_TRANSFER_TIMEOUT"] = "1"
+    from mooncake_core.engine import TransferEngine
+
+    victim = start_te_target(sys.executable)
+    cleanup.append(lambda: close_piped(victim.proc))
+    eng = TransferEngine()
+    assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    cleanup.append(eng.close)
+    guard, size = 4096, 64 << 10
+    buf = np.full(size + 2 * guard, 0x5A, dtype=np.uint8)
+    eng.register_memory(buf.ctypes.data + guard, size)
+    evil = EvilPeer()
+    cleanup.append(evil.close)
+    from mooncake_core.transfer.descriptor import host_identity, process_start_time
+
+    boot, pidns = host_identity()
+    vinfo = {"boot_id": boot, "pidns": pidns, "pid": victim.proc.pid,
+             "start_time": process_start_time(victim.proc.pid), "addr": victim.base, "length": victim.size}
+    vsha = victim.check()["sha"]
+
+    def one(rng: random.Random) -> None:
+        length = rng.choice([0, 1, 4096, size, rng.randrange(1, size)])
+        evil.new_plan(rng, vinfo, length, late_weight=0.002)
+        fn = eng.transfer_sync_write if rng.random() < 0.5 else eng.transfer_sync_read
+        t = time.monotonic()
+        fn(evil.segment, buf.ctypes.data + guard, victim.base + rng.randrange(4096), length)
+        if time.monotonic() - t > 8:
+            raise FuzzFailure(f"call took {time.monotonic() - t:.1f}s")
+        if not ((buf[:guard] == 0x5A).all() and (buf[guard + size:] == 0x5A).all()):
+            raise FuzzFailure("local guard overwritten")
+
+    def check() -> None:
+        assert victim.check()["sha"] == vsha, "our engine wrote into another process"
+
+    return Run("handshake", one, check, os.getpid(), lambda: {"served": dict(evil.served)})
+
+
+def surface_params(cleanup: list) -> Run:
+    from fuzz.test_fuzz_vllm_params import KEYS, _check, _valid
+
+    def one(rng: random.Random) -> None:
+        if rng.random() < 0.3:
+            d: Any = rand_json_value(rng)
+        else:
+            d = _valid()
+            for _ in range(rng.randrange(1, 4)):
+                k = rng.choice(KEYS)
+                if rng.random() < 0.2:
+                    d.pop(k, None)
+                else:
+                    d[k] = rng.choice([rand_json_value(rng), -1, 2**64, 10**400, float("nan"), "x:1", [True]])
+        try:
+            _check(d)
+        except AssertionError as e:
+            raise FuzzFailure(f"params {d!r:.300}: {e}") from None
+
+    return Run("params", one, lambda: None, os.getpid())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--surface", default="all", help=f"one of {', '.join(SURFACES)}, a comma list, or all")
+    p.add_argument("--inputs", type=int, default=100_000, help="inputs per surface")
+    p.add_argument("--seed", type=int, default=1, help="base seed (input i uses seed*1000003+i)")
+    p.add_argument("--start", type=int, default=0, help="index of the first input (replay a failure)")
+    p.add_argument("--check-every", type=int, default=1000, help="liveness/invariant check interval (inputs)")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds a server may take to answer one input before it counts as a hang (raise it "
+                        "on a loaded machine: a descheduled server is not a hung one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    a = p.parse_args(argv)
+    TIMEOUT[0] = a.timeout
+    from mooncake_core.utils.log import setup_logging
+
+    setup_logging("CRITICAL")  # every refused input is logged by design; the report counts them
+    names = SURFACES if a.surface == "all" else tuple(a.surface.split(","))
+    bad = [n for n in names if n not in SURFACES]
+    if bad:
+        p.error(f"unknown surface(s) {bad}; choose from {SURFACES}")
+    out = []
+    for name in names:
+        cleanup: list = []
+        try:
+            run = globals()[f"surface_{name}"](cleanup)
+            if not a.quiet:
+                print(f"[{name}] {a.inputs} inputs ...", file=sys.stderr, flush=True)
+            out.append(run.go(a.inputs, a.seed, a.start, a.check_every, a.quiet))
+        finally:
+            for f in reversed(cleanup):
+                try:
+                    f()
+                except Exception:  # noqa: BLE001 - best-effort teardown
+                    pass
+    if a.json:
+        print(json.dumps({"surfaces": out}, indent=1))
+    else:
+        print(f"{'surface':<10} {'inputs':>9} {'inputs/s':>9} {'failures':>8} {'RSS MB before/after':>20} "
+              f"{'fds before/after':>17}")
+        for r in out:
+            print(f"{r['surface']:<10} {r['inputs']:>9} {r['inputs_per_s']:>9.0f} {len(r['failures']):>8} "
+                  f"{r['rss_before'] / 2**20:>9.1f}/{r['rss_after'] / 2**20:<9.1f} "
+                  f"{r['fds_before']:>8}/{r['fds_after']:<8}")
+            for f in r["failures"]:
+                print(f"   input {f['input']}: {f['error']}")
+            extra = {k: v for k, v in r.items() if k in ("kinds", "statuses", "served")}
+            if extra:
+                print("   " + json.dumps(extra))
+    return 1 if any(r["failures"] for r in out) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

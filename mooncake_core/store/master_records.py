@@ -1,0 +1,206 @@
+"""The store master's records: its policy knobs and what it keeps per segment, object,
+in-flight put and client (pure data; the decisions are ``master_state.MasterState``'s).
+
+Memory per object is kept small (``__slots__``, the rare fields in a side object, shared size
+ints, allocators that do not duplicate the offset->size map, no lease float until first read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mooncake_core.errors import ErrorCode, MooncakeError
+from mooncake_core.store.protocol import OffloadTask
+from mooncake_core.utils.range_allocator import RangeAllocator
+
+MAX_REPLICAS = 16
+MAX_SEGMENT_SIZE = 1 << 56
+
+
+@dataclass
+class MasterConfig:
+    """Policy knobs (flag names of ``mooncake_master`` in comments)."""
+
+    default_kv_lease_ttl_ms: int = 10_000          # --default_kv_lease_ttl
+    default_kv_soft_pin_ttl_ms: int = 30 * 60_000  # --default_kv_soft_pin_ttl
+    allow_evict_soft_pinned_objects: bool = True   # --allow_evict_soft_pinned_objects
+    eviction_ratio: float = 0.05                   # --eviction_ratio
+    eviction_high_watermark_ratio: float = 0.90    # --eviction_high_watermark_ratio
+    client_ttl_s: float = 10.0                     # --client_ttl
+    put_start_discard_timeout_s: float = 30.0      # --put_start_discard_timeout_sec
+    put_start_release_timeout_s: float = 600.0     # --put_start_release_timeout_sec
+    enable_offload: bool = False                   # --enable_offload
+    root_fs_dir: str = ""                          # --root_fs_dir
+    disk_quota_bytes: int = 0                      # --quota_bytes (0 = unlimited)
+    offload_timeout_s: float = 60.0                # an unanswered OffloadTask is retried after this
+    recovery_hold_s: float = 1.0                   # --recovery_hold_ms: re-mounted segments take no new
+                                                   # allocation this long (see mount_segment)
+    alignment: int = 64
+    regex_budget_s: float = 1.0                    # --remove_by_regex_budget_ms: longest a pattern
+                                                   # may take to match every key (ReDoS bound)
+
+
+class Segment:
+    """A memory segment a client mounted: ``[base, base+size)`` in that client's memory."""
+
+    __slots__ = ("seg_id", "name", "client_id", "base", "size", "alloc", "hold_until", "__weakref__")
+
+    def __init__(self, seg_id: int, name: str, client_id: str, base: int, size: int, alignment: int):
+        self.hold_until = 0.0  # no new allocation before this (a segment re-mounted after a master change)
+        self.seg_id = seg_id
+        self.name = name
+        self.client_id = client_id
+        self.base = base
+        self.size = size
+        # track=False: the objects below already record offset and size of every range
+        self.alloc = RangeAllocator(size, alignment, track=False)
+
+
+#: one memory replica: (segment, offset in it)
+Rep = tuple[Segment, int]
+
+
+class DiskReplica:
+    __slots__ = ("segment_name", "client_id", "path", "size")
+
+    def __init__(self, segment_name: str, client_id: str, path: str, size: int):
+        self.segment_name = segment_name
+        self.client_id = client_id
+        self.path = path
+        self.size = size
+
+
+class Extra:
+    """The rarely used per-object fields, kept out of ObjectMeta to keep it small."""
+
+    __slots__ = ("hard", "soft", "disk")
+
+    def __init__(self, hard: bool = False, soft: list[float] | None = None, disk: DiskReplica | None = None):
+        self.hard = hard
+        self.soft = soft  # None or [deadline, ttl_s]
+        self.disk = disk
+
+
+class ObjectMeta:
+    """One complete object (~72 bytes + the offset int).
+
+    ``seg``/``off``: the memory replica's Segment and offset -- or tuples of them when there
+    are several replicas, or None (disk only). ``lease``: monotonic deadline of the latest
+    read lease (0 = never read). ``extra``: None or Extra (pins, disk replica)."""
+
+    __slots__ = ("size", "seg", "off", "lease", "extra")
+    seg: Segment | tuple[Segment, ...] | None
+    off: int | tuple[int, ...] | None
+
+    def __init__(self, size: int, reps: list[Rep], extra: Extra | None = None):
+        self.size = size
+        self.lease: float = 0
+        self.extra = extra
+        self.set_reps(reps)
+
+    def reps(self) -> list[Rep]:
+        seg, off = self.seg, self.off
+        if seg is None:
+            return []
+        if isinstance(seg, tuple):
+            assert isinstance(off, tuple)
+            return list(zip(seg, off))
+        assert isinstance(off, int)
+        return [(seg, off)]
+
+    def set_reps(self, reps: list[Rep]) -> None:
+        if not reps:
+            self.seg = self.off = None
+        elif len(reps) == 1:
+            self.seg, self.off = reps[0]
+        else:
+            self.seg = tuple(r[0] for r in reps)
+            self.off = tuple(r[1] for r in reps)
+
+    @property
+    def n_reps(self) -> int:
+        seg = self.seg
+        return 0 if seg is None else len(seg) if isinstance(seg, tuple) else 1
+
+    @property
+    def hard(self) -> bool:
+        return self.extra is not None and self.extra.hard
+
+    @property
+    def soft(self) -> list[float] | None:
+        return None if self.extra is None else self.extra.soft
+
+    @property
+    def disk(self) -> DiskReplica | None:
+        return None if self.extra is None else self.extra.disk
+
+    def set_disk(self, d: DiskReplica | None) -> None:
+        if self.extra is None:
+            if d is None:
+                return
+            self.extra = Extra()
+        self.extra.disk = d
+
+
+class PendingPut:
+    __slots__ = ("client_id", "size", "reps", "start", "upsert", "promote", "hard", "soft_ttl")
+
+    def __init__(self, client_id: str, size: int, reps: list[Rep], start: float, upsert: bool,
+                 promote: bool, hard: bool, soft_ttl: float | None):
+        self.client_id = client_id
+        self.size = size
+        self.reps = reps
+        self.start = start
+        self.upsert = upsert
+        self.promote = promote
+        self.hard = hard
+        self.soft_ttl = soft_ttl
+
+
+#: removals queued for one client's next heartbeat before they collapse into "all before"
+MAX_REMOVED_NOTICES = 65536
+
+
+class ClientInfo:
+    __slots__ = ("beats", "client_id", "last_seen", "missed", "missed_all_before", "pending_remount", "quarantine",
+                 "removed", "removed_all_before", "segments", "tasks")
+
+    def __init__(self, client_id: str, now: float):
+        self.client_id = client_id
+        self.last_seen = now
+        self.beats = 0  # heartbeats received
+        #: ranges of this client's segment a failed put was writing into: (beats at which to
+        #: free, segment, offset, size) -- see MasterState._quarantine
+        self.quarantine: list[tuple[int, Segment, int, int]] = []
+        self.segments: set[str] = set()
+        self.tasks: list[OffloadTask] = []
+        #: objects in this client's segment removed/overwritten by anyone, (key, version clock at
+        #: the time), so that it stops re-reporting them (see heartbeat)
+        self.removed: list[tuple[str, int]] = []
+        self.removed_all_before = 0
+        #: told to re-mount (new here: after a restart, a failover or its expiry) and not done
+        #: yet: every heartbeat says so until it mounts -- a reply can get lost
+        self.pending_remount = True
+        #: notices it missed while expired, repeated with every reply until it re-mounts
+        self.missed: list[tuple[str, int]] = []
+        self.missed_all_before = 0
+
+
+class Stats:
+    __slots__ = ("hits", "misses", "evictions", "lease_refusals", "offloads", "puts",
+                 "put_conflicts", "no_space", "disk_evictions", "expired_clients", "takeovers")
+
+    def __init__(self) -> None:
+        self.hits = self.misses = self.evictions = self.lease_refusals = self.offloads = 0
+        self.puts = self.put_conflicts = self.no_space = self.disk_evictions = 0
+        self.expired_clients = self.takeovers = 0
+
+
+def err(code: ErrorCode, msg: str) -> MooncakeError:
+    return MooncakeError(code, msg)
+
+
+def check_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise err(ErrorCode.INVALID_PARAMS, f"key must be a non-empty string, got {key!r}")
+    return key

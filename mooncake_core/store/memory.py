@@ -1,0 +1,129 @@
+"""Raw memory helpers of the store client (ctypes; no store state).
+
+Why they exist: the store moves bytes between *addresses*, as the C++ client does, so any
+buffer-protocol object is a source or destination without a staging copy. ``new_bytes``
+fills a fresh ``bytes`` in place (what C extensions do); ``spans`` maps an object's bytes
+onto the caller's parts; ``fingerprint`` samples a range so a re-report after a master
+change never publishes memory that was reused meanwhile; ``populate_range`` faults pages in
+with one syscall before a transfer writes there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import mmap
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mooncake_core import envs
+from mooncake_core.store.offload import mem_view
+
+__all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "fingerprint", "madvise_populate", "memmove",
+           "new_bytes", "populate_range", "prefault_enabled", "spans"]
+
+memmove = ctypes.memmove
+_PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
+_PyBytes_FromStringAndSize.restype = ctypes.py_object
+_PyBytes_FromStringAndSize.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+
+
+def bytes_addr(b: bytes) -> int:
+    """Address of a bytes object's payload (c_char_p aliases it; no copy)."""
+    return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0
+
+
+def new_bytes(size: int) -> tuple[bytes, int]:
+    """A fresh, not-yet-shared bytes object of ``size`` and its payload address.
+
+    Filling it in place before handing it out is what C extensions do; it spares the
+    copy that ``bytes(bytearray)`` would make of every payload we receive.
+    """
+    b = _PyBytes_FromStringAndSize(None, size)
+    return b, bytes_addr(b)
+
+
+def buffer_addr(value: Any, what: str) -> tuple[int, int, Any]:
+    """(address, nbytes, keepalive) of any contiguous buffer-protocol object."""
+    if isinstance(value, bytes):
+        return bytes_addr(value), len(value), value
+    try:
+        mv = memoryview(value)
+    except TypeError:
+        raise TypeError(f"{what}: expected a bytes-like object, got {type(value).__name__}") from None
+    if not mv.contiguous:
+        raise ValueError(f"{what}: buffer must be contiguous")
+    nbytes = mv.nbytes
+    if nbytes == 0:
+        return 0, 0, mv
+    arr = np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, dtype=np.uint8)
+    return int(arr.ctypes.data), nbytes, (mv, arr)
+
+
+def spans(parts: Sequence[tuple[int, int]], base: int, total: int) -> list[tuple[int, int, int]]:
+    """Map the object bytes ``[0, total)`` onto ``parts`` (local (addr, len) pieces laid end
+    to end): ``(local_addr, base + object_offset, length)`` per piece that is used."""
+    out = []
+    off = 0
+    for addr, n in parts:
+        if off >= total:
+            break
+        m = min(n, total - off)
+        if m > 0:
+            out.append((addr, base + off, m))
+        off += m
+    return out
+
+
+def fingerprint(addr: int, size: int) -> bytes:
+    """Cheap sampled fingerprint of ``[addr, addr+size)``: 16 x 64-byte samples.
+
+    Recorded at put time and re-checked before re-reporting an object after a master
+    restart, so that a range whose memory was meanwhile reused is never re-published.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(size.to_bytes(8, "little"))
+    if size <= 1024:
+        h.update(mem_view(addr, size))
+        return h.digest()
+    step = (size - 64) // 15
+    for i in range(16):
+        off = min(i * step, size - 64)
+        h.update(mem_view(addr + off, 64))
+    return h.digest()
+
+
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
+_libc: Any = None
+
+
+def madvise_populate(addr: int, length: int) -> bool:
+    """Fault in writable pages of ``[addr, addr+length)`` without changing their contents."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        _libc.madvise.restype = ctypes.c_int
+    return _libc.madvise(addr, length, _MADV_POPULATE_WRITE) == 0  # ctypes drops the GIL
+
+
+PAGE = mmap.PAGESIZE
+PREFAULT_MIN = 1 << 20
+
+
+def prefault_enabled() -> bool:
+    """``MC_STORE_PREFAULT`` (default on; ``0`` off), Linux only: fault pages in with one
+    madvise before a transfer writes there, and populate a fresh segment in the background."""
+    return envs.MC_STORE_PREFAULT and sys.platform.startswith("linux")
+
+
+def populate_range(addr: int, size: int) -> None:
+    """Fault in the whole pages inside ``[addr, addr+size)`` in one syscall before a transfer
+    writes there: cheaper than taking each page fault inside process_vm_readv/recv."""
+    lo = (addr + PAGE - 1) & ~(PAGE - 1)
+    hi = (addr + size) & ~(PAGE - 1)
+    if hi > lo:
+        madvise_populate(lo, hi - lo)

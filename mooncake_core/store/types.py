@@ -1,0 +1,120 @@
+"""Public config types of the store client, with upstream's names and values."""
+
+from __future__ import annotations
+
+import enum
+
+from mooncake_core.store.protocol import ReplicateConfigMsg
+
+__all__ = ["ReplicaStatus", "ReplicateConfig", "SoftPinAction"]
+
+
+class SoftPinAction(enum.IntEnum):
+    """Soft-pin transition committed with the object (upstream names)."""
+
+    PRESERVE = 0
+    ENABLE = 1
+    DISABLE = 2
+
+
+class ReplicaStatus(enum.IntEnum):
+    UNDEFINED = 0
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+class ReplicateConfig:
+    """Replication settings of a put (upstream attribute names).
+
+    ``__slots__`` makes a misspelt attribute (``cfg.replicas = 2``) an AttributeError
+    instead of a silently ignored setting, as with the pybind11 original.
+    """
+
+    __slots__ = (
+        "data_type",
+        "dfs_replica_num",
+        "group_ids",
+        "nof_replica_num",
+        "prefer_alloc_in_same_node",
+        "preferred_nof_segments",
+        "preferred_segment",
+        "preferred_segments",
+        "replica_num",
+        "soft_pin_action",
+        "soft_pin_ttl_ms",
+        "with_hard_pin",
+    )
+
+    def __init__(self) -> None:
+        self.replica_num: int = 1
+        self.nof_replica_num: int = 0
+        self.dfs_replica_num: int = 0
+        self.soft_pin_action: SoftPinAction = SoftPinAction.PRESERVE
+        self.soft_pin_ttl_ms: int | None = None
+        self.with_hard_pin: bool = False
+        self.preferred_segment: str = ""
+        self.preferred_segments: list[str] = []
+        self.preferred_nof_segments: list[str] = []
+        self.prefer_alloc_in_same_node: bool = False
+        self.data_type: int = 0
+        self.group_ids: list[str] | None = None
+
+    # Older Mooncake releases spelled soft pinning as a boolean.
+    @property
+    def with_soft_pin(self) -> bool:
+        return self.soft_pin_action == SoftPinAction.ENABLE
+
+    @with_soft_pin.setter
+    def with_soft_pin(self, value: bool) -> None:
+        self.soft_pin_action = SoftPinAction.ENABLE if value else SoftPinAction.DISABLE
+
+    def __repr__(self) -> str:
+        return (f"ReplicateConfig: {{ replica_num: {self.replica_num}, soft_pin_action: "
+                f"{SoftPinAction(self.soft_pin_action).name}, soft_pin_ttl_ms: {self.soft_pin_ttl_ms}, "
+                f"with_hard_pin: {int(bool(self.with_hard_pin))}, preferred_segments: "
+                f"{self._segments()} }}")
+
+    __str__ = __repr__
+
+    def _segments(self) -> list[str]:
+        segs = list(self.preferred_segments or [])
+        if self.preferred_segment and self.preferred_segment not in segs:
+            segs.insert(0, self.preferred_segment)
+        return segs
+
+    def validate(self) -> None:
+        """Raise TypeError/ValueError naming the bad field."""
+        if isinstance(self.replica_num, bool) or not isinstance(self.replica_num, int):
+            raise TypeError(f"ReplicateConfig.replica_num: expected int, got {type(self.replica_num).__name__}")
+        if not 1 <= self.replica_num <= 64:
+            raise ValueError(f"ReplicateConfig.replica_num: must be in 1..64, got {self.replica_num}")
+        try:
+            SoftPinAction(self.soft_pin_action)
+        except ValueError:
+            raise ValueError(f"ReplicateConfig.soft_pin_action: not a SoftPinAction: "
+                             f"{self.soft_pin_action!r}") from None
+        if self.soft_pin_ttl_ms is not None:
+            if isinstance(self.soft_pin_ttl_ms, bool) or not isinstance(self.soft_pin_ttl_ms, int):
+                raise TypeError("ReplicateConfig.soft_pin_ttl_ms: expected int milliseconds or None")
+            if self.soft_pin_ttl_ms < 0:
+                raise ValueError(f"ReplicateConfig.soft_pin_ttl_ms: must be >= 0, got {self.soft_pin_ttl_ms}")
+            if self.soft_pin_action != SoftPinAction.ENABLE:
+                raise ValueError("ReplicateConfig.soft_pin_ttl_ms is valid only with SoftPinAction.ENABLE")
+        if not isinstance(self.preferred_segment, str):
+            raise TypeError("ReplicateConfig.preferred_segment: expected str")
+        if not isinstance(self.preferred_segments, (list, tuple)) or not all(
+                isinstance(s, str) for s in self.preferred_segments):
+            raise TypeError("ReplicateConfig.preferred_segments: expected a list of str")
+
+    def to_msg(self) -> ReplicateConfigMsg:
+        self.validate()
+        return ReplicateConfigMsg(
+            replica_num=int(self.replica_num),
+            soft_pin=SoftPinAction(self.soft_pin_action) == SoftPinAction.ENABLE,
+            soft_pin_ttl_ms=self.soft_pin_ttl_ms,
+            with_hard_pin=bool(self.with_hard_pin),
+            preferred_segments=self._segments(),
+        )

@@ -1,0 +1,94 @@
+"""Fixtures for the fuzz tests: real server processes, and how many inputs to feed them.
+
+``MOONCAKE_FUZZ_EXAMPLES`` (default 300) sets the hypothesis examples per surface; the bench
+(``bench/bench_fuzz.py``) runs the same drivers for a million inputs each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from mooncake_core.utils.proc import close_piped
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = int(os.environ.get("MOONCAKE_FUZZ_EXAMPLES", "300"))
+
+FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=False,
+                         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                                HealthCheck.filter_too_much, HealthCheck.data_too_large])
+
+
+def fuzz(one: Callable[[random.Random], object], check: Callable[[int], None] | None = None,
+         every: int = 50) -> int:
+    """Feed ``one`` hypothesis-drawn Randoms (FUZZ_SETTINGS examples); ``check(n)`` after every
+    ``every`` inputs and once at the end. Returns the number of inputs fed."""
+    seen = [0]
+
+    @FUZZ_SETTINGS
+    @given(st.randoms(use_true_random=False))
+    def run(rng: random.Random) -> None:
+        one(rng)
+        seen[0] += 1
+        if check is not None and seen[0] % every == 0:
+            check(seen[0])
+
+    run()
+    if check is not None:
+        check(seen[0])
+    return seen[0]
+
+
+@dataclass
+class TeTarget:
+    proc: subprocess.Popen
+    segment: str
+    rpc_port: int
+    base: int
+    size: int
+    seed: int
+
+    def initial(self) -> bytes:
+        return np.random.default_rng(self.seed).integers(0, 256, self.size, dtype=np.uint8).tobytes()
+
+    def cmd(self, line: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        out = self.proc.stdout.readline()
+        if not out:
+            raise AssertionError(f"te_target died (rc={self.proc.poll()}) while running {line!r}")
+        return out.strip()
+
+    def check(self) -> dict:
+        return json.loads(self.cmd("check"))
+
+
+def start_te_target(python_exe: str = sys.executable, size: int = 256 << 10, seed: int = 5,
+                    env: dict | None = None) -> TeTarget:
+    proc = subprocess.Popen([python_exe, os.path.join(HERE, "te_target.py"), "--size", str(size),
+                             "--seed", str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    line = proc.stdout.readline() if proc.stdout else ""
+    if not line:
+        raise RuntimeError(f"te_target failed to start (rc={proc.wait()})")
+    d = json.loads(line)
+    if "error" in d:
+        raise RuntimeError(f"te_target: {d['error']}")
+    return TeTarget(proc, d["segment"], d["rpc_port"], d["base"], d["size"], seed)
+
+
+@pytest.fixture
+def te_target(python_exe) -> Iterator[TeTarget]:
+    t = start_te_target(python_exe)
+    yield t
+    close_piped(t.proc)

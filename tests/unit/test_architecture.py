@@ -1,0 +1,124 @@
+"""Structure rules of the code base (docs/architecture.md): no import cycle between modules of
+mooncake_core, mooncake_proxy and mooncake_connectors, and no module over ~900 lines.
+
+The import graph is read from the source (module-level imports only: an import inside a
+function or under ``if TYPE_CHECKING:`` runs late or never, so it cannot make a cycle at
+import time); an import names the module it says, not its parent packages."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"mooncake_core": ROOT / "mooncake_core", "mooncake_proxy": ROOT / "proxy",
+            "mooncake_connectors": ROOT / "connectors"}
+MAX_LINES = 900
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for pkg, base in PACKAGES.items():
+        for p in base.rglob("*.py"):
+            rel = p.relative_to(base).with_suffix("")
+            parts = [pkg, *rel.parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
+    return out
+
+
+def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for n in nodes:
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                found.append(n)
+            elif isinstance(n, ast.If):
+                test = ast.unparse(n.test)
+                if "TYPE_CHECKING" not in test:
+                    visit(n.body)
+                visit(n.orelse)
+            elif isinstance(n, ast.Try):
+                visit(n.body)
+                for h in n.handlers:
+                    visit(h.body)
+                visit(n.orelse)
+                visit(n.finalbody)
+    visit(tree.body)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        here = name if is_pkg else name.rpartition(".")[0]
+        for node in _top_level_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = here.split(".")
+                    anchor = anchor[:len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for t in targets:
+                if t in mods and t != name:
+                    graph[name].add(t)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, f"import cycles (move the shared part into a leaf module): {cycles}"
+
+
+def test_cycle_detector_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_is_too_big() -> None:
+    big = {str(p.relative_to(ROOT)): n for p in _modules().values()
+           if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines (split them by job): {big}"

@@ -1,0 +1,74 @@
+"""The negative control of the vLLM P2P tests, as a connector subclass loaded by vLLM.
+
+``CorruptingMooncakeConnector`` is the production ``MooncakeCoreConnector`` plus one thing:
+after a request whose ``kv_transfer_params`` carry ``"mooncake_test_corrupt": true`` has
+received its KV blocks, it overwrites them with noise -- so a test can prove the decode
+output really depends on the transferred KV. The decode server of the test loads it with
+``--kv-transfer-config '{"kv_connector": "CorruptingMooncakeConnector",
+"kv_connector_module_path": "corrupting_connector", ...}'`` (this directory on PYTHONPATH);
+the production connector has no test switch.
+
+Scheduler side: the marker is read from the request and sent to the worker with the step's
+connector metadata. Worker side: the marked requests' local block ids are remembered when the
+load starts and corrupted when the transfer reports them received (before the scheduler
+learns they are ready, so the decode computes on the noise).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorTransferResults
+
+from mooncake_connectors.vllm.p2p_connector import MooncakeConnectorMetadata, MooncakeCoreConnector
+
+MARKER = "mooncake_test_corrupt"
+
+
+class CorruptingMooncakeConnector(MooncakeCoreConnector):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._marked: set[str] = set()          # scheduler: requests that asked for noise
+        self._pending: dict[str, list[int]] = {}  # worker: request -> local blocks to overwrite
+        self._views: list[torch.Tensor] = []     # worker: one (num_blocks, -1) view per KV slab
+
+    # ---------------------------------------------------------------- scheduler side
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if (request.kv_transfer_params or {}).get(MARKER) is True:
+            self._marked.add(request.request_id)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        meta = super().build_connector_meta(scheduler_output)
+        assert isinstance(meta, MooncakeConnectorMetadata)
+        ids = {r.request_id for r in meta.reqs_to_recv} & self._marked
+        self._marked -= ids
+        setattr(meta, "test_corrupt", sorted(ids))  # rides along with the step's metadata to the worker
+        return meta
+
+    # ---------------------------------------------------------------- worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        super().register_kv_caches(kv_caches)
+        for t in kv_caches.values():  # same block split as the connector's slabs: blocks are packed
+            nb = getattr(self._kv_cache_config, "num_blocks", None) or t.shape[0]
+            parts = [t] if t.shape[0] == nb else [t[i] for i in range(t.shape[0])]
+            self._views.extend(v.reshape(nb, -1) for v in parts)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        marked = set(getattr(meta, "test_corrupt", ()))
+        for r in getattr(meta, "reqs_to_recv", ()):
+            if r.request_id in marked:
+                self._pending[r.request_id] = list(r.local_block_ids)
+        super().start_load_kv(forward_context, **kwargs)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        res = super().get_transfer_results(finished_req_ids)
+        for rid in res.finished_recving:
+            blocks = self._pending.pop(rid, None)
+            if blocks:
+                idx = torch.tensor(blocks, dtype=torch.long)
+                for v in self._views:
+                    v[idx] = (torch.randn(len(blocks), v.shape[1], dtype=torch.float32) * 3).to(v.dtype)
+        return res
