@@ -91,6 +91,9 @@ class MasterState:
         #: forgotten 2 x client_ttl after the last report, when late reports cannot matter
         self.reported: dict[str, int] = {}
         self._reported_until = 0.0
+        #: key -> removal stamp, for keys removed while re-reports are still arriving: a report
+        #: of a version not newer than the removal is refused (kept as long as ``reported``)
+        self.tombstones: dict[str, int] = {}
         #: clients expired for silence: their undelivered removal notices, kept (2 x client_ttl)
         #: so that a client coming back does not re-report what was removed meanwhile
         self.departed: dict[str, tuple[float, list[tuple[str, int]], int]] = {}
@@ -336,10 +339,11 @@ class MasterState:
         return HeartbeatReply(need_remount=new or client.pending_remount, offload_tasks=tasks, removed=removed,
                               removed_all_before=all_before)
 
-    def _notify_removed(self, key: str, meta: ObjectMeta, everything: bool = False) -> None:
+    def _notify_removed(self, key: str, meta: ObjectMeta, everything: bool = False) -> int:
         """Tell the owners of ``meta``'s replicas (next heartbeat) that ``key`` is gone, so a
         master change cannot bring a removed or overwritten value back through their
-        re-reports. ``everything``: a remove_all -- one "all before now" notice instead."""
+        re-reports. ``everything``: a remove_all -- one "all before now" notice instead.
+        Returns the removal's stamp."""
         stamp = self._new_version()
         for seg, _ in meta.reps():
             c = self.clients.get(seg.client_id)
@@ -350,6 +354,7 @@ class MasterState:
                 c.removed_all_before = stamp
             else:
                 c.removed.append((key, stamp))
+        return stamp
 
     def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]],
                        versions: list[int] | None = None) -> int:
@@ -375,6 +380,14 @@ class MasterState:
                 continue
             if version > self._last_version:  # a predecessor's clock ran ahead of ours: stay above it
                 self._last_version = version
+            tomb = self.tombstones.get(key)
+            if tomb is not None and version <= tomb:
+                # removed here after another owner's report and before this one: the bytes are
+                # of the removed value (or older); tell the owner to forget them
+                c = self.clients.get(client_id)
+                if c is not None:
+                    c.removed.append((key, tomb))
+                continue
             meta = self.objects.get(key)
             if meta is not None:
                 known = self.reported.get(key)
@@ -651,8 +664,17 @@ class MasterState:
             self.stats.lease_refusals += 1
             raise err(ErrorCode.OBJECT_HAS_LEASE, f"remove {key!r}: object is leased to a reader for "
                        f"{meta.lease - now:.1f}s more (use force=True)")
-        self._notify_removed(key, meta)
+        self._bury(key, self._notify_removed(key, meta), now)
         self._drop_object(key, meta, now)
+
+    def _bury(self, key: str, stamp: int, now: float) -> None:
+        """Remember a removal while clients are still re-reporting (after a master change or
+        an expiry): otherwise an owner whose report arrives after the remove -- with the
+        removed value, or an older copy whose removal notice died with the previous master --
+        brings it back (found by bench/chaos.py: a remove acknowledged by a new leader, then
+        every reader got the removed value)."""
+        if now < self._reported_until:
+            self.tombstones[key] = stamp
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
         return self._batch(lambda k: self.remove(k, force), keys)
@@ -664,7 +686,7 @@ class MasterState:
         for key, meta in list(self.objects.items()):
             if meta.lease > now and not force:
                 continue
-            self._notify_removed(key, meta, everything=force)  # skipped leased keys stay listed
+            self._bury(key, self._notify_removed(key, meta, everything=force), now)  # leased ones stay listed
             self._drop_object(key, meta, now)
             n += 1
         return n
@@ -683,7 +705,7 @@ class MasterState:
         for key in keys:
             meta = self.objects.get(key)
             if meta is not None and (force or meta.lease <= now):
-                self._notify_removed(key, meta)
+                self._bury(key, self._notify_removed(key, meta), now)
                 self._drop_object(key, meta, now)
                 n += 1
         return n
@@ -833,8 +855,9 @@ class MasterState:
         """Time-driven rules; the server calls this a few times per second."""
         now = self.clock()
         ttl = self.cfg.client_ttl_s
-        if self.reported and now > self._reported_until:
+        if (self.reported or self.tombstones) and now > self._reported_until:
             self.reported = {}  # recovery settled: objects found here now beat any late report
+            self.tombstones = {}
         for cid, c in list(self.clients.items()):
             if now - c.last_seen > ttl:
                 lost = 0

@@ -714,3 +714,30 @@ def test_a_lost_heartbeat_reply_does_not_lose_the_remount_or_the_missed_removals
     st.mount_segment("c0", "seg0", 0x10000000, MiB)
     done = st.heartbeat("c0")
     assert not done.need_remount and not done.removed
+
+
+def test_a_key_removed_between_two_owners_reports_stays_removed() -> None:
+    """Found by bench/chaos.py: after a failover, owner A re-reported an old copy of a key
+    (its removal notice died with the old master), a remove was acknowledged, then owner B
+    re-reported the newer value -- and every reader got the removed value back."""
+    st, clock = make(client_ttl_s=2.0)
+    v_old, v_new = 10**18, 10**18 + 5
+    assert st.report_objects("c0", [("k", ReplicaDesc("seg0", 0x10000000, 100))], [v_old]) == 1
+    st.remove("k")
+    assert st.report_objects("c1", [("k", ReplicaDesc("seg1", 0x20000000, 100))], [v_new]) == 0
+    assert code_of(st.get_replica_list, "k") == ErrorCode.OBJECT_NOT_FOUND
+    # B is told to forget its copy, so the next master change does not bring it back either
+    assert "k" in [k for k, _ in st.heartbeat("c1").removed]
+    # a value written after the remove is not held back
+    put(st, "k", 100, client="c1")
+    assert st.get_replica_list("k").replicas
+    # the tombstones go with the re-report window
+    clock.advance(4.5)
+    st.heartbeat("c0")
+    st.heartbeat("c1")
+    st.tick()
+    assert not st.tombstones
+    # outside a re-report window a remove leaves no tombstone
+    put(st, "j", 100)
+    st.remove("j")
+    assert "j" not in st.tombstones
