@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 import os
+from collections import deque
 import secrets
 import time
 from typing import Any, Callable, Iterable
@@ -91,9 +92,12 @@ class MasterState:
         #: forgotten 2 x client_ttl after the last report, when late reports cannot matter
         self.reported: dict[str, int] = {}
         self._reported_until = 0.0
-        #: key -> removal stamp, for keys removed while re-reports are still arriving: a report
-        #: of a version not newer than the removal is refused (kept as long as ``reported``)
-        self.tombstones: dict[str, int] = {}
+        #: key -> removal stamp, for keys removed while some client may still re-report (after
+        #: a master change, or while an expired client may come back): a report of a version
+        #: not newer than the removal is refused. ``_tomb_order``: (until, key), until ascending
+        self.tombstones: dict[str, tuple[int, float]] = {}  # key -> (stamp, until)
+        self._tomb_order: deque[tuple[float, str]] = deque()
+        self._tomb_until = 0.0  # removals before this are remembered (an expiry opens a window)
         #: clients expired for silence: their undelivered removal notices, kept (2 x client_ttl)
         #: so that a client coming back does not re-report what was removed meanwhile
         self.departed: dict[str, tuple[float, list[tuple[str, int]], int]] = {}
@@ -201,6 +205,7 @@ class MasterState:
             gone = self.departed.pop(client_id, None)
             if gone is not None:  # back after an expiry: its replies carry what it missed
                 _, c.missed, c.missed_all_before = gone
+                self._tomb_until = max(self._tomb_until, now + 2 * self.cfg.client_ttl_s)  # until it reports
             return c, True
         c.last_seen = now
         return c, False
@@ -380,8 +385,8 @@ class MasterState:
                 continue
             if version > self._last_version:  # a predecessor's clock ran ahead of ours: stay above it
                 self._last_version = version
-            tomb = self.tombstones.get(key)
-            if tomb is not None and version <= tomb:
+            tomb = self.tombstones.get(key, (0, 0.0))[0]
+            if tomb and version <= tomb:
                 # removed here after another owner's report and before this one: the bytes are
                 # of the removed value (or older); tell the owner to forget them
                 c = self.clients.get(client_id)
@@ -672,9 +677,13 @@ class MasterState:
         an expiry): otherwise an owner whose report arrives after the remove -- with the
         removed value, or an older copy whose removal notice died with the previous master --
         brings it back (found by bench/chaos.py: a remove acknowledged by a new leader, then
-        every reader got the removed value)."""
-        if now < self._reported_until:
-            self.tombstones[key] = stamp
+        every reader got the removed value; and a client isolated past client_ttl re-reported
+        a value removed while it was away)."""
+        until = max(self._reported_until, self._tomb_until)
+        if now < until:
+            until = max(until, now + 2 * self.cfg.client_ttl_s)
+            self.tombstones[key] = (stamp, until)
+            self._tomb_order.append((until, key))
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
         return self._batch(lambda k: self.remove(k, force), keys)
@@ -855,12 +864,16 @@ class MasterState:
         """Time-driven rules; the server calls this a few times per second."""
         now = self.clock()
         ttl = self.cfg.client_ttl_s
-        if (self.reported or self.tombstones) and now > self._reported_until:
+        if self.reported and now > self._reported_until:
             self.reported = {}  # recovery settled: objects found here now beat any late report
-            self.tombstones = {}
+        while self._tomb_order and self._tomb_order[0][0] <= now:
+            _, key = self._tomb_order.popleft()
+            if self.tombstones.get(key, (0, now + 1))[1] <= now:  # not buried again since
+                del self.tombstones[key]
         for cid, c in list(self.clients.items()):
             if now - c.last_seen > ttl:
                 lost = 0
+                had_segments = bool(c.segments)
                 for name in list(c.segments):
                     seg = self.segments.get(name)
                     if seg is not None and seg.client_id == cid:
@@ -870,8 +883,10 @@ class MasterState:
                         self._quarantine(cid, p.reps, p.size)
                         del self.inflight[key]
                 del self.clients[cid]
-                if c.removed or c.removed_all_before:
+                if had_segments or c.removed or c.removed_all_before:
+                    # it may come back and re-report: keep what it missed, remember removals
                     self.departed[cid] = (now, c.removed, c.removed_all_before)
+                    self._tomb_until = max(self._tomb_until, now + 2 * ttl)
                 self.stats.expired_clients += 1
                 log.warning("client expired: no heartbeat within client_ttl",
                             extra={"client": cid, "client_ttl_s": ttl, "objects_lost": lost})

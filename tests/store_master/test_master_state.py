@@ -741,3 +741,22 @@ def test_a_key_removed_between_two_owners_reports_stays_removed() -> None:
     put(st, "j", 100)
     st.remove("j")
     assert "j" not in st.tombstones
+
+
+def test_a_key_removed_while_its_owner_was_expired_stays_removed_when_it_comes_back() -> None:
+    """Found by bench/chaos.py (10-minute run): a client isolated past client_ttl was expired
+    (its objects dropped); meanwhile others wrote and removed its keys; back, it re-mounted
+    and re-reported its old copies -- and readers got a removed value."""
+    st, clock = make(client_ttl_s=2.0)
+    st.heartbeat("c0")
+    old = put(st, "k", 100, Cfg(preferred_segments=["seg0"]))[0]
+    v_old = st._last_version
+    clock.advance(2.5)
+    st.heartbeat("c1")
+    st.tick()  # c0 expired
+    put(st, "k", 100, Cfg(preferred_segments=["seg1"]), client="c1")
+    st.remove("k")
+    assert st.heartbeat("c0").need_remount
+    st.mount_segment("c0", "seg0", 0x10000000, MiB)
+    assert st.report_objects("c0", [("k", old)], [v_old]) == 0
+    assert code_of(st.get_replica_list, "k") == ErrorCode.OBJECT_NOT_FOUND
