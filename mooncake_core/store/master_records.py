@@ -185,6 +185,15 @@ class ClientInfo:
         self.missed: list[tuple[str, int]] = []
         self.missed_all_before = 0
 
+    def beat(self) -> list[tuple[Segment, int, int]]:
+        """Count a heartbeat; the parked ranges (segment, offset, size) now due to be freed."""
+        self.beats += 1
+        if not self.quarantine:
+            return []
+        due = [(seg, off, size) for at, seg, off, size in self.quarantine if at <= self.beats]
+        self.quarantine = [q for q in self.quarantine if q[0] > self.beats]
+        return due
+
 
 class Stats:
     __slots__ = ("hits", "misses", "evictions", "lease_refusals", "offloads", "puts",

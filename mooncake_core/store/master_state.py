@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections import deque
 import secrets
 import time
 from typing import Any, Callable, Iterable
@@ -46,6 +45,7 @@ from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.protocol import (
     GetReply, HeartbeatReply, MountReply, OffloadTask, ReplicaDesc, ReplicateConfigMsg,
 )
+from mooncake_core.store.master_absence import Absences
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE, ClientInfo,
                                                  DiskReplica, Extra, MasterConfig, ObjectMeta, PendingPut, Rep,
                                                  Segment, Stats, check_key, err)
@@ -92,15 +92,8 @@ class MasterState:
         #: forgotten 2 x client_ttl after the last report, when late reports cannot matter
         self.reported: dict[str, int] = {}
         self._reported_until = 0.0
-        #: key -> removal stamp, for keys removed while some client may still re-report (after
-        #: a master change, or while an expired client may come back): a report of a version
-        #: not newer than the removal is refused. ``_tomb_order``: (until, key), until ascending
-        self.tombstones: dict[str, tuple[int, float]] = {}  # key -> (stamp, until)
-        self._tomb_order: deque[tuple[float, str]] = deque()
-        self._tomb_until = 0.0  # removals before this are remembered (an expiry opens a window)
-        #: clients expired for silence: their undelivered removal notices, kept (2 x client_ttl)
-        #: so that a client coming back does not re-report what was removed meanwhile
-        self.departed: dict[str, tuple[float, list[tuple[str, int]], int]] = {}
+        #: expired clients' missed notices, tombstones of removals while re-reports can arrive
+        self.absent = Absences(self.cfg.client_ttl_s)
         #: segment name -> the latest lease end of what it held when it was unmounted: a
         #: re-mount before then takes no new allocation (a reader may still be copying)
         self.lease_floor: dict[str, float] = {}
@@ -202,10 +195,9 @@ class MasterState:
         c = self.clients.get(client_id)
         if c is None:
             c = self.clients[client_id] = ClientInfo(client_id, now)
-            gone = self.departed.pop(client_id, None)
-            if gone is not None:  # back after an expiry: its replies carry what it missed
-                _, c.missed, c.missed_all_before = gone
-                self._tomb_until = max(self._tomb_until, now + 2 * self.cfg.client_ttl_s)  # until it reports
+            missed = self.absent.back(client_id, now)
+            if missed is not None:  # back after an expiry: its replies carry what it missed
+                c.missed, c.missed_all_before = missed
             return c, True
         c.last_seen = now
         return c, False
@@ -326,15 +318,8 @@ class MasterState:
         if not isinstance(client_id, str) or not client_id:
             raise err(ErrorCode.INVALID_PARAMS, f"heartbeat: client_id must be a non-empty string, got {client_id!r}")
         client, new = self._touch_client(client_id, self.clock())
-        client.beats += 1
-        if client.quarantine:
-            keep = []
-            for entry in client.quarantine:
-                if entry[0] <= client.beats:
-                    self._free((entry[1], entry[2]), entry[3])
-                else:
-                    keep.append(entry)
-            client.quarantine = keep
+        for seg, off, size in client.beat():  # parked ranges of failed puts, now safe
+            self._free((seg, off), size)
         tasks, client.tasks = client.tasks, []
         removed, client.removed = client.removed, []
         all_before, client.removed_all_before = client.removed_all_before, 0
@@ -375,6 +360,7 @@ class MasterState:
         now = self.clock()
         self._touch_client(client_id, now)
         self._reported_until = now + 2 * self.cfg.client_ttl_s
+        self.absent.open_window(now)
         if versions is None or len(versions) != len(objects):
             versions = [0] * len(objects)
         accepted = 0
@@ -385,7 +371,7 @@ class MasterState:
                 continue
             if version > self._last_version:  # a predecessor's clock ran ahead of ours: stay above it
                 self._last_version = version
-            tomb = self.tombstones.get(key, (0, 0.0))[0]
+            tomb = self.absent.stamp(key)
             if tomb and version <= tomb:
                 # removed here after another owner's report and before this one: the bytes are
                 # of the removed value (or older); tell the owner to forget them
@@ -669,21 +655,8 @@ class MasterState:
             self.stats.lease_refusals += 1
             raise err(ErrorCode.OBJECT_HAS_LEASE, f"remove {key!r}: object is leased to a reader for "
                        f"{meta.lease - now:.1f}s more (use force=True)")
-        self._bury(key, self._notify_removed(key, meta), now)
+        self.absent.bury(key, self._notify_removed(key, meta), now)
         self._drop_object(key, meta, now)
-
-    def _bury(self, key: str, stamp: int, now: float) -> None:
-        """Remember a removal while clients are still re-reporting (after a master change or
-        an expiry): otherwise an owner whose report arrives after the remove -- with the
-        removed value, or an older copy whose removal notice died with the previous master --
-        brings it back (found by bench/chaos.py: a remove acknowledged by a new leader, then
-        every reader got the removed value; and a client isolated past client_ttl re-reported
-        a value removed while it was away)."""
-        until = max(self._reported_until, self._tomb_until)
-        if now < until:
-            until = max(until, now + 2 * self.cfg.client_ttl_s)
-            self.tombstones[key] = (stamp, until)
-            self._tomb_order.append((until, key))
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
         return self._batch(lambda k: self.remove(k, force), keys)
@@ -695,7 +668,7 @@ class MasterState:
         for key, meta in list(self.objects.items()):
             if meta.lease > now and not force:
                 continue
-            self._bury(key, self._notify_removed(key, meta, everything=force), now)  # leased ones stay listed
+            self.absent.bury(key, self._notify_removed(key, meta, everything=force), now)  # leased ones stay listed
             self._drop_object(key, meta, now)
             n += 1
         return n
@@ -714,7 +687,7 @@ class MasterState:
         for key in keys:
             meta = self.objects.get(key)
             if meta is not None and (force or meta.lease <= now):
-                self._bury(key, self._notify_removed(key, meta), now)
+                self.absent.bury(key, self._notify_removed(key, meta), now)
                 self._drop_object(key, meta, now)
                 n += 1
         return n
@@ -866,10 +839,7 @@ class MasterState:
         ttl = self.cfg.client_ttl_s
         if self.reported and now > self._reported_until:
             self.reported = {}  # recovery settled: objects found here now beat any late report
-        while self._tomb_order and self._tomb_order[0][0] <= now:
-            _, key = self._tomb_order.popleft()
-            if self.tombstones.get(key, (0, now + 1))[1] <= now:  # not buried again since
-                del self.tombstones[key]
+        self.absent.prune(now)
         for cid, c in list(self.clients.items()):
             if now - c.last_seen > ttl:
                 lost = 0
@@ -885,14 +855,10 @@ class MasterState:
                 del self.clients[cid]
                 if had_segments or c.removed or c.removed_all_before:
                     # it may come back and re-report: keep what it missed, remember removals
-                    self.departed[cid] = (now, c.removed, c.removed_all_before)
-                    self._tomb_until = max(self._tomb_until, now + 2 * ttl)
+                    self.absent.expired(cid, now, c.removed, c.removed_all_before)
                 self.stats.expired_clients += 1
                 log.warning("client expired: no heartbeat within client_ttl",
                             extra={"client": cid, "client_ttl_s": ttl, "objects_lost": lost})
-        if self.departed:
-            for cid in [k for k, v in self.departed.items() if now - v[0] > 2 * ttl]:
-                del self.departed[cid]
         if self.lease_floor:
             for name in [k for k, t in self.lease_floor.items() if t <= now]:
                 del self.lease_floor[name]
