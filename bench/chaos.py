@@ -203,6 +203,7 @@ def run_one(impl: Impl, args: argparse.Namespace, workdir: str, caps: netlab.Cap
                 + cluster.leader_losses)
     tl = checker.Timeline(t_start=t0, t_end=t_end, faults=nem.rec.faults, deaths=deaths,
                           pauses=nem.rec.pauses, deaf=nem.rec.deaf, master_failures=sorted(failures),
+                          master_failure_spans=sorted(cluster.leader_loss_spans),
                           stalls=stalls.spans)
     cfg = checker.Config(hang_after_ns=int(hang_after * S), transfer_timeout_ns=int(args.transfer_timeout * S))
     with open(os.path.join(workdir, "timeline.json"), "w") as f:

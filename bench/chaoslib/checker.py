@@ -66,6 +66,9 @@ class Timeline:
     pauses: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # writer -> SIGSTOP spans
     deaf: list[tuple[int, int]] = field(default_factory=list)  # spans a client could not hear the master
     master_failures: list[int] = field(default_factory=list)  # ns a master lost its state
+    #: a leading master stopped serving somewhere in (lo, hi): last seen leading, first seen not
+    #: (its gauge is polled, and a loaded machine delays the answers)
+    master_failure_spans: list[tuple[int, int]] = field(default_factory=list)
     #: spans in which the harness itself got no CPU (a starved machine): no process of the run
     #: could make progress then, so they do not count towards hangs either
     stalls: list[tuple[int, int]] = field(default_factory=list)
@@ -76,7 +79,8 @@ def timeline_to_dict(tl: Timeline) -> dict[str, Any]:
     return {"t_start": tl.t_start, "t_end": tl.t_end, "faults": [vars(f) for f in tl.faults],
             "deaths": [[w, i, t] for (w, i), t in tl.deaths.items()],
             "pauses": {str(k): v for k, v in tl.pauses.items()}, "deaf": tl.deaf,
-            "master_failures": tl.master_failures, "stalls": tl.stalls}
+            "master_failures": tl.master_failures, "master_failure_spans": tl.master_failure_spans,
+            "stalls": tl.stalls}
 
 
 def timeline_from_dict(d: dict[str, Any]) -> Timeline:
@@ -84,7 +88,8 @@ def timeline_from_dict(d: dict[str, Any]) -> Timeline:
                     deaths={(w, i): t for w, i, t in d["deaths"]},
                     pauses={int(k): [tuple(x) for x in v] for k, v in d["pauses"].items()},
                     deaf=[tuple(x) for x in d["deaf"]], master_failures=list(d["master_failures"]),
-                    stalls=[tuple(x) for x in d.get("stalls", [])])
+                    stalls=[tuple(x) for x in d.get("stalls", [])],
+                    master_failure_spans=[tuple(x) for x in d.get("master_failure_spans", [])])
 
 
 @dataclass
@@ -287,6 +292,12 @@ def explain_stale(superseders: list[Op], tl: Timeline, cfg: Config, read_end: in
                 if g0 <= x.te + cfg.notice_window_ns and g1 >= f:
                     return (f"{x.op} finished, then a client was cut off from the master until it "
                             f"lost its state {(f - x.te) / MS:.0f} ms later: the notice never arrived")
+        for lo, hi in tl.master_failure_spans:
+            # the leader stopped serving at some moment in (lo, hi): one that fits the window
+            if x.ts - SIGNAL_LAG_NS <= hi and lo <= read_end and lo - x.te <= cfg.notice_window_ns:
+                return (f"{x.op} ended at {(x.te - lo) / MS:+.0f} ms of the {(hi - lo) / MS:.0f} ms in which "
+                        f"the leading master stopped serving (< heartbeat + slack): its notice had not "
+                        f"reached the owner")
     return ""
 
 

@@ -264,6 +264,7 @@ class Cluster:
         #: ns at which a leading master of ours stopped serving for good (stepped down or
         #: died): the moment its state -- and any removal notice not yet delivered -- was lost
         self.leader_losses: list[int] = []
+        self.leader_loss_spans: list[tuple[int, int]] = []  # (last seen leading, first seen not)
 
     # ------------------------------------------------------------------ addresses
     @property
@@ -457,6 +458,7 @@ class Cluster:
                 last = seen.get(i)
                 if last is not None and last[0] != pid:  # killed / exited and restarted
                     self.leader_losses.append(last[1])
+                    self.leader_loss_spans.append((last[1], time.monotonic_ns()))
                     del seen[i]
                     last = None
                 state = self._is_leader(i) if m.alive() and not m.paused else None
@@ -464,6 +466,7 @@ class Cluster:
                     seen[i] = (pid, time.monotonic_ns())
                 elif state is False and last is not None:
                     self.leader_losses.append(last[1])
+                    self.leader_loss_spans.append((last[1], time.monotonic_ns()))
                     del seen[i]
 
     def master_identity(self) -> tuple:

@@ -111,6 +111,17 @@ def test_stale_after_overwrite_and_remove_and_their_explanation() -> None:
     r = _reads(base, _tl(master_failures=[int(4.9 * S)], deaf=[(int(3.5 * S), int(5 * S))]),
                notice_window_ns=int(0.5 * S))
     assert r["stale_explained"] == 1 and "cut off" in r["stale"][0]["why"]
+    # a leader last seen serving before the overwrite began and seen gone long after it: it
+    # stopped somewhere in that span, which may be just after the overwrite
+    span = _tl(master_failure_spans=[(int(2.5 * S), int(4.9 * S))])
+    r = _reads(base, span, notice_window_ns=int(0.5 * S))
+    assert r["stale_explained"] == 1 and "stopped serving" in r["stale"][0]["why"]
+    assert _reads(base, _tl(master_failures=[int(2.5 * S), int(4.9 * S)]),
+                  notice_window_ns=int(0.5 * S))["stale_unexplained"] == 1  # as points: neither fits
+    # a span that ended before the overwrite began, or began long after it ended, explains nothing
+    for lo, hi in ((1.0, 2.5), (4.6, 4.9)):
+        r = _reads(base, _tl(master_failure_spans=[(int(lo * S), int(hi * S))]), notice_window_ns=int(0.5 * S))
+        assert r["stale_unexplained"] == 1, (lo, hi)
     # a remove supersedes like an upsert
     rm = [base[0], _op("remove", "k", 3, 4, w=2, n=1), base[2]]
     assert _reads(rm)["stale_reads"] == 1
