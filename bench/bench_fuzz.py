@@ -26,6 +26,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from typing import Any, Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -244,6 +245,81 @@ def surface_params(cleanup: list) -> Run:
     return Run("params", one, lambda: None, os.getpid())
 
 
+def _merge(name: str, parts: list[dict], secs: float) -> dict:
+    """One surface's figures from its jobs: counts summed, RSS/fds of the job that grew most."""
+    out: dict[str, Any] = {"surface": name, "inputs": sum(r["inputs"] for r in parts), "seconds": round(secs, 1),
+                           "failures": [f for r in parts for f in r["failures"]]}
+    out["inputs_per_s"] = round(out["inputs"] / secs, 1) if secs else 0
+    worst = max(parts, key=lambda r: (r["rss_after"] - r["rss_before"], r["fds_after"] - r["fds_before"]))
+    out.update({k: worst[k] for k in ("rss_before", "rss_after", "fds_before", "fds_after")})
+    for key in ("kinds", "statuses", "served"):
+        total: Counter[str] = Counter()
+        for r in parts:
+            total.update(r.get(key) or {})
+        if total:
+            out[key] = dict(total)
+    return out
+
+
+def run_jobs(a: argparse.Namespace, argv: list[str]) -> int:
+    """``--jobs N``: this script N times per surface over disjoint ranges, their JSON merged."""
+    import subprocess
+
+    keep: list[str] = []
+    skip = False
+    for x in argv:  # drop the options this level sets per job
+        if skip:
+            skip = False
+            continue
+        if x in ("--jobs", "--surface", "--inputs", "--start"):
+            skip = True
+            continue
+        if x.split("=")[0] in ("--jobs", "--surface", "--inputs", "--start") or x in ("--json", "--quiet"):
+            continue
+        keep.append(x)
+    names = SURFACES if a.surface == "all" else tuple(a.surface.split(","))
+    out = []
+    for name in names:
+        t0 = time.monotonic()
+        share = [a.inputs // a.jobs + (1 if j < a.inputs % a.jobs else 0) for j in range(a.jobs)]
+        procs, start = [], a.start
+        for n in share:
+            procs.append(subprocess.Popen([sys.executable, __file__, *keep, "--surface", name, "--inputs", str(n),
+                                           "--start", str(start), "--json", "--quiet"], stdout=subprocess.PIPE))
+            start += n
+        if not a.quiet:
+            print(f"[{name}] {a.inputs} inputs in {a.jobs} jobs ...", file=sys.stderr, flush=True)
+        parts = []
+        for pr in procs:
+            stdout, _ = pr.communicate()
+            try:
+                parts.extend(json.loads(stdout)["surfaces"])
+            except (ValueError, KeyError):
+                parts.append({"inputs": 0, "failures": [{"input": "job", "error": f"job exited {pr.returncode} "
+                                                         "without a report"}], "rss_before": 0, "rss_after": 0,
+                              "fds_before": 0, "fds_after": 0})
+        out.append(_merge(name, parts, time.monotonic() - t0))
+    report(out, a.json)
+    return 1 if any(r["failures"] for r in out) else 0
+
+
+def report(out: list[dict], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"surfaces": out}, indent=1))
+        return
+    print(f"{'surface':<10} {'inputs':>9} {'inputs/s':>9} {'failures':>8} {'RSS MB before/after':>20} "
+          f"{'fds before/after':>17}")
+    for r in out:
+        print(f"{r['surface']:<10} {r['inputs']:>9} {r['inputs_per_s']:>9.0f} {len(r['failures']):>8} "
+              f"{r['rss_before'] / 2**20:>9.1f}/{r['rss_after'] / 2**20:<9.1f} "
+              f"{r['fds_before']:>8}/{r['fds_after']:<8}")
+        for f in r["failures"]:
+            print(f"   input {f['input']}: {f['error']}")
+        extra = {k: v for k, v in r.items() if k in ("kinds", "statuses", "served")}
+        if extra:
+            print("   " + json.dumps(extra))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,7 +333,12 @@ def main(argv: list[str] | None = None) -> int:
                         "on a loaded machine: a descheduled server is not a hung one)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="processes per surface, each with its own server, fed disjoint input ranges "
+                        "(overlaps the waits on incomplete requests; the table then sums their figures)")
     a = p.parse_args(argv)
+    if a.jobs > 1:
+        return run_jobs(a, argv or sys.argv[1:])
     TIMEOUT[0] = a.timeout
     from mooncake_core.utils.log import setup_logging
 
@@ -280,20 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                     f()
                 except Exception:  # noqa: BLE001 - best-effort teardown
                     pass
-    if a.json:
-        print(json.dumps({"surfaces": out}, indent=1))
-    else:
-        print(f"{'surface':<10} {'inputs':>9} {'inputs/s':>9} {'failures':>8} {'RSS MB before/after':>20} "
-              f"{'fds before/after':>17}")
-        for r in out:
-            print(f"{r['surface']:<10} {r['inputs']:>9} {r['inputs_per_s']:>9.0f} {len(r['failures']):>8} "
-                  f"{r['rss_before'] / 2**20:>9.1f}/{r['rss_after'] / 2**20:<9.1f} "
-                  f"{r['fds_before']:>8}/{r['fds_after']:<8}")
-            for f in r["failures"]:
-                print(f"   input {f['input']}: {f['error']}")
-            extra = {k: v for k, v in r.items() if k in ("kinds", "statuses", "served")}
-            if extra:
-                print("   " + json.dumps(extra))
+    report(out, a.json)
     return 1 if any(r["failures"] for r in out) else 0
 
 

@@ -10,6 +10,7 @@ bounded and every process is stopped on the way out.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -20,21 +21,39 @@ from mooncake_core.utils.net import free_port, wait_for_port
 from mooncake_core.utils.proc import readline_timeout, stop_process
 
 
+def start_master(impl: str, master_cmd: list[str], logdir: str, procs: list[subprocess.Popen]) -> list[str]:
+    """Start one implementation's master with its HTTP metadata server (appended to
+    ``procs``, which the caller stops); returns the workload's common arguments."""
+    port, http, metrics = free_port(), free_port(), free_port()
+    with open(os.path.join(logdir, f"{impl}-master.log"), "w") as mlog:
+        procs.append(subprocess.Popen(master_cmd + [
+            f"--port={port}", f"--metrics_port={metrics}", "--rpc_address=127.0.0.1",
+            "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+            f"--http_metadata_server_port={http}", "--default_kv_lease_ttl=2000",
+        ], stdout=mlog, stderr=subprocess.STDOUT))
+    wait_for_port("127.0.0.1", port, 30, procs[-1])
+    wait_for_port("127.0.0.1", http, 30, procs[-1])
+    return ["--impl", impl, "--master", f"127.0.0.1:{port}", "--meta", f"http://127.0.0.1:{http}/metadata"]
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Stop ``procs`` newest first (closing stdin of the ones waiting on it)."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            if p.stdin:
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
+            stop_process(p)
+
+
 def run_workload(impl: str, python: str, master_cmd: list[str], workload: str, *, logdir: str,
                  holder_args: list[str], runner_args: list[str], timeout: float) -> dict[str, Any]:
     """Start master + holder, run the workload's runner, return its JSON result."""
-    port, http, metrics = free_port(), free_port(), free_port()
     procs: list[subprocess.Popen] = []
     try:
-        with open(os.path.join(logdir, f"{impl}-master.log"), "w") as mlog:
-            procs.append(subprocess.Popen(master_cmd + [
-                f"--port={port}", f"--metrics_port={metrics}", "--rpc_address=127.0.0.1",
-                "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
-                f"--http_metadata_server_port={http}", "--default_kv_lease_ttl=2000",
-            ], stdout=mlog, stderr=subprocess.STDOUT))
-        wait_for_port("127.0.0.1", port, 30, procs[0])
-        wait_for_port("127.0.0.1", http, 30, procs[0])
-        common = ["--impl", impl, "--master", f"127.0.0.1:{port}", "--meta", f"http://127.0.0.1:{http}/metadata"]
+        common = start_master(impl, master_cmd, logdir, procs)
         with open(os.path.join(logdir, f"{impl}-holder.log"), "w") as hlog:
             holder = subprocess.Popen([python, workload, "holder", *common, *holder_args],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=hlog, text=True)
@@ -51,14 +70,7 @@ def run_workload(impl: str, python: str, master_cmd: list[str], workload: str, *
             raise RuntimeError(f"{impl} runner failed with {runner.returncode} (logs in {logdir})")
         return json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                if p.stdin:
-                    try:
-                        p.stdin.close()
-                    except OSError:
-                        pass
-                stop_process(p)
+        stop_all(procs)
 
 
 def measure_ours_and_ref(run_impl: Callable[..., dict[str, Any]], args: Any,
@@ -80,6 +92,9 @@ def measure_ours_and_ref(run_impl: Callable[..., dict[str, Any]], args: Any,
     ref_master = os.path.join(args.ref_venv, "bin", "mooncake_master")
     if not args.no_ref and os.path.exists(ref_py) and os.path.exists(ref_master):
         print("measuring the original Mooncake ...", flush=True)
+        # its wheel links libcudart.so.12, which the venv carries under site-packages/nvidia/*/lib
+        libs = glob.glob(os.path.join(args.ref_venv, "lib", "python3*", "site-packages", "nvidia", "*", "lib"))
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(libs + [os.environ.get("LD_LIBRARY_PATH", "")]).strip(os.pathsep)
         try:
             ref = run_impl("ref", ref_py, [ref_master], args, logdir)
         except Exception as e:  # noqa: BLE001 - report, still print ours

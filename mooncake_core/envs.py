@@ -110,10 +110,15 @@ class EnvVar(Generic[T]):
         return str(d)
 
 
-_TE, _META, _STORE, _FW, _GEN, _TEST = ("Transfer Engine", "Metadata service", "Store client",
-                                         "Framework connectors", "Logging and compatibility", "Tests and CI")
+_SEC, _TE, _META, _STORE, _FW, _GEN, _TEST = ("Security", "Transfer Engine", "Metadata service", "Store client",
+                                               "Framework connectors", "Logging and compatibility", "Tests and CI")
 
 _VARS: list[EnvVar[Any]] = [
+    EnvVar("MOONCAKE_AUTH_TOKEN", _secret, None,
+           "shared secret required by the master RPC, the HTTP metadata server, the proxy admin API and the "
+           "TE rpc port, and sent by every client (never logged; docs/security.md)", _SEC),
+    EnvVar("MOONCAKE_AUTH_TOKEN_FILE", _str, "",
+           "file whose first line is that secret (wins over `MOONCAKE_AUTH_TOKEN`; unreadable = error)", _SEC),
     EnvVar("MC_TRANSFER_TIMEOUT", _timeout, 30.0,
            "seconds any transfer may take before it fails (plus 1 s per GiB moved)", _TE),
     EnvVar("MC_FORCE_TCP", _flag, False, "never use the same-host (cma) or in-process transports", _TE),
@@ -124,6 +129,8 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MC_TCP_VEC_BYTES", _int(1), 16 << 20, "payload bytes per vectored WRITEV/READV request", _TE, "16 MiB"),
     EnvVar("MC_TCP_BUSY_POLL_US", _int(0), 50,
            "microseconds a small tcp round trip polls before sleeping (0 = never poll)", _TE),
+    EnvVar("MC_TCP_MAX_CONNS_PER_PEER", _int(1), 256,
+           "connections one peer address may hold open to this engine's rpc port (more are refused)", _TE),
     EnvVar("MC_METRICS_PORT", _int(0), None, "serve the engine's Prometheus `/metrics` on this port", _TE),
     EnvVar("MC_METADATA_REFRESH_S", _float, 2.0,
            "seconds between checks that our segment descriptor is still published", _TE),
@@ -184,9 +191,11 @@ _VARS: list[EnvVar[Any]] = [
 ]
 
 VARIABLES: dict[str, EnvVar[Any]] = {v.name: v for v in _VARS}
-SECTIONS: tuple[str, ...] = (_TE, _META, _STORE, _FW, _GEN, _TEST)
+SECTIONS: tuple[str, ...] = (_SEC, _TE, _META, _STORE, _FW, _GEN, _TEST)
 
 if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through __getattr__)
+    MOONCAKE_AUTH_TOKEN: str | None
+    MOONCAKE_AUTH_TOKEN_FILE: str
     MC_TRANSFER_TIMEOUT: float
     MC_FORCE_TCP: bool
     MC_TCP_BIND_ADDRESS: str
@@ -194,6 +203,7 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MC_SLICE_SIZE: int
     MC_TCP_VEC_BYTES: int
     MC_TCP_BUSY_POLL_US: int
+    MC_TCP_MAX_CONNS_PER_PEER: int
     MC_METRICS_PORT: int | None
     MC_METADATA_REFRESH_S: float
     MC_MANAGED_POOL_SIZE: int

@@ -4,21 +4,25 @@
 instance is probed at once; it enters rotation when its /health answers, which the answer's
 ``state`` shows);
 ``DELETE /admin/instances?id=ROLE@URL`` or ``?role=...&url=...``. With ``--admin-key K`` every call
-needs ``Authorization: Bearer K`` or ``X-Admin-Key: K``.
+needs ``Authorization: Bearer K`` or ``X-Admin-Key: K``; without the flag the deployment's
+``MOONCAKE_AUTH_TOKEN`` is the key (see ``mooncake_core.auth``).
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiohttp import web
 
+from mooncake_core import auth
+from mooncake_core.utils.log import get_logger
+
 from .errors import error_response
 from .registry import Instance, Registry
 
 _dec = msgspec.json.Decoder()
+log = get_logger("mooncake_proxy.admin")
 
 
 class AdminApi:
@@ -39,22 +43,26 @@ class AdminApi:
         app.router.add_post("/admin/instances", self.add)
         app.router.add_delete("/admin/instances", self.remove)
 
-    def _ok(self, request: web.Request) -> bool:
-        key = self.admin_key
-        if not key:
-            return True
-        auth = request.headers.get("Authorization", "")
-        given = auth[7:] if auth.startswith("Bearer ") else request.headers.get("X-Admin-Key", "")
-        return hmac.compare_digest(given.encode(), key.encode())  # constant time
+    def _refused(self, request: web.Request) -> web.Response | None:
+        """None when the request carries the admin key (or none is set), else the 401 answer."""
+        h = request.headers
+        if auth.bearer_ok(self.admin_key, h.get("Authorization"), h.get("X-Admin-Key")):
+            return None
+        given = "a wrong key" if (h.get("Authorization") or h.get("X-Admin-Key")) else "no key"
+        log.warning("refused admin request", extra={"peer": request.remote, "method": request.method,
+                                                    "presented": given})
+        return error_response(401, f"admin API: {request.method} {request.path} refused, {given} presented; send "
+                                   f"'Authorization: Bearer <key>' or 'X-Admin-Key: <key>' (--admin-key or "
+                                   f"MOONCAKE_AUTH_TOKEN of the proxy)", "authentication_error")
 
     async def list(self, request: web.Request) -> web.Response:
-        if not self._ok(request):
-            return error_response(401, "admin API: missing or wrong admin key", "authentication_error")
+        if (refused := self._refused(request)) is not None:
+            return refused
         return web.json_response({"instances": [i.to_json() for i in self.registry.all()]})
 
     async def add(self, request: web.Request) -> web.Response:
-        if not self._ok(request):
-            return error_response(401, "admin API: missing or wrong admin key", "authentication_error")
+        if (refused := self._refused(request)) is not None:
+            return refused
         try:
             data = _dec.decode(await request.read())
             if not isinstance(data, dict):
@@ -67,8 +75,8 @@ class AdminApi:
         return web.json_response(inst.to_json(), status=201)
 
     async def remove(self, request: web.Request) -> web.Response:
-        if not self._ok(request):
-            return error_response(401, "admin API: missing or wrong admin key", "authentication_error")
+        if (refused := self._refused(request)) is not None:
+            return refused
         q = request.query
         iid = q.get("id")
         try:

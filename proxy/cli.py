@@ -11,6 +11,7 @@ import asyncio
 import signal
 import sys
 
+from mooncake_core import auth
 from mooncake_core.utils.log import get_logger, setup_logging
 
 log = get_logger("mooncake_proxy.cli")
@@ -22,11 +23,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mooncake_proxy",
         description="OpenAI-compatible prefill/decode (PD) disaggregation proxy with Mooncake's "
                     "Conductor scheduler. Sends each request to a prefill instance, hands the KV "
-                    "cache off to a decode instance and streams the decode answer back.",
+                    "cache off to a decode instance and streams the decode answer back. "
+                    "On its port: /metrics (Prometheus) and /dashboard, a live page of the "
+                    "instances, requests/s, TTFT/TBT percentiles and rejections (add ?token=T when "
+                    "the services use an auth token).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("listening")
     g.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    g.add_argument("--port", type=int, default=8000, help="port to listen on (0 = pick a free one)")
+    g.add_argument("--port", type=int, default=8000,
+                   help="port to listen on (0 = pick a free one); also serves /metrics and /dashboard")
     g = p.add_argument_group("instances (vLLM/Mooncake proxy style)")
     g.add_argument("--prefiller-hosts", "--prefiller-host", nargs="+", default=[],
                    help="host of each prefill instance (pairs with --prefiller-ports)")
@@ -96,7 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "answering 504")
     g.add_argument("--connect-timeout", type=float, default=5.0, help="TCP connect timeout to an instance (s)")
     g.add_argument("--admin-key", default=None,
-                   help="if set, /admin/instances requires 'Authorization: Bearer KEY' or 'X-Admin-Key: KEY'")
+                   help="/admin/instances requires 'Authorization: Bearer KEY' or 'X-Admin-Key: KEY' "
+                        "(default: $MOONCAKE_AUTH_TOKEN / $MOONCAKE_AUTH_TOKEN_FILE; unset = admin API open, "
+                        "with a warning when listening beyond loopback)")
+    g.add_argument("--max-request-bytes", type=int, default=64 * 1024 * 1024,
+                   help="largest request body accepted; larger ones get HTTP 413 naming the limit")
+    g.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="serve HTTPS with this certificate (with --tls-key) (default: plain HTTP)")
+    g.add_argument("--tls-key", default=None, metavar="PEM", help="private key of --tls-cert")
     g.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default: $MC_LOG_LEVEL or INFO)")
     return p
 
@@ -153,6 +165,10 @@ def config_from_args(a: argparse.Namespace):
                     ("--request-timeout", a.request_timeout), ("--health-timeout", a.health_timeout)):
         if v is not None and v <= 0:
             raise SystemExit(f"{flag} must be > 0, got {v}")
+    if a.max_request_bytes <= 0:
+        raise SystemExit(f"--max-request-bytes must be > 0, got {a.max_request_bytes}")
+    if bool(a.tls_cert) != bool(a.tls_key):
+        raise SystemExit("--tls-cert and --tls-key go together (give both)")
     if a.block_size <= 0:
         raise SystemExit(f"--block-size must be > 0, got {a.block_size}")
     for flag, n in (("--cache-blocks", a.cache_blocks), ("--decode-kv-blocks", a.decode_kv_blocks)):
@@ -166,7 +182,8 @@ def config_from_args(a: argparse.Namespace):
         request_timeout=a.request_timeout, connect_timeout=a.connect_timeout, profile=a.profile,
         block_size=a.block_size, cache_blocks=a.cache_blocks,
         decode_kv_blocks=a.decode_kv_blocks, tokenizer=a.tokenizer,
-        kv_events_config=a.kv_events_config, admin_key=a.admin_key, seed=a.seed)
+        kv_events_config=a.kv_events_config, admin_key=a.admin_key or auth.resolve_token(), seed=a.seed,
+        max_request_bytes=a.max_request_bytes, tls_cert=a.tls_cert, tls_key=a.tls_key)
 
 
 async def _serve(server, host: str, port: int) -> None:
@@ -175,7 +192,8 @@ async def _serve(server, host: str, port: int) -> None:
     server, runner, bound = await start_server(server, host, port)
     cfg = server.cfg
     # One parseable line so scripts/tests can find the port when --port 0 was used.
-    print(f"mooncake_proxy listening on http://{host}:{bound} policy={cfg.policy} handoff={cfg.handoff} "
+    scheme = "https" if cfg.tls_cert else "http"
+    print(f"mooncake_proxy listening on {scheme}://{host}:{bound} policy={cfg.policy} handoff={cfg.handoff} "
           f"prefill={len(cfg.prefill_urls)} decode={len(cfg.decode_urls)}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -205,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     install_uvloop()
     try:
         asyncio.run(_serve(server, a.host, a.port))
+    except ValueError as e:  # --tls-cert/--tls-key that cannot be loaded
+        print(f"mooncake_proxy: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"mooncake_proxy: cannot listen on {a.host}:{a.port}: {e.strerror or e} "
               "(is another process using it? choose another --port, or 0 for any)", file=sys.stderr)

@@ -2,9 +2,55 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import bisect
+from typing import Any, Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+
+_TBT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
 _LAT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class _PlainHistogram:
+    """A histogram child kept in plain ints (~0.3 us per ``observe`` instead of ~4-8 us for
+    prometheus_client's locked Histogram): TBT is observed once per streamed chunk, i.e. per
+    token, on the proxy's hot path. Exported by ``_PlainHistograms`` as a regular histogram."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, v)] += 1
+        self.sum += v
+
+
+class _PlainHistograms:
+    """One labelled histogram family of ``_PlainHistogram`` children (a registry collector)."""
+
+    def __init__(self, name: str, doc: str, label: str, bounds: tuple[float, ...]) -> None:
+        self.name, self.doc, self.label, self.bounds = name, doc, label, bounds
+        self.children: dict[str, _PlainHistogram] = {}
+
+    def labels(self, value: str) -> _PlainHistogram:
+        h = self.children.get(value)
+        if h is None:
+            h = self.children[value] = _PlainHistogram(self.bounds)
+        return h
+
+    def collect(self) -> Iterator[Any]:
+        fam = HistogramMetricFamily(self.name, self.doc, labels=[self.label])
+        for value, h in list(self.children.items()):
+            cum, buckets = 0, []
+            for le, c in zip(self.bounds + (float("inf"),), list(h.counts)):
+                cum += c
+                buckets.append(("+Inf" if le == float("inf") else repr(float(le)), cum))
+            fam.add_metric([value], buckets, h.sum)
+        yield fam
 
 
 class ProxyMetrics:
@@ -16,6 +62,10 @@ class ProxyMetrics:
         self.ttft = Histogram("mooncake_proxy_ttft_seconds",
                               "Time from request arrival to the first response byte sent to the client",
                               ["route"], buckets=_LAT_BUCKETS, registry=r)
+        self.tbt = _PlainHistograms("mooncake_proxy_tbt_seconds",
+                                    "Time between two streamed decode chunks (time between tokens for SSE)",
+                                    "route", _TBT_BUCKETS)
+        r.register(self.tbt)
         self.e2e = Histogram("mooncake_proxy_e2e_seconds", "Request latency until the last byte",
                              ["route"], buckets=_LAT_BUCKETS, registry=r)
         self.rejections = Counter("mooncake_proxy_rejections",
@@ -31,6 +81,11 @@ class ProxyMetrics:
         self.cached_blocks = Counter("mooncake_proxy_scheduler_cached_blocks",
                                      "Prompt blocks the scheduler expected to be cached at the prefill",
                                      registry=r)
+        self.prompt_blocks = Counter("mooncake_proxy_prefill_prompt_blocks",
+                                     "Prompt blocks sent to a prefill instance", ["instance"], registry=r)
+        self.prompt_cached_blocks = Counter("mooncake_proxy_prefill_cached_blocks",
+                                            "Prompt blocks expected cached at the prefill instance chosen "
+                                            "(prefix-cache hits)", ["instance"], registry=r)
         self.upstream_errors = Counter("mooncake_proxy_upstream_errors",
                                        "Failed upstream calls by instance and kind",
                                        ["instance", "kind"], registry=r)

@@ -81,6 +81,13 @@ class Relay:
         self.metrics = metrics
         self._on_unreachable = on_unreachable
         self._observe_ttft = observe_ttft
+        self._tbt: dict[str, Any] = {}  # route -> histogram child (``.labels()`` is not free)
+
+    def _tbt_of(self, route: str) -> Any:
+        h = self._tbt.get(route)
+        if h is None:
+            h = self._tbt[route] = self.metrics.tbt.labels(route)
+        return h
 
     def session(self) -> aiohttp.ClientSession:
         s = self._session()
@@ -177,17 +184,23 @@ class Relay:
                 if resp.status >= 400:
                     raise await self.status_error(d, "decode", resp)
                 it = resp.content.iter_any().__aiter__()
+                tbt = self._tbt_of(route)
+                last = 0.0
                 while True:
                     try:
                         chunk = await it.__anext__()
                     except StopAsyncIteration:
                         break
+                    now = time.perf_counter()
                     if out is None:
                         if started is not None:
                             started.append(True)
                         out = _start_response(resp, rid)
                         await out.prepare(request)
-                        self._observe_ttft(route, time.perf_counter() - t0)
+                        self._observe_ttft(route, now - t0)
+                    else:
+                        tbt.observe(now - last)  # gap between streamed chunks (one token each in SSE)
+                    last = now
                     await out.write(chunk)
         except ConnectionResetError as e:
             if request.transport is None or request.transport.is_closing():

@@ -23,11 +23,14 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from mooncake_core import auth
 from mooncake_core.utils.log import get_logger
+from mooncake_core.utils.tls import server_context
 
 from . import scheduling
 from .admin import AdminApi
 from .bootstrap import BootstrapDirectory, BootstrapError
+from .dashboard import ProxyDashboard
 from .errors import error_response
 from .handoff import HandoffProtocol, make_handoff
 from .handoff.mooncake import bootstrap_url
@@ -71,6 +74,11 @@ class ProxyConfig:
     kv_events_config: str | None = None
     admin_key: str | None = None
     seed: int = 0
+    #: largest request body accepted (413 above, naming the limit)
+    max_request_bytes: int = 64 * 1024 * 1024
+    #: serve HTTPS with this PEM certificate and key (both or neither)
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
 class ProxyServer:
@@ -116,6 +124,7 @@ class ProxyServer:
         self._route_hist: dict[tuple[str, str], Any] = {}
         self._decision_ctr: dict[tuple[str, str], Any] = {}
         self._inflight_gauge: dict[str, Any] = {}
+        self._prefix_ctr: dict[str, tuple[Any, Any]] = {}
         self._seq = 0
         bports = list(cfg.prefill_bootstrap_ports)
         for i, url in enumerate(cfg.prefill_urls):
@@ -143,10 +152,16 @@ class ProxyServer:
         self.cluster.remove_instance(instance_id)
         self._forget_bootstrap(inst)
         self._inflight_gauge.pop(instance_id, None)
+        self._prefix_ctr.pop(instance_id, None)
         self._decision_ctr = {k: v for k, v in self._decision_ctr.items() if instance_id not in k}
         for g in (self.metrics.healthy, self.metrics.in_flight):
             try:
                 g.remove(inst.instance_id, inst.role)
+            except KeyError:
+                pass
+        for c in (self.metrics.prompt_blocks, self.metrics.prompt_cached_blocks):
+            try:
+                c.remove(inst.instance_id)
             except KeyError:
                 pass
         log.info("instance removed", extra={"instance": instance_id})
@@ -177,7 +192,7 @@ class ProxyServer:
 
     # ------------------------------------------------------------------ app
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=self.cfg.max_request_bytes)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/generate", self._generate)
@@ -185,6 +200,7 @@ class ProxyServer:
         app.router.add_get("/healthcheck", self._healthcheck)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        ProxyDashboard(self).register(app)
         AdminApi(self.registry, self.add_instance, self.remove_instance, self._probe_now,
                  self.cfg.admin_key).register(app)
         app.on_startup.append(self._on_startup)
@@ -263,7 +279,12 @@ class ProxyServer:
         return resp
 
     async def _handle_inner(self, request: web.Request, route: str, rid: str, t0: float) -> web.StreamResponse:
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.cfg.max_request_bytes
+            return error_response(413, f"request body exceeds the proxy's limit of {limit} bytes "
+                                       f"(--max-request-bytes)", "invalid_request_error", request_id=rid)
         try:
             body = _dec.decode(raw)
         except msgspec.DecodeError as e:
@@ -328,6 +349,15 @@ class ProxyServer:
         ctr.inc()
         if decision.cached_blocks:
             self.metrics.cached_blocks.inc(decision.cached_blocks)
+        if req.block_hashes:
+            pc = self._prefix_ctr.get(p_inst.instance_id)
+            if pc is None:
+                pc = self._prefix_ctr[p_inst.instance_id] = (
+                    self.metrics.prompt_blocks.labels(p_inst.instance_id),
+                    self.metrics.prompt_cached_blocks.labels(p_inst.instance_id))
+            pc[0].inc(len(req.block_hashes))
+            if decision.cached_blocks:
+                pc[1].inc(decision.cached_blocks)
         return await self._run_pair(request, route, rid, body, req, decision, p_inst, d_inst, t0)
 
     def _inflight(self, inst: Instance, delta: int) -> None:
@@ -466,7 +496,12 @@ class ProxyServer:
         return web.json_response(body, status=200 if ok else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        # Load gauges are read from the scheduler's state at scrape time (no hot-path cost).
+        self.refresh_load_gauges()
+        return web.Response(body=self.metrics.render(), content_type="text/plain",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    def refresh_load_gauges(self) -> None:
+        """Load gauges are read from the scheduler's state at scrape time (no hot-path cost)."""
         m = self.metrics
         m.prefill_queued_tokens.clear()
         m.decode_running.clear()
@@ -476,8 +511,6 @@ class ProxyServer:
                     self.cluster.prefill_load(inst.instance_id).queued_tokens)
             else:
                 m.decode_running.labels(inst.instance_id).set(self.cluster.decode_load(inst.instance_id).running)
-        return web.Response(body=self.metrics.render(), content_type="text/plain",
-                            headers={"X-Content-Type-Options": "nosniff"})
 
 
 def install_uvloop() -> bool:
@@ -495,13 +528,21 @@ async def start_server(cfg: ProxyConfig | ProxyServer, host: str,
     """Start in the running loop (tests, embedding); returns the bound port (``port=0`` picks one)."""
     server = cfg if isinstance(cfg, ProxyServer) else ProxyServer(cfg)
     cfg = server.cfg
+    ssl_context = server_context(cfg.tls_cert, cfg.tls_key)  # ValueError naming the flag
     app = server.make_app()
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True, ssl_context=ssl_context)
     await site.start()
     bound = port
     for s in runner.addresses:
         bound = s[1]
         break
+    scheme = "https" if ssl_context is not None else "http"
+    log.info("proxy listening", extra={"url": f"{scheme}://{host}:{bound}", "admin_auth": bool(cfg.admin_key),
+                                       "tls": ssl_context is not None})
+    warn = auth.exposure_warning("the proxy's admin API", host, cfg.admin_key,
+                                 "add, remove and redirect the instances requests go to")
+    if warn:
+        log.warning(warn, extra={"host": host, "port": bound})
     return server, runner, bound

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything this project needs on a fresh Debian machine (idempotent):
-# system services used by the tests (etcd, Redis) and the Python package with its extras.
+# system services used by the tests (etcd, Redis; Chromium + chromedriver for the dashboard tests)
+# and the Python package with its extras.
 #   --with-frameworks   also build the framework venvs the connector tests use (outside the repo):
 #                       SGLang (scripts/install_sglang.sh, ~3 min, ~7 GB), vLLM for CPU
 #                       (scripts/install_vllm.sh, ~2 min, ~3.5 GB), LMCache into the vLLM venv
@@ -13,7 +14,7 @@ with_fw=0
 for arg in "$@"; do
   case "$arg" in
     --with-frameworks) with_fw=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -22,6 +23,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server etcd-client)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # self-signed certificates of tests/security
+command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium chromium-driver)  # tests/dashboard
 [ "$with_fw" = 1 ] && ! command -v g++ >/dev/null 2>&1 && need_apt+=(g++)  # builds the NIXL plugin
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi

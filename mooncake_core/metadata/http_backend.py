@@ -2,7 +2,7 @@
 
 Wire protocol as Mooncake's ``HTTPStoragePlugin``: ``GET|PUT|DELETE <url>?key=<escaped key>``;
 GET answers the stored body (200) or 404; PUT stores the raw body; an optional shared token
-from ``MC_METADATA_HTTP_TOKEN`` travels as ``Authorization: Bearer``. Listing keys
+from ``MC_METADATA_HTTP_TOKEN`` (else ``MOONCAKE_AUTH_TOKEN``) travels as ``Authorization: Bearer``. Listing keys
 (``GET <url>?prefix=P`` -> ``{"keys": [...]}``) is our server's extension.
 
 Why http.client with one keep-alive connection per thread: the engine calls from several
@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.parse
 
-from mooncake_core import envs
+from mooncake_core import auth, envs
 from mooncake_core.metadata.base import (MetadataBackend, MetadataError, check_key,
                                          decode_value, encode_value)
 from mooncake_core.metadata.conn_string import HttpSpec
@@ -36,7 +36,7 @@ class HttpMetadataBackend(MetadataBackend):
         self._spec = spec
         self._host, self._port = spec.endpoints[0]
         self._path = urllib.parse.urlsplit(spec.url).path
-        self._token = token if token is not None else envs.MC_METADATA_HTTP_TOKEN
+        self._token = token or envs.MC_METADATA_HTTP_TOKEN or auth.resolve_token()
         self._local = threading.local()
         self._all: list[http.client.HTTPConnection] = []
         self._all_lock = threading.Lock()
@@ -109,8 +109,8 @@ class HttpMetadataBackend(MetadataBackend):
     def _fail(self, method: str, key: str, status: int, data: bytes) -> MetadataError:
         text = data[:200].decode(errors="replace")
         if status == 401:
-            return self._error(f"{method} {key!r} unauthorized (401): set MC_METADATA_HTTP_TOKEN "
-                               f"to the server's token")
+            return self._error(f"{method} {key!r} unauthorized (401: {text}): set MOONCAKE_AUTH_TOKEN "
+                               f"(or MC_METADATA_HTTP_TOKEN) to the server's token")
         return self._error(f"{method} {key!r} answered HTTP {status}: {text}")
 
     # ---- MetadataBackend -----------------------------------------------------------------

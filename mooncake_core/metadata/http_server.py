@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
-import ipaddress
 import os
 import signal
 import socket
@@ -41,24 +39,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from mooncake_core.metadata import persist
-from mooncake_core import envs
+from mooncake_core import auth, envs
 from mooncake_core.metadata.kvstore import KVStore, PutResult
 from mooncake_core.utils.log import get_logger, setup_logging
 from mooncake_core.utils.net import bind_listener, parse_host_port
 from mooncake_core.utils.sizes import format_size, parse_size
+from mooncake_core.utils.tls import server_context
 
 log = get_logger("mooncake.metadata.http_server")
 
 DEFAULT_MAX_BODY = 16 << 20
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _text(status: int, text: str) -> web.Response:
@@ -74,10 +64,12 @@ class MetadataHttpService:
 
     def __init__(self, persist_path: str | None = None, *, auth_token: str | None = None,
                  max_body: int = DEFAULT_MAX_BODY, max_keys: int | None = None,
-                 max_total_bytes: int | None = None):
+                 max_total_bytes: int | None = None, tls_cert: str | None = None, tls_key: str | None = None):
         self.persist_path = persist_path
         self.max_body = int(max_body)
-        self.auth_token = auth_token if auth_token is not None else envs.MC_METADATA_HTTP_TOKEN
+        #: MC_METADATA_HTTP_TOKEN (this server only) or the deployment's MOONCAKE_AUTH_TOKEN
+        self.auth_token = auth_token or envs.MC_METADATA_HTTP_TOKEN or auth.resolve_token()
+        self.ssl_context = server_context(tls_cert, tls_key)
         initial = persist.load(persist_path) if persist_path else {}
         if persist_path and not os.path.exists(persist_path):
             try:  # fail at start, not at the first PUT, when the path is not writable
@@ -130,14 +122,17 @@ class MetadataHttpService:
             sock = bind_listener(host, port, what="HTTP metadata server")
         self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
         await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
+        await web.SockSite(self._runner, sock, ssl_context=self.ssl_context).start()
         bound = sock.getsockname()[1]
-        if self.auth_token is None and not _is_loopback(host):
-            log.warning("HTTP metadata server reachable from the network without a token; set "
-                        "MC_METADATA_HTTP_TOKEN here and on every engine", extra={"host": host})
+        scheme = "https" if self.ssl_context is not None else "http"
         log.info("HTTP metadata server listening",
-                 extra={"url": f"http://{host}:{bound}/metadata" if ":" not in host
-                        else f"http://[{host}]:{bound}/metadata", "keys": len(self.store)})
+                 extra={"url": f"{scheme}://{host}:{bound}/metadata" if ":" not in host
+                        else f"{scheme}://[{host}]:{bound}/metadata", "keys": len(self.store),
+                        "auth": self.auth_token is not None, "tls": self.ssl_context is not None})
+        warn = auth.exposure_warning("the HTTP metadata server", host, self.auth_token,
+                                     "rewrite or delete every segment descriptor")
+        if warn:
+            log.warning(warn, extra={"host": host, "port": bound})
         return bound
 
     async def stop(self) -> None:
@@ -147,10 +142,7 @@ class MetadataHttpService:
 
     # ---- handlers ------------------------------------------------------------------------
     def _token_ok(self, request: web.Request) -> bool:
-        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        token = self.auth_token
-        return (token is not None and scheme.lower() == "bearer" and bool(presented)
-                and hmac.compare_digest(presented.encode(), token.encode()))
+        return auth.bearer_ok(self.auth_token, request.headers.get("Authorization"))
 
     async def _handle_metadata(self, request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
@@ -168,7 +160,12 @@ class MetadataHttpService:
 
     async def _dispatch(self, request: web.Request, method: str) -> web.StreamResponse:
         if self.auth_token is not None and not self._token_ok(request):
-            return _text(401, "unauthorized: send 'Authorization: Bearer <MC_METADATA_HTTP_TOKEN>'")
+            given = "a wrong token" if request.headers.get("Authorization") else "no token"
+            log.warning("refused unauthenticated metadata request",
+                        extra={"peer": request.remote, "method": request.method, "presented": given})
+            return _text(401, f"unauthorized: {request.method} /metadata refused, {given} presented; send "
+                              f"'Authorization: Bearer <token>' (MOONCAKE_AUTH_TOKEN or MC_METADATA_HTTP_TOKEN "
+                              f"on the client)")
         if method == "LIST":
             keys = self.store.keys(request.query.get("prefix", ""))
             return web.json_response({"keys": keys})
@@ -259,7 +256,8 @@ class HttpMetadataServer:
         if self.port is None:
             raise RuntimeError("HttpMetadataServer not started")
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metadata"
+        scheme = "https" if self.service.ssl_context is not None else "http"
+        return f"{scheme}://{host}:{self.port}/metadata"
 
     def start(self, timeout: float = 10.0) -> "HttpMetadataServer":
         """Bind (raising OSError with a clear message if busy), serve, return once listening."""
@@ -320,12 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "segment descriptors of Transfer Engines. Point engines at "
                     "http://HOST:PORT/metadata. Also serves /health and /metrics (Prometheus).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="Environment: MC_METADATA_HTTP_TOKEN (require 'Authorization: Bearer <token>'), "
+        epilog="Environment: MOONCAKE_AUTH_TOKEN / MOONCAKE_AUTH_TOKEN_FILE (the deployment's shared "
+               "secret) or MC_METADATA_HTTP_TOKEN (this server's own): require 'Authorization: Bearer <token>', "
                "MC_METADATA_MAX_KEYS, MC_METADATA_MAX_TOTAL_BYTES (budgets, 507 beyond), "
                "MC_LOG_JSON=1 (JSON log lines).")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; use 0.0.0.0 to accept other hosts "
-                        "(then set MC_METADATA_HTTP_TOKEN). 'HOST:PORT' is accepted too")
+                        "(then set MOONCAKE_AUTH_TOKEN). 'HOST:PORT' is accepted too")
     p.add_argument("--port", type=int, default=argparse.SUPPRESS,
                    help="TCP port to listen on; 0 picks a free one (printed at start) "
                         "(default: 8080)")
@@ -334,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "it at start, so descriptors survive a restart (default: memory only)")
     p.add_argument("--max-body", default=format_size(DEFAULT_MAX_BODY), metavar="SIZE",
                    help="largest accepted PUT body, e.g. '16 MiB'; larger bodies get HTTP 413")
+    p.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="serve HTTPS with this certificate (with --tls-key); clients use https://... and "
+                        "trust its CA (SSL_CERT_FILE=ca.pem for a private one) (default: plain HTTP)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="private key of --tls-cert")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                    help="logging verbosity")
@@ -364,7 +367,8 @@ async def _serve(service: MetadataHttpService, sock: socket.socket, host: str) -
         loop.add_signal_handler(sig, stop.set)
     port = await service.start(host, sock=sock)
     shown = f"[{host}]" if ":" in host else host
-    print(f"mooncake_http_metadata_server listening on http://{shown}:{port}/metadata",
+    scheme = "https" if service.ssl_context is not None else "http"
+    print(f"mooncake_http_metadata_server listening on {scheme}://{shown}:{port}/metadata",
           flush=True)
     await stop.wait()
     log.info("shutting down")
@@ -386,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     try:
-        service = MetadataHttpService(getattr(args, "persist_path", None), max_body=max_body)
+        service = MetadataHttpService(getattr(args, "persist_path", None), max_body=max_body,
+                                      tls_cert=args.tls_cert, tls_key=args.tls_key)
     except (persist.PersistError, ValueError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1

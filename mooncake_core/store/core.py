@@ -32,7 +32,7 @@ from mooncake_core.store.config import StoreConfig
 from mooncake_core.store.internals import EngineLike, Parts
 from mooncake_core.store.maintenance import Maintenance
 from mooncake_core.store.master_client import MasterClient
-from mooncake_core.store.memory import (PREFAULT_MIN, buffer_addr, fingerprint, memmove, new_bytes,
+from mooncake_core.store.memory import (PREFAULT_MIN, buffer_addr, fingerprint, fingerprint_of, memmove, new_bytes,
                                         populate_range, prefault_enabled, spans)
 from mooncake_core.store.offload import OffloadFiles, mem_view
 from mooncake_core.store.owned import OwnedIndex
@@ -339,8 +339,13 @@ class StoreCore:
         long is added), so one dead peer costs a batch one timeout, not one per key."""
         skip = set() if skip is None else skip
         remote: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        mine = self.segment_name if self.segment is not None else None
         for parts, total, rep in jobs:
-            own = rep.segment_name == self.segment_name and self.segment is not None
+            own = rep.segment_name == mine
+            if own and len(parts) == 1 and parts[0][1] >= total:  # one piece into our memory
+                if total:
+                    memmove(rep.addr, parts[0][0], total)
+                continue
             for src, dst, n in spans(parts, rep.addr, total):
                 if own:
                     memmove(dst, src, n)
@@ -378,7 +383,7 @@ class StoreCore:
             msg.preferred_segments.insert(0, self.segment_name)  # local first: a memcpy
         master = self.master
         n = len(keys)
-        sizes = [sum(sz for _, sz in parts) for parts in srcs]
+        sizes = [parts[0][1] if len(parts) == 1 else sum(sz for _, sz in parts) for parts in srcs]
         results = [OK] * n
         allocs: list[list[ReplicaDesc] | int]
         try:
@@ -447,6 +452,7 @@ class StoreCore:
                     end_rcs = [*master.batch_put_end(self.client_id, dk)] or [None] * len(dk)
             except MooncakeError as e:
                 end_rcs = [e.code] * len(dk)
+            published = []
             for i, rc in zip(done, end_rcs):
                 if isinstance(rc, int) and rc < 0:
                     results[i] = rc
@@ -460,7 +466,8 @@ class StoreCore:
                                 "during the write); the value was not published", op, keys[i])
                     self.owned.discard([keys[i]])
                     continue
-                self.remember_owned(keys[i], reps[i], rc)
+                published.append((keys[i], reps[i], rc))
+            self.remember_owned_many(published)
         total = sum(sizes[i] for i in range(n) if results[i] == OK)
         self.count(op, min(results) if results else OK, total, t0)
         return results
@@ -468,17 +475,39 @@ class StoreCore:
     def remember_owned(self, key: str, replicas: Iterable[ReplicaDesc], version: Any) -> None:
         """After put_end: re-report this object after a master change if it lives in our
         segment and the put really published it (``version`` > 0)."""
-        if self.segment is None:
+        self.remember_owned_many([(key, replicas, version)])
+
+    def remember_owned_many(self, published: Sequence[tuple[str, Iterable[ReplicaDesc], Any]]) -> None:
+        """``remember_owned`` of every ``(key, replicas, version)`` of a batch: one pass, one
+        lock, fingerprints from slices of one view of our segment."""
+        seg = self.segment
+        if seg is None or not published:
             return
-        if not isinstance(version, int) or version <= 0:
-            self.owned.discard([key])  # nothing published (lost to an existing value): not ours
-            return
-        for rep in replicas:
-            if rep.segment_name == self.segment_name:
-                # fingerprint of the replica as written, taken from our own memory
-                self.owned.add(key, rep, fingerprint(rep.addr, rep.size) if rep.size else b"", version)
-                return
-        self.owned.discard([key])
+        view, base, name = seg.view, seg.addr, self.segment_name
+        add: list[tuple[str, ReplicaDesc, bytes, int]] = []
+        gone: list[str] = []
+        for key, replicas, version in published:
+            if not isinstance(version, int) or version <= 0:
+                gone.append(key)  # nothing published (lost to an existing value): not ours
+                continue
+            for rep in replicas:
+                if rep.segment_name == name:
+                    # fingerprint of the replica as written, taken from our own memory
+                    off, n = rep.addr - base, rep.size
+                    if not n:
+                        fp = b""
+                    elif view is not None and 0 <= off and off + n <= len(view):
+                        fp = fingerprint_of(view[off:off + n])
+                    else:
+                        fp = fingerprint(rep.addr, n)
+                    add.append((key, rep, fp, version))
+                    break
+            else:
+                gone.append(key)
+        if gone:
+            self.owned.discard(gone)
+        if add:
+            self.owned.add_many(add)
 
     def forget(self, keys: Iterable[str]) -> None:
         self.owned.discard(keys)

@@ -183,8 +183,28 @@ MASTER_FLAGS = [
     Flag("rpc_address", "str", "0.0.0.0", "Address the RPC service binds to. In HA mode it is also "
          "the address published in etcd for clients, so give a reachable one (0.0.0.0 publishes "
          "this host's IP)."),
-    Flag("metrics_port", "int", 9003, "Port of the Prometheus metrics endpoint (/metrics). 0 = any free port.", _port),
-    Flag("enable_metric_reporting", "bool", True, "Serve Prometheus metrics on --metrics_port."),
+    Flag("metrics_address", "str", "0.0.0.0", "Address the Prometheus metrics endpoint binds to (ours; the "
+         "original always uses all interfaces). Metrics are read-only and unauthenticated: 127.0.0.1 keeps "
+         "them on this host."),
+    Flag("auth_token_file", "str", "", "File whose first line is the shared secret every client must prove "
+         "(master RPC) or send (embedded HTTP metadata server writes); wins over $MOONCAKE_AUTH_TOKEN_FILE "
+         "and $MOONCAKE_AUTH_TOKEN. Unset everywhere = no authentication (a loud warning when bound beyond "
+         "loopback). Never pass the token itself on a command line (docs/security.md)."),
+    Flag("http_metadata_server_tls_cert", "str", "", "PEM certificate: serve the embedded HTTP metadata server "
+         "over HTTPS (with --http_metadata_server_tls_key; clients then use https://HOST:PORT/metadata)."),
+    Flag("http_metadata_server_tls_key", "str", "", "PEM private key of --http_metadata_server_tls_cert."),
+    Flag("max_batch_keys", "int", 1 << 20, "Most keys one batch request may carry; a larger batch is refused "
+         "with -600 naming this limit (ours: bounds the time one request holds the master).", _positive),
+    Flag("max_value_size", "size", 0, "Largest value (bytes or '1 GB') a put may store; a larger one is "
+         "refused with -600 naming this limit. 0 = no limit (a put larger than the free space gets -200).",
+         _non_negative),
+    Flag("metrics_port", "int", 9003, "HTTP port of the master: Prometheus metrics at /metrics and the live "
+         "dashboard at /dashboard (open http://HOST:PORT/dashboard in a browser; add ?token=T when the "
+         "services use an auth token). 0 = any free port.", _port),
+    Flag("enable_metric_reporting", "bool", True, "Serve /metrics and /dashboard on --metrics_port."),
+    Flag("dashboard_te_metrics", "str", "", "Transfer Engine metrics endpoints (host:port or URLs, separated "
+         "by ',') whose bytes/s per transport /dashboard shows (engines started with MC_METRICS_PORT); "
+         "each is scraped with a 0.5 s timeout per page refresh."),
     Flag("default_kv_lease_ttl", "int", 10000, "Lease (ms) granted to a reader by every "
          "GetReplicaList: the object is neither evicted nor removed (without force) while leased, "
          "and a read that outlives its lease fails with -707.", _positive),
@@ -240,7 +260,7 @@ MASTER_FLAGS = [
 
 MASTER_DESCRIPTION = ("Mooncake Store master: keeps object -> replica locations, allocates space in the "
                       "memory segments clients mount, grants read leases, evicts, and tracks client "
-                      "liveness. Never on the data path.")
+                      "liveness. Never on the data path. Live dashboard: http://HOST:METRICS_PORT/dashboard.")
 
 
 def master_flagset() -> FlagSet:

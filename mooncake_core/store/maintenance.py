@@ -21,6 +21,7 @@ from mooncake_core.store.memory import bytes_addr, fingerprint
 from mooncake_core.store.offload import offload_relpath
 from mooncake_core.store.protocol import HeartbeatReply, OffloadTask
 from mooncake_core.store.types import ReplicateConfig
+from sortedcontainers import SortedDict
 from mooncake_core.utils.log import get_logger
 
 if TYPE_CHECKING:
@@ -131,17 +132,18 @@ class Maintenance:
         core = self.core
         if core.segment is None:
             return
-        taken: list[tuple[int, int]] = []
+        taken = SortedDict()  # start -> end of the ranges reported so far (never overlapping)
         report = []
         versions: list[int] = []
         stale = []
         for e in core.owned.newest_first():
             r = e.replica
             lo, hi = r.addr, r.addr + r.size
-            if any(lo < b and a < hi for a, b in taken) or fingerprint(r.addr, r.size) != e.fingerprint:
+            i = taken.bisect_left(hi) - 1  # the reported range starting last before hi
+            if (i >= 0 and taken.peekitem(i)[1] > lo) or fingerprint(r.addr, r.size) != e.fingerprint:
                 stale.append(e)
                 continue
-            taken.append((lo, hi))
+            taken[lo] = hi
             report.append((e.key, r))
             versions.append(e.version)
         core.mount()

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from mooncake_core import auth
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store import protocol as P
 from mooncake_core.store.protocol import (
@@ -162,7 +163,30 @@ class MasterClient:
         sock.settimeout(None)
         c = _Conn(sock, self._spin)
         c.set_timeout(self.timeout)
+        token = auth.resolve_token()
+        if token:
+            try:
+                self._authenticate(c, addr, token, deadline)
+            except BaseException:
+                sock.close()
+                raise
         return c
+
+    def _authenticate(self, c: "_Conn", addr: str, token: str, deadline: float) -> None:
+        """Prove MOONCAKE_AUTH_TOKEN on a new connection (challenge, answer). A refusal raises
+        MooncakeError naming it; a lost connection OSError (the caller retries)."""
+        nonce = self._auth_call(c, addr, P.AuthChallengeReq(), deadline)
+        if nonce:  # empty: this master requires no token
+            self._auth_call(c, addr, P.AuthReq(auth.prove(token, nonce, auth.MASTER_CONTEXT)), deadline)
+
+    def _auth_call(self, c: "_Conn", addr: str, req: Any, deadline: float) -> Any:
+        got = self._exchange(c, next(self._ids), P.request_encoder.encode(req), deadline)
+        if got is None:
+            raise ConnectionError(f"master {addr}: connection lost during authentication")
+        code, payload, _ = got
+        if code != 0:
+            raise MooncakeError(code, bytes(payload).decode("utf-8", "replace"))
+        return P.result_decoders[type(req)].decode(payload)
 
     def _give_back(self, addr: str, c: "_Conn") -> None:
         with self._lock:

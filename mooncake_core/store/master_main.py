@@ -15,7 +15,9 @@ from typing import Sequence
 
 from prometheus_client import CollectorRegistry
 
+from mooncake_core import auth
 from mooncake_core.store.flags import FlagError, HelpRequested, apply_config_file, master_flagset
+from mooncake_core.store.limits import RequestLimits
 from mooncake_core.store.master_server import MasterServer
 from mooncake_core.store.master_state import MasterConfig, MasterState
 from mooncake_core.utils.log import get_logger, setup_logging
@@ -75,6 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
 
+    try:
+        token = auth.resolve_token(None, {auth.TOKEN_FILE_VAR: v["auth_token_file"]}) if v["auth_token_file"] \
+            else auth.resolve_token()
+    except auth.AuthConfigError as e:
+        sys.stderr.write(f"mooncake_master: error: {e}\n")
+        return 2
     registry = CollectorRegistry()
     state = MasterState(cfg)
     advertise = None
@@ -83,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         advertise_host = host
     server = MasterServer(state, host or "0.0.0.0", port, registry=registry,
-                          busy_poll_us=v["rpc_busy_poll_us"])
+                          busy_poll_us=v["rpc_busy_poll_us"], auth_token=token,
+                          limits=RequestLimits(v["max_batch_keys"], v["max_value_size"]))
     http_meta = None
     election = None
     try:
@@ -92,15 +101,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                      else f"{advertise_host}:{server.port}")
         server.advertise_address = advertise
         if v["enable_metric_reporting"]:
+            from mooncake_core.store.master_dashboard import MasterDashboard, routes
             from mooncake_core.utils.metrics import start_metrics_server
 
-            mport = start_metrics_server(v["metrics_port"], host="0.0.0.0", registry=registry)
-            log.info("metrics at /metrics", extra={"port": mport})
+            mhost = v["metrics_address"] or "0.0.0.0"
+            dash = MasterDashboard(server, ha_enabled=v["enable_ha"],
+                                   te_endpoints=v["dashboard_te_metrics"].split(","))
+            mport = start_metrics_server(v["metrics_port"], host=mhost, registry=registry,
+                                         routes=routes(dash))
+            log.info("metrics listening (read-only, no authentication); dashboard at /dashboard",
+                     extra={"url": f"http://{mhost}:{mport}/metrics", "port": mport})
         if v["enable_http_metadata_server"]:
             from mooncake_core.metadata.http_server import HttpMetadataServer
 
             http_meta = HttpMetadataServer(v["http_metadata_server_host"], v["http_metadata_server_port"],
-                                           persist_path=v["http_metadata_server_persist_path"] or None).start()
+                                           persist_path=v["http_metadata_server_persist_path"] or None,
+                                           auth_token=token,
+                                           tls_cert=v["http_metadata_server_tls_cert"] or None,
+                                           tls_key=v["http_metadata_server_tls_key"] or None).start()
             log.info("HTTP metadata server started", extra={"url": http_meta.url})
         if v["enable_ha"]:
             from mooncake_core.store.ha import LeaderElection, parse_etcd_endpoints

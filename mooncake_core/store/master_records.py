@@ -7,6 +7,8 @@ ints, allocators that do not duplicate the offset->size map, no lease float unti
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 from mooncake_core.errors import ErrorCode, MooncakeError
@@ -213,3 +215,10 @@ def check_key(key: object) -> str:
     if not isinstance(key, str) or not key:
         raise err(ErrorCode.INVALID_PARAMS, f"key must be a non-empty string, got {key!r}")
     return key
+
+
+def safe_rel_path(path: object) -> bool:
+    """A relative path that stays inside the offload root (no absolute path, no '..')."""
+    if not isinstance(path, str) or not path or os.path.isabs(path):
+        return False
+    return ".." not in path.replace("\\", "/").split("/")

@@ -27,8 +27,10 @@ import msgspec
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from mooncake_core import auth
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store import protocol as P
+from mooncake_core.store.limits import RequestLimits
 from mooncake_core.store.master_state import MasterState
 from mooncake_core.utils.busypoll import Poller
 from mooncake_core.utils.log import get_logger
@@ -156,16 +158,21 @@ class _StateCollector:
 
 
 class _Conn:
-    __slots__ = ("sock", "inbuf", "outbuf", "peer", "want_write")
+    __slots__ = ("sock", "inbuf", "outbuf", "peer", "want_write", "authed", "nonce", "refused")
 
-    def __init__(self, sock: socket.socket, peer: str):
+    def __init__(self, sock: socket.socket, peer: str, authed: bool):
         self.sock = sock
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.peer = peer
         self.want_write = False
+        self.authed = authed  #: passed the token challenge (or the master has no token)
+        self.nonce: bytes | None = None  #: challenge sent, answer pending
+        self.refused = False  #: answered UNAUTHORIZED: flush and close
 
 
+#: connections one client address may hold open at once (a client opens one per calling thread)
+MAX_CONNS_PER_PEER = 512
 #: a client that stops reading its replies is disconnected past this much buffered output
 MAX_PENDING_OUTPUT = 64 << 20
 #: bytes read per recv (one reusable buffer; larger frames arrive over several reads)
@@ -184,8 +191,15 @@ class MasterServer:
 
     def __init__(self, state: MasterState, host: str = "0.0.0.0", port: int = 50051, *,
                  advertise_address: str | None = None, tick_interval: float = 0.1,
-                 registry: CollectorRegistry | None = None, busy_poll_us: int = DEFAULT_BUSY_POLL_US) -> None:
+                 registry: CollectorRegistry | None = None, busy_poll_us: int = DEFAULT_BUSY_POLL_US,
+                 auth_token: str | None = None, max_conns_per_peer: int = MAX_CONNS_PER_PEER,
+                 limits: RequestLimits | None = None) -> None:
         self.state = state
+        self.limits = limits or RequestLimits()
+        #: the shared secret clients must prove (None: auth off); never logged
+        self.auth_token = auth_token if auth_token is not None else auth.resolve_token()
+        self.max_conns_per_peer = max_conns_per_peer
+        self._per_peer: dict[str, int] = {}
         self.host = host
         self.requested_port = port
         self.advertise_address = advertise_address
@@ -235,7 +249,12 @@ class MasterServer:
             self.bind()
         self._thread = threading.Thread(target=self._run, name="mc-master-rpc", daemon=True)
         self._thread.start()
-        log.info("master RPC serving", extra={"address": self.address, "port": self.port})
+        log.info("master RPC listening", extra={"address": f"{self.host}:{self.port}",
+                                                "advertised": self.address, "auth": self.auth_token is not None})
+        warn = auth.exposure_warning("the master RPC", self.host, self.auth_token,
+                                     "remove every key and mount fake segments")
+        if warn:
+            log.warning(warn, extra={"address": f"{self.host}:{self.port}"})
         return self
 
     def stop(self) -> None:
@@ -312,7 +331,16 @@ class MasterServer:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-            conn = _Conn(sock, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer))
+            host = peer[0] if isinstance(peer, tuple) else str(peer)
+            n = self._per_peer.get(host, 0)
+            if n >= self.max_conns_per_peer:
+                log.warning("refusing connection: too many from this client",
+                            extra={"peer": host, "open": n, "limit": self.max_conns_per_peer})
+                sock.close()
+                continue
+            self._per_peer[host] = n + 1
+            conn = _Conn(sock, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer),
+                         authed=self.auth_token is None)
             conns[sock.fileno()] = conn
             ep.register(sock.fileno(), select.EPOLLIN)
 
@@ -323,7 +351,13 @@ class MasterServer:
                 ep.unregister(fd)
             except (OSError, ValueError):
                 pass
-            conns.pop(fd, None)
+            if conns.pop(fd, None) is not None:
+                host = conn.peer.rsplit(":", 1)[0]
+                left = self._per_peer.get(host, 1) - 1
+                if left > 0:
+                    self._per_peer[host] = left
+                else:
+                    self._per_peer.pop(host, None)
         conn.sock.close()
 
     def _on_readable(self, conn: _Conn, ep: "select.epoll", conns: dict[int, _Conn]) -> None:
@@ -343,7 +377,7 @@ class MasterServer:
         buf = conn.inbuf
         if not buf and not conn.outbuf and len(data) >= 4 and P.unpack_len(data) + 4 == len(data):
             # fast path: exactly one frame arrived and nothing is queued: answer directly
-            out = self._handle(data[4:])
+            out = self._handle(data[4:], conn)
             try:
                 sent = conn.sock.send(out)
             except (BlockingIOError, InterruptedError):
@@ -351,7 +385,7 @@ class MasterServer:
             except OSError:
                 self._close(conn, ep, conns)
                 return
-            if sent == len(out):
+            if sent == len(out) and not conn.refused:
                 return
             conn.outbuf += memoryview(out)[sent:]
         else:
@@ -370,12 +404,16 @@ class MasterServer:
                     break
                 frame = bytes(buf[pos + 4:pos + 4 + n])
                 pos += 4 + n
-                out = self._handle(memoryview(frame))
+                out = self._handle(memoryview(frame), conn)
                 if out is not None:
                     conn.outbuf += out
+                if conn.refused:
+                    break
             if pos:
                 del buf[:pos]
         self._flush(conn, ep, conns)
+        if conn.refused:  # the refusal went out (or is lost with the connection): done with this peer
+            self._close(conn, ep, conns)
 
     def _flush(self, conn: _Conn, ep: "select.epoll", conns: dict[int, _Conn]) -> None:
         if conn.outbuf:
@@ -423,7 +461,28 @@ class MasterServer:
             except OSError as e:
                 log.warning("cannot delete SSD-tier file", extra={"path": rel, "error": str(e)})
 
-    def _handle(self, frame: memoryview) -> bytes:
+    def _authenticate(self, conn: _Conn, version: int, rid: int, req: Any) -> bytes:
+        """A request of a connection that has not proven the token: the challenge, its answer,
+        or a refusal (after which the connection is closed)."""
+        token = self.auth_token
+        assert token is not None
+        if isinstance(req, P.AuthChallengeReq):
+            conn.nonce = auth.new_nonce()
+            return P.reply_frame(version, rid, 0, P.result_encoder.encode(conn.nonce))
+        if isinstance(req, P.AuthReq):
+            if conn.nonce is not None and auth.verify(token, conn.nonce, req.proof, auth.MASTER_CONTEXT):
+                conn.authed, conn.nonce = True, None
+                return P.reply_frame(version, rid, 0, P.result_encoder.encode(None))
+            reason = "wrong token" if conn.nonce is not None else "answer sent before the challenge"
+        else:
+            reason = "no token presented"
+        conn.refused = True
+        method = type(req).__struct_config__.tag
+        log.warning("refused unauthenticated client", extra={"peer": conn.peer, "method": method, "reason": reason})
+        msg = auth.refusal(f"master {self.address} refused {method}", reason)
+        return P.reply_frame(version, rid, ErrorCode.INVALID_PARAMS, msg.encode())
+
+    def _handle(self, frame: memoryview, conn: _Conn) -> bytes:
         """One request frame (without its length prefix) -> one complete reply frame."""
         if len(frame) < P.HEADER_SIZE:
             return P.reply_frame(P.PROTOCOL_VERSION, 0, ErrorCode.INVALID_PARAMS,
@@ -439,11 +498,20 @@ class MasterServer:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             return P.reply_frame(version, rid, ErrorCode.INVALID_PARAMS, f"malformed request: {e}".encode())
         cls = type(req)
+        if not conn.authed:
+            return self._authenticate(conn, version, rid, req)
+        if cls is P.AuthChallengeReq:  # authenticated already, or this master has no token
+            return P.reply_frame(version, rid, 0, P.result_encoder.encode(b""))
+        if cls is P.AuthReq:
+            return P.reply_frame(version, rid, 0, P.result_encoder.encode(None))
         if self.leader_check is not None and cls is not P.PingReq and not self.leader_check():
             return P.reply_frame(version, rid, ErrorCode.RPC_FAIL,
                                  f"{self.address} is not the master leader (a follower, or its etcd "
                                  f"lease lapsed); use master_server_addr=etcd://... to find the "
                                  f"leader".encode())
+        problem = self.limits.check(req)
+        if problem is not None:
+            return P.reply_frame(version, rid, ErrorCode.INVALID_PARAMS, problem.encode())
         t0 = time.perf_counter()
         try:
             with self.lock:

@@ -36,7 +36,6 @@ The records it keeps (config, segments, objects, puts, clients) are in ``master_
 from __future__ import annotations
 
 import heapq
-import os
 import secrets
 import time
 from typing import Any, Callable, Iterable
@@ -45,10 +44,11 @@ from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.protocol import (
     GetReply, HeartbeatReply, MountReply, OffloadTask, ReplicaDesc, ReplicateConfigMsg,
 )
+from mooncake_core.store import master_reports
 from mooncake_core.store.master_absence import Absences
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE, ClientInfo,
                                                  DiskReplica, Extra, MasterConfig, ObjectMeta, PendingPut, Rep,
-                                                 Segment, Stats, check_key, err)
+                                                 Segment, Stats, check_key, err, safe_rel_path)
 from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 
@@ -348,93 +348,48 @@ class MasterState:
 
     def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]],
                        versions: list[int] | None = None) -> int:
-        """Rebuild state from a client's complete objects (after need_remount).
-
-        A memory replica is only accepted on a segment this client mounted, inside it, and
-        when its range is still free here (the allocator then marks it used); anything else is
-        ignored (never trusted). ``versions[i]`` is the version ``put_end`` gave object i.
-        Several clients may report the same key (an upsert by another client leaves the old
-        bytes in the first writer's segment, unknown to it): the highest version wins, and an
-        object written through this master beats any report -- so an overwritten value never
-        comes back."""
-        now = self.clock()
-        self._touch_client(client_id, now)
-        self._reported_until = now + 2 * self.cfg.client_ttl_s
-        self.absent.open_window(now)
-        if versions is None or len(versions) != len(objects):
-            versions = [0] * len(objects)
-        accepted = 0
-        for (key, d), version in zip(objects, versions):
-            if not isinstance(key, str) or not key or key in self.inflight or d.size <= 0:
-                continue
-            if not isinstance(version, int) or version < 0:
-                continue
-            if version > self._last_version:  # a predecessor's clock ran ahead of ours: stay above it
-                self._last_version = version
-            tomb = self.absent.stamp(key)
-            if tomb and version <= tomb:
-                # removed here after another owner's report and before this one: the bytes are
-                # of the removed value (or older); tell the owner to forget them
-                c = self.clients.get(client_id)
-                if c is not None:
-                    c.removed.append((key, tomb))
-                continue
-            meta = self.objects.get(key)
-            if meta is not None:
-                known = self.reported.get(key)
-                if known is None or version < known:
-                    continue  # written through this master, or an older version: stale
-                if version > known:  # a newer write of this key: the reported one is stale
-                    self._drop_object(key, meta, now)
-                    meta = None
-            if meta is not None and meta.size != d.size:
-                continue
-            if d.kind == "disk":
-                if not self.cfg.enable_offload or not _safe_rel_path(d.path):
-                    continue
-                if meta is None:
-                    meta = self.objects[key] = ObjectMeta(self._intern_size(d.size), [])
-                    self.reported[key] = version
-                if meta.disk is None:
-                    meta.set_disk(DiskReplica(d.segment_name, client_id, d.path, d.size))
-                    self.disk_used += d.size
-                    self.disk_lru[key] = None
-                    accepted += 1
-                continue
-            seg = self.segments.get(d.segment_name)
-            if seg is None or seg.client_id != client_id:
-                continue
-            off = d.addr - seg.base
-            if off < 0 or off + d.size > seg.size:
-                continue
-            if meta is not None and any(r[0] is seg for r in meta.reps()):
-                continue
-            try:
-                seg.alloc.reserve(off, d.size)
-            except ValueError:
-                continue
-            if meta is None:
-                self.objects[key] = ObjectMeta(self._intern_size(d.size), [(seg, off)])
-                self.reported[key] = version
-            else:
-                meta.set_reps(meta.reps() + [(seg, off)])
-            accepted += 1
-        if accepted:
-            log.info("objects re-reported", extra={"client": client_id, "accepted": accepted,
-                                                   "offered": len(objects)})
-        return accepted
+        """Rebuild state from a client's complete objects (after need_remount): see
+        ``master_reports.report_objects``."""
+        return master_reports.report_objects(self, client_id, objects, versions)
 
     # ================================================================ puts
     def put_start(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg | None = None,
                   *, upsert: bool = False) -> list[ReplicaDesc]:
         check_key(key)
         cfg = cfg or ReplicateConfigMsg()
-        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-            raise err(ErrorCode.INVALID_PARAMS, f"put {key!r}: size must be an int > 0, got {size!r}")
+        self._check_cfg(cfg, key)
+        now = self.clock()
+        return self._put_start_one(client_id, key, size, cfg, self._soft_ttl(cfg), now, upsert,
+                                   self._direct_target(cfg, now))
+
+    @staticmethod
+    def _check_cfg(cfg: ReplicateConfigMsg, what: str) -> None:
         if not isinstance(cfg.replica_num, int) or not 1 <= cfg.replica_num <= MAX_REPLICAS:
             raise err(ErrorCode.INVALID_PARAMS,
-                      f"put {key!r}: replica_num must be 1..{MAX_REPLICAS}, got {cfg.replica_num!r}")
-        now = self.clock()
+                      f"put {what!r}: replica_num must be 1..{MAX_REPLICAS}, got {cfg.replica_num!r}")
+
+    def _soft_ttl(self, cfg: ReplicateConfigMsg) -> float | None:
+        if not cfg.soft_pin:
+            return None
+        ttl_ms = cfg.soft_pin_ttl_ms if cfg.soft_pin_ttl_ms is not None else self.cfg.default_kv_soft_pin_ttl_ms
+        return ttl_ms / 1000.0
+
+    def _direct_target(self, cfg: ReplicateConfigMsg, now: float) -> Segment | None:
+        """The segment every put with ``cfg`` goes to when placement has no choice to make
+        (one mounted segment, no recovery hold: replicas must be on distinct segments, and a
+        preference can only name that one), else None. Worked out once per batch."""
+        if len(self.segments) != 1 or now < self._holds_until:
+            return None
+        return next(iter(self.segments.values()))
+
+    def _put_start_one(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg,
+                       soft_ttl: float | None, now: float, upsert: bool,
+                       direct: Segment | None = None) -> list[ReplicaDesc]:
+        """put_start of one key whose ``cfg`` was validated (once per batch). Every step is
+        O(1) (dict lookups, the allocator's top block) or O(log free blocks) -- never a walk
+        over the stored objects. ``direct``: see _direct_target."""
+        if size.__class__ is not int or size <= 0:
+            raise err(ErrorCode.INVALID_PARAMS, f"put {key!r}: size must be an int > 0, got {size!r}")
         promote = False
         meta = self.objects.get(key)
         if meta is not None and not upsert:
@@ -455,14 +410,16 @@ class MasterState:
             for r in p.reps:
                 self._free(r, p.size)
             del self.inflight[key]
-        reps = self._allocate(key, size, cfg, now)
-        soft_ttl = None
-        if cfg.soft_pin:
-            ttl_ms = cfg.soft_pin_ttl_ms if cfg.soft_pin_ttl_ms is not None else self.cfg.default_kv_soft_pin_ttl_ms
-            soft_ttl = ttl_ms / 1000.0
-        self.inflight[key] = PendingPut(client_id, self._intern_size(size), reps, now, upsert, promote,
-                                        bool(cfg.with_hard_pin), soft_ttl)
-        return [self._desc(r, size, "processing") for r in reps]
+        reps: list[Rep] | None = None
+        if direct is not None and size <= direct.size:
+            off = direct.alloc.allocate(size)
+            if off is not None:
+                reps = [(direct, off)]
+        if reps is None:  # a choice to make, or no room: the general path (it may evict)
+            reps = self._allocate(key, size, cfg, now)
+        self.inflight[key] = PendingPut(client_id, self._sizes.get(size) or self._intern_size(size), reps, now,
+                                        upsert, promote, bool(cfg.with_hard_pin), soft_ttl)
+        return [ReplicaDesc(seg.name, seg.base + off, size, "memory", "", "processing") for seg, off in reps]
 
     def upsert_start(self, client_id: str, key: str, size: int,
                      cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
@@ -502,7 +459,10 @@ class MasterState:
 
     def _place(self, size: int, want: int, preferred: list[str], segs: dict[str, Segment]) -> list[Rep] | None:
         if want == 1 and not preferred and len(segs) == 1:
-            order = list(segs.values())
+            for seg in segs.values():
+                off = seg.alloc.allocate(size)
+                return None if off is None else [(seg, off)]
+            return None
         else:
             order = []
             for name in preferred or ():
@@ -538,6 +498,9 @@ class MasterState:
         wins -- or 0 when this call published nothing (an idempotent retry, or a put that
         lost to an existing value)."""
         check_key(key)
+        return self._put_end_one(client_id, key, self.clock())
+
+    def _put_end_one(self, client_id: str, key: str, now: float) -> int:
         p = self.inflight.get(key)
         if p is None:
             if key in self.objects:
@@ -546,7 +509,6 @@ class MasterState:
         if p.client_id != client_id:
             raise err(ErrorCode.INVALID_PARAMS, f"put_end {key!r}: the put in progress belongs to client "
                        f"{p.client_id!r}, not {client_id!r} (taken over after a timeout?)")
-        now = self.clock()
         del self.inflight[key]
         old = self.objects.get(key)
         if old is not None:
@@ -593,12 +555,41 @@ class MasterState:
 
     def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int],
                         cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> list[Any]:
+        """put_start of every key: its replicas, or its error code. The config is checked and
+        the clock read once per batch; each key then costs O(1) (see _put_start_one)."""
         if len(keys) != len(sizes):
             raise err(ErrorCode.INVALID_PARAMS, f"batch_put_start: {len(keys)} keys but {len(sizes)} sizes")
-        return self._batch(lambda k, s: self.put_start(client_id, k, s, cfg, upsert=upsert), keys, sizes)
+        cfg = cfg or ReplicateConfigMsg()
+        try:
+            self._check_cfg(cfg, keys[0] if keys else "")
+        except MooncakeError as e:
+            return [e.code] * len(keys)
+        soft_ttl = self._soft_ttl(cfg)
+        now = self.clock()
+        direct = self._direct_target(cfg, now)
+        one = self._put_start_one
+        out: list[Any] = []
+        for k, size in zip(keys, sizes):
+            try:
+                if k.__class__ is not str or not k:
+                    check_key(k)
+                out.append(one(client_id, k, size, cfg, soft_ttl, now, upsert, direct))
+            except MooncakeError as e:
+                out.append(e.code)
+        return out
 
     def batch_put_end(self, client_id: str, keys: list[str]) -> list[int]:
-        return self._batch(lambda k: self.put_end(client_id, k), keys)
+        now = self.clock()
+        one = self._put_end_one
+        out: list[int] = []
+        for k in keys:
+            try:
+                if k.__class__ is not str or not k:
+                    check_key(k)
+                out.append(one(client_id, k, now))
+            except MooncakeError as e:
+                out.append(e.code)
+        return out
 
     def batch_put_revoke(self, client_id: str, keys: list[str]) -> list[int]:
         return self._batch(lambda k: self.put_revoke(client_id, k), keys)
@@ -754,7 +745,7 @@ class MasterState:
 
     # ================================================================ SSD tier
     def offload_done(self, client_id: str, key: str, path: str, size: int) -> None:
-        if not _safe_rel_path(path):
+        if not safe_rel_path(path):
             raise err(ErrorCode.INVALID_PARAMS, f"offload_done {key!r}: path {path!r} must be relative "
                        f"to root_fs_dir without '..'")
         now = self.clock()
@@ -889,9 +880,3 @@ class MasterState:
         ready = [p for t, p in self.pending_file_deletes if t <= now]
         self.pending_file_deletes = [(t, p) for t, p in self.pending_file_deletes if t > now]
         return ready
-
-
-def _safe_rel_path(path: object) -> bool:
-    if not isinstance(path, str) or not path or os.path.isabs(path):
-        return False
-    return ".." not in path.replace("\\", "/").split("/")

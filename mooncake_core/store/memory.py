@@ -22,8 +22,8 @@ import numpy as np
 from mooncake_core import envs
 from mooncake_core.store.offload import mem_view
 
-__all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "fingerprint", "madvise_populate", "memmove",
-           "new_bytes", "populate_range", "prefault_enabled", "spans"]
+__all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "fingerprint", "fingerprint_of", "madvise_populate",
+           "memmove", "new_bytes", "populate_range", "prefault_enabled", "spans"]
 
 memmove = ctypes.memmove
 _PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
@@ -31,9 +31,28 @@ _PyBytes_FromStringAndSize.restype = ctypes.py_object
 _PyBytes_FromStringAndSize.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
-def bytes_addr(b: bytes) -> int:
-    """Address of a bytes object's payload (c_char_p aliases it; no copy)."""
+def _bytes_addr_ctypes(b: bytes) -> int:
     return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0
+
+
+def _payload_offset() -> int | None:
+    """Offset of a bytes object's payload from its ``id`` in this CPython (the header size),
+    when it is the same for every probe; None elsewhere (then ctypes is asked every time)."""
+    probes = [b"x" * n for n in (1, 7, 100, 5000)]
+    offs = {_bytes_addr_ctypes(b) - id(b) for b in probes}
+    return offs.pop() if len(offs) == 1 else None
+
+
+_BYTES_PAYLOAD = _payload_offset() if sys.implementation.name == "cpython" else None
+
+
+def bytes_addr(b: bytes) -> int:
+    """Address of a bytes object's payload (no copy). In CPython that is ``id(b)`` plus the
+    object header (checked at import): ~30x cheaper than the ctypes round trip, which was a
+    noticeable share of a batch of small puts."""
+    if _BYTES_PAYLOAD is not None and b.__class__ is bytes:
+        return id(b) + _BYTES_PAYLOAD
+    return _bytes_addr_ctypes(b)
 
 
 def new_bytes(size: int) -> tuple[bytes, int]:
@@ -84,15 +103,22 @@ def fingerprint(addr: int, size: int) -> bytes:
     Recorded at put time and re-checked before re-reporting an object after a master
     restart, so that a range whose memory was meanwhile reused is never re-published.
     """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(size.to_bytes(8, "little"))
+    return fingerprint_of(mem_view(addr, size))
+
+
+def fingerprint_of(view: memoryview) -> bytes:
+    """``fingerprint`` of the bytes of ``view`` (a byte view). Taking a slice of a view of the
+    whole segment is what makes this cheap for small objects: a ctypes view per object cost
+    more than hashing its kilobyte."""
+    size = len(view)
+    h = hashlib.blake2b(size.to_bytes(8, "little"), digest_size=16)
     if size <= 1024:
-        h.update(mem_view(addr, size))
+        h.update(view)
         return h.digest()
     step = (size - 64) // 15
     for i in range(16):
         off = min(i * step, size - 64)
-        h.update(mem_view(addr + off, 64))
+        h.update(view[off:off + 64])
     return h.digest()
 
 

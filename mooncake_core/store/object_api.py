@@ -14,7 +14,7 @@ from typing import Any
 from mooncake_core.errors import MooncakeError
 from mooncake_core.store.codes import EXIST_ERROR, INTERNAL, INVALID, NOT_FOUND, OK
 from mooncake_core.store.internals import StoreInternals
-from mooncake_core.store.memory import buffer_addr
+from mooncake_core.store.memory import buffer_addr, bytes_addr
 from mooncake_core.store.owned import OwnedEntry
 from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.store.types import ReplicateConfig
@@ -87,7 +87,8 @@ class ObjectApi:
         cfg = check_config(config, op)
         if not keys:
             return []
-        bufs = [buffer_addr(v, f"{op}: values[{i}]") for i, v in enumerate(values)]
+        bufs = [(bytes_addr(v), len(v), v) if v.__class__ is bytes else buffer_addr(v, f"{op}: values[{i}]")
+                for i, v in enumerate(values)]
         if upsert:
             self.core.forget(keys)
         return self.core.call_list(lambda: self.core.put_many(keys, [[(a, s)] for a, s, _ in bufs], cfg, upsert=upsert,

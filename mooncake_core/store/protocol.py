@@ -23,6 +23,12 @@ drop a reply to a request it already gave up on. ``body`` is one of the request 
 below, msgpack-encoded as a tagged union (the tag is the method name). ``status`` is a
 Mooncake error code (0 = OK); on success ``payload`` is the msgpack-encoded result (type given
 per method in ``RESULT_TYPES``), otherwise the UTF-8 error message.
+
+Authentication (``MOONCAKE_AUTH_TOKEN`` on the master): a connection's first requests are
+``auth_challenge`` (answered with a nonce) and ``auth`` (the HMAC of it); any other request
+of a connection that has not passed them is answered -600 naming the refusal, and the master
+closes the connection. Adding the two methods kept PROTOCOL_VERSION 2 (clients without a
+token never send them).
 """
 
 from __future__ import annotations
@@ -173,6 +179,17 @@ class PingReq(_Req, tag="ping"):
     pass
 
 
+class AuthChallengeReq(_Req, tag="auth_challenge"):
+    """First request of a connection when the client has a token: the answer is a fresh nonce
+    (empty: this master requires no token). See ``mooncake_core.auth``."""
+
+
+class AuthReq(_Req, tag="auth"):
+    """``HMAC-SHA256(token, "mooncake-master-rpc-v1|" + nonce)``: the answer to the challenge."""
+
+    proof: bytes
+
+
 class MountSegmentReq(_Req, tag="mount_segment"):
     client_id: str
     segment_name: str
@@ -297,7 +314,7 @@ class OffloadFailedReq(_Req, tag="offload_failed"):
 
 
 Request = Union[
-    PingReq, MountSegmentReq, UnmountSegmentReq, HeartbeatReq, ReportObjectsReq,
+    PingReq, AuthChallengeReq, AuthReq, MountSegmentReq, UnmountSegmentReq, HeartbeatReq, ReportObjectsReq,
     PutStartReq, UpsertStartReq, PutEndReq, PutRevokeReq, BatchPutStartReq,
     BatchUpsertStartReq, BatchPutEndReq, BatchPutRevokeReq, GetReplicaListReq,
     BatchGetReplicaListReq, ExistKeyReq, BatchExistKeyReq, GetSizeReq, RemoveReq,
@@ -307,6 +324,8 @@ Request = Union[
 #: result type of each method (what the success payload decodes to)
 RESULT_TYPES: dict[type, object] = {
     PingReq: MasterInfo,
+    AuthChallengeReq: bytes,
+    AuthReq: None,
     MountSegmentReq: MountReply,
     UnmountSegmentReq: None,
     HeartbeatReq: HeartbeatReply,

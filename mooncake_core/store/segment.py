@@ -35,6 +35,8 @@ class StoreSegment:
                 pass
         self._anchor: ctypes.c_char | None = ctypes.c_char.from_buffer(self.mm)
         self.addr = ctypes.addressof(self._anchor)
+        #: a byte view of the whole segment: slices of it fingerprint what we wrote (memory.fingerprint_of)
+        self.view: memoryview | None = memoryview(self.mm)
         self._stop = threading.Event()
         self._populater: threading.Thread | None = None
         if prefault_enabled():
@@ -55,6 +57,9 @@ class StoreSegment:
         if self._populater is not None:
             self._populater.join(timeout=30)
         self._anchor = None
+        if self.view is not None:
+            self.view.release()
+            self.view = None
         try:
             self.mm.close()
         except BufferError:  # a view still alive somewhere; let GC unmap it

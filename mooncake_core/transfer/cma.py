@@ -5,8 +5,12 @@ kernel copies directly between the two address spaces (as UCX's ``cma`` transpor
 on *arbitrary* registered memory -- no need to allocate regions in shared memory up front.
 Chosen when both descriptors show the same boot_id and pid namespace and a probe read of
 the target succeeds (ptrace permissions allow it); otherwise the engine falls back to tcp
-and logs why. The initiator bounds-checks every request against the target's published
-regions before the syscall (the target cannot check: it is not involved).
+and logs why. The initiator bounds-checks every request before the syscall (the target cannot
+check: it is not involved) -- against the regions the *target process itself* reports over its
+control channel (GET_DESC on the socket that process listens on), never against the regions a
+descriptor from the metadata service merely claims: a forged descriptor naming a real local
+engine's pid and port with other addresses would otherwise make us write into that engine's
+unregistered memory.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import ipaddress
+import bisect
 import itertools
 import os
 import select
@@ -23,18 +29,29 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from mooncake_core.errors import ErrorCode
 from mooncake_core.transfer.base import (Capabilities, Transport, TransportContext, TransferError, TransferOpcode,
                                          TransferRequest)
-from mooncake_core.transfer.descriptor import SegmentDescriptor, host_identity, process_start_time
-from mooncake_core.transfer.vec import VEC_MIN, Plan, plan_chunks
+from mooncake_core.transfer.control import ControlChannel
+from mooncake_core.transfer.descriptor import DescriptorError, SegmentDescriptor, host_identity, process_start_time
+from mooncake_core.transfer.tcp_vec import first_bad
+from mooncake_core.transfer.vec import VEC_MIN, Plan, plan_chunks, region_index
 from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.te.cma")
 
 
-def _listening_inodes(pid: int, port: int) -> set[str]:
-    """Socket inodes in LISTEN state on ``port`` in ``pid``'s network namespace."""
-    out: set[str] = set()
+def _proc_ip(hexip: str) -> str:
+    """An address of /proc/net/tcp{,6} (host-order 32-bit words in hex) as text."""
+    raw = bytes.fromhex(hexip)
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(raw))
+
+
+def _listening_inodes(pid: int, port: int) -> dict[str, str]:
+    """Socket inode -> local address of the sockets in LISTEN state on ``port`` in ``pid``'s
+    network namespace."""
+    out: dict[str, str] = {}
     for table in ("tcp", "tcp6"):
         try:
             with open(f"/proc/{pid}/net/{table}") as f:
@@ -43,30 +60,41 @@ def _listening_inodes(pid: int, port: int) -> set[str]:
                     parts = line.split()
                     # local_address is HEXIP:HEXPORT; st 0A = LISTEN; inode is field 10
                     if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
-                        out.add(parts[9])
+                        out[parts[9]] = _proc_ip(parts[1].rsplit(":", 1)[0])
         except (OSError, ValueError, IndexError):
             continue
     return out
 
 
-def pid_listens_on(pid: int, port: int) -> bool:
-    """True when process ``pid`` holds a socket listening on tcp ``port`` (read from /proc: the
-    same permission cross-memory attach needs)."""
+def pid_listen_address(pid: int, port: int) -> str | None:
+    """The address at which process ``pid`` itself listens on tcp ``port`` (loopback for a
+    wildcard bind), or None when it does not (read from /proc: the same permission
+    cross-memory attach needs). Connecting there reaches that process, whatever host a
+    descriptor names."""
     inodes = _listening_inodes(pid, port)
     if not inodes:
-        return False
+        return None
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return False
-    want = {f"socket:[{i}]" for i in inodes}
+        return None
+    want = {f"socket:[{i}]": addr for i, addr in inodes.items()}
     for fd in fds:
         try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") in want:
-                return True
+            addr = want.get(os.readlink(f"/proc/{pid}/fd/{fd}"))
         except OSError:
             continue
-    return False
+        if addr is not None:
+            ip = ipaddress.ip_address(addr)
+            if ip.is_unspecified:
+                return "::1" if ip.version == 6 else "127.0.0.1"
+            return addr
+    return None
+
+
+def pid_listens_on(pid: int, port: int) -> bool:
+    """True when process ``pid`` holds a socket listening on tcp ``port``."""
+    return pid_listen_address(pid, port) is not None
 
 
 class _iovec(ctypes.Structure):
@@ -155,6 +183,10 @@ def _run_chunk(write: bool, pid: int, plan: Plan, k: int) -> None:
     _vm_op(write, pid, rest)
 
 
+#: seconds a same-host peer has to report its regions when we first consider attaching to it
+PROBE_TIMEOUT = 5.0
+
+
 class CmaTransport(Transport):
     name = "cma"
     priority = 80  # same host, no network stack: below only the in-process copy
@@ -168,6 +200,10 @@ class CmaTransport(Transport):
         self._pidfds: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=COPY_THREADS - 1, thread_name_prefix="te-cma")
+        #: (pid, start_time) -> sorted (starts, ends) of the regions that process itself reported
+        self._verified: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._verified_lists: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+        self._control = ControlChannel()
 
     def can_reach(self, desc: SegmentDescriptor) -> bool:
         if not _HAVE or not desc.same_host_as(self.boot_id, self.pidns) or desc.pid == os.getpid():
@@ -222,11 +258,17 @@ class CmaTransport(Transport):
             log.warning("segment descriptor names a local process that does not serve its port; using tcp",
                         extra={"segment": desc.name, "pid": desc.pid, "port": desc.port})
             return False
-        if not desc.buffers:
+        try:  # its own word on what it registered, not the descriptor's (see _check_claims)
+            starts, _ = self._target_regions(desc, time.monotonic() + PROBE_TIMEOUT)
+        except TransferError as e:
+            log.warning("same-host peer did not report its regions over its control channel; using tcp",
+                        extra={"segment": desc.name, "pid": desc.pid, "error": str(e)})
+            return False
+        if not len(starts):
             return os.path.exists(f"/proc/{desc.pid}")
         b = ctypes.create_string_buffer(1)
         try:
-            _vm_op(False, desc.pid, [(ctypes.addressof(b), desc.buffers[0].addr, 1)])
+            _vm_op(False, desc.pid, [(ctypes.addressof(b), int(starts[0]), 1)])
             return True
         except TransferError as e:
             # a warning, not info: a same-host peer silently running over tcp is what users of the
@@ -234,6 +276,58 @@ class CmaTransport(Transport):
             log.warning("cross-memory attach not permitted, using tcp for this same-host peer",
                         extra={"segment": desc.name, "pid": desc.pid, "error": str(e)})
             return False
+
+    def _target_regions(self, desc: SegmentDescriptor, deadline: float) -> tuple[np.ndarray, np.ndarray]:
+        """Ask the process ``desc.pid`` (at the address *it* listens on) which regions it
+        registered: GET_DESC over its control channel (authenticated when a token is set)."""
+        where = pid_listen_address(desc.pid, desc.port)
+        if where is None:
+            raise TransferError(f"segment {desc.name!r}: process {desc.pid} no longer listens on port {desc.port}",
+                                peer_down=True)
+        raw = self._control.fetch_descriptor(where, desc.port, desc.name, deadline)
+        try:
+            own = SegmentDescriptor.from_json(raw)
+        except DescriptorError as e:
+            raise TransferError(f"segment {desc.name!r}: process {desc.pid} answered a bad descriptor: {e}") from None
+        if own.pid != desc.pid or (desc.start_time and own.start_time != desc.start_time):
+            raise TransferError(f"segment {desc.name!r}: the engine on port {desc.port} is process {own.pid}, "
+                                f"not {desc.pid}: refusing cross-memory attach")
+        index = region_index(own.buffers)
+        with self._lock:
+            self._verified[(desc.pid, desc.start_time)] = index
+            self._verified_lists[(desc.pid, desc.start_time)] = (index[0].tolist(), index[1].tolist())
+        return index
+
+    def _claims_known(self, desc: SegmentDescriptor, reqs: list[TransferRequest]) -> bool:
+        """The small-batch fast path of ``_check_claims`` (bisect, no numpy)."""
+        lists = self._verified_lists.get((desc.pid, desc.start_time))
+        if lists is None:
+            return False
+        starts, ends = lists
+        for r in reqs:
+            if r.length <= 0:
+                continue
+            i = bisect.bisect_right(starts, r.remote_addr) - 1
+            if i < 0 or r.remote_addr + r.length > ends[i]:
+                return False
+        return True
+
+    def _check_claims(self, desc: SegmentDescriptor, remote: np.ndarray, length: np.ndarray,
+                      deadline: float) -> None:
+        """Every remote range must lie in a region the target process registered (asked once,
+        again when a range is new: it may have registered more since)."""
+        index = self._verified.get((desc.pid, desc.start_time))
+        if index is not None and first_bad(index[0], index[1], remote, length) is None:
+            return
+        starts, ends = self._target_regions(desc, deadline)
+        bad = first_bad(starts, ends, remote, length)
+        if bad is not None:
+            a, n = int(remote[bad]), int(length[bad])
+            log.warning("refused cross-memory attach outside the target's registered regions",
+                        extra={"segment": desc.name, "pid": desc.pid, "addr": hex(a), "length": n})
+            raise TransferError(f"segment {desc.name!r}: {n} bytes at {a:#x} are not in any region process "
+                                f"{desc.pid} registered (its descriptor claims memory the engine never "
+                                f"registered): cross-memory attach refused", ErrorCode.INVALID_PARAMS)
 
     def transfer(self, desc: SegmentDescriptor, reqs: list[TransferRequest], deadline: float) -> None:
         for op in (TransferOpcode.WRITE, TransferOpcode.READ):
@@ -244,6 +338,9 @@ class CmaTransport(Transport):
                 # small: one direct syscall; numpy planning would cost more than the copy
                 if not self._alive(desc):
                     raise TransferError(f"segment {desc.name!r}: process {desc.pid} has exited", peer_down=True)
+                if not self._claims_known(desc, sel):
+                    self._check_claims(desc, np.array([r.remote_addr for r in sel], dtype=np.int64),
+                                       np.array([r.length for r in sel], dtype=np.int64), deadline)
                 _vm_op(op == TransferOpcode.WRITE, desc.pid, [(r.local_addr, r.remote_addr, r.length) for r in sel])
                 continue
             arr = np.array([(r.local_addr, r.remote_addr, r.length) for r in sel], dtype=np.int64).reshape(-1, 3)
@@ -257,6 +354,7 @@ class CmaTransport(Transport):
         so a thread that loses its core delays only the chunk it holds, not half the batch."""
         if not self._alive(desc):
             raise TransferError(f"segment {desc.name!r}: process {desc.pid} has exited", peer_down=True)
+        self._check_claims(desc, remote, length, deadline)
         write = opcode == TransferOpcode.WRITE
         plan = plan_chunks(local, remote, length, chunk_bytes=CHUNK_BYTES, max_iov=IOV_BATCH)
         nchunks = len(plan.nbytes)
@@ -291,6 +389,7 @@ class CmaTransport(Transport):
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+        self._control.close()
         with self._lock:
             fds, self._pidfds = list(self._pidfds.values()), {}
         for fd in fds:

@@ -18,10 +18,12 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Generic, TypeVar
 
+from mooncake_core import auth
+from mooncake_core.errors import ErrorCode
 from mooncake_core.transfer.base import TransferError
 from mooncake_core.transfer.sockio import (PeerClosed, is_timeout, recv_exact, recv_into_exact, sendmsg_all,
                                            set_kernel_timeouts)
-from mooncake_core.transfer.wire import RESP, Op, Request, Response, WireError, unpack_response
+from mooncake_core.transfer.wire import RESP, Op, Request, Response, Status, WireError, unpack_response
 from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.te.conn")
@@ -55,6 +57,29 @@ class Conn:
         self._hdr = bytearray(RESP.size)
         self._hview = memoryview(self._hdr)
         self._timeout = timeout
+        token = auth.resolve_token()
+        if token:
+            try:
+                self._authenticate(token, deadline)
+            except BaseException:
+                self.close()
+                raise
+
+    def _authenticate(self, token: str, deadline: float) -> None:
+        """Prove the shared secret (MOONCAKE_AUTH_TOKEN) before any other request: ask for a
+        challenge, answer it. A target without a token answers the challenge with nothing."""
+        try:
+            status, nonce = self.control(Op.AUTH, b"", deadline)
+            if status == Status.OK and nonce:
+                status, reason = self.control(Op.AUTH, auth.prove(token, nonce, auth.TE_CONTEXT), deadline)
+            else:
+                reason = nonce
+        except (OSError, WireError) as e:
+            raise TransferError(f"segment {self.peer}: authentication exchange failed: {e} (a target of an "
+                                f"older release without AUTH closes the connection)", peer_down=True) from None
+        if status != Status.OK:
+            raise TransferError(f"segment {self.peer} refused this engine: {reason.decode(errors='replace')}",
+                                ErrorCode.TRANSFER_FAIL)
 
     def close(self) -> None:
         try:

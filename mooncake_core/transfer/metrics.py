@@ -71,7 +71,7 @@ def served(op: str, nbytes: int) -> None:
 
 
 def refused(reason: str) -> None:
-    """A peer request refused: out_of_bounds, garbage, version."""
+    """A peer request refused: out_of_bounds, garbage, version, auth, connections."""
     _refused[reason] = _refused.get(reason, 0) + 1
 
 
@@ -98,7 +98,8 @@ class _Collector:
         for op, n in sorted(_served.items()):
             sv.add_metric([op], n)
         yield sv
-        rf = CounterMetricFamily("mooncake_te_refused", "Peer requests refused (out_of_bounds, garbage, version)",
+        rf = CounterMetricFamily("mooncake_te_refused",
+                                 "Peer requests refused (out_of_bounds, garbage, version, auth, connections)",
                                  labels=["reason"])
         for reason, n in sorted(_refused.items()):
             rf.add_metric([reason], n)

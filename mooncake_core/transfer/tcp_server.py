@@ -6,7 +6,9 @@ Safety rules (the point of this module):
   and the initiator gets an error reply; the violation is logged here at the target;
 * garbage (bad magic, absurd lengths) or a truncated message closes that connection only;
   the listener and every other connection keep serving;
-* a peer speaking another wire version gets a reply naming both versions, then is closed.
+* a peer speaking another wire version gets a reply naming both versions, then is closed;
+* with a token (``MOONCAKE_AUTH_TOKEN``), a connection must pass the AUTH challenge before
+  any other request: otherwise it gets UNAUTHORIZED naming what was refused, and is closed.
 Each connection is served by its own thread doing blocking, GIL-releasing socket I/O
 straight into / out of registered memory (zero copy).
 """
@@ -20,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from mooncake_core import auth, envs
 from mooncake_core.transfer import metrics, tcp_vec, vec
 from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import RegionTable, memview
@@ -34,13 +37,28 @@ log = get_logger("mooncake.te.server")
 
 SCRATCH = 1 << 20
 IDLE_TIMEOUT = 600.0  # an idle peer connection is closed after this many seconds
+#: a refused unauthenticated WRITE's payload is read and dropped up to this size so that the
+#: initiator can read the refusal; a larger one is cut off (the connection closes)
+REFUSED_DRAIN_MAX = 16 << 20
+#: connections all peers together may hold open at once
+MAX_CONNS = 1024
+
+
+class _Refused(Exception):
+    """This connection is done: it was refused (the reply has been sent)."""
 
 
 class TcpServer:
     def __init__(self, host: str, port: int, regions: RegionTable,
                  descriptor: Callable[[], dict], on_notify: Callable[[str, str], None],
-                 segment_name: Callable[[], str]):
+                 segment_name: Callable[[], str], *, token: str | None = None,
+                 max_conns_per_peer: int | None = None):
         self.regions = regions
+        #: the shared secret peers must prove (None: auth off); read once, never logged
+        self._token = token if token is not None else auth.resolve_token()
+        #: connections one peer address may hold open at once; more are refused (and closed)
+        self.max_conns_per_peer = max_conns_per_peer or envs.MC_TCP_MAX_CONNS_PER_PEER
+        self._per_peer: dict[str, int] = {}
         self._descriptor = descriptor
         self._on_notify = on_notify
         self._segment_name = segment_name
@@ -55,6 +73,12 @@ class TcpServer:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept_loop, name=f"te-accept-{self.port}", daemon=True)
         self._thread.start()
+        log.info("transfer engine rpc port listening",
+                 extra={"address": f"{self.host}:{self.port}", "auth": self._token is not None})
+        warn = auth.exposure_warning("transfer engine rpc port", str(self.host), self._token,
+                                     "read and write every registered buffer")
+        if warn:
+            log.warning(warn, extra={"address": f"{self.host}:{self.port}"})
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -84,7 +108,17 @@ class TcpServer:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             set_kernel_timeouts(conn, IDLE_TIMEOUT)
             with self._lock:
-                self._conns.add(conn)
+                n = self._per_peer.get(addr[0], 0)
+                full = n >= self.max_conns_per_peer or len(self._conns) >= MAX_CONNS
+                if not full:
+                    self._per_peer[addr[0]] = n + 1
+                    self._conns.add(conn)
+            if full:
+                metrics.refused("connections")
+                log.warning("refusing connection: too many from this peer",
+                            extra={"peer": f"{addr[0]}:{addr[1]}", "open": n, "limit": self.max_conns_per_peer})
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
                              name=f"te-conn-{addr[1]}").start()
 
@@ -99,6 +133,8 @@ class TcpServer:
         rpack = RESP.pack
         served = metrics._served
         poller = Poller(self._spin)
+        authed = self._token is None
+        nonce: bytes | None = None
         try:
             while not self._stop.is_set():
                 try:
@@ -115,6 +151,9 @@ class TcpServer:
                 if first < REQ.size:
                     recv_into_exact(conn, hview[first:])
                 magic, ver, op, _flags, rid, raddr, length, aux_len, _ = unpack(hdr)
+                if not authed:
+                    authed, nonce = self._authenticate(conn, unpack_request(hdr), peer, nonce, scratch)
+                    continue
                 # hot path: data ops of the current version, validated before memory is touched
                 if magic == MAGIC and ver == WIRE_VERSION and aux_len == 0 and op in (Op.WRITE, Op.READ):
                     if length == 0 or contains(raddr, length):
@@ -143,6 +182,8 @@ class TcpServer:
                                                 len(aux)).pack(), aux])
                     return
                 self._handle(conn, req, peer, scratch)
+        except _Refused:
+            pass
         except WireError as e:
             metrics.refused("garbage")
             log.warning("dropping connection: malformed message", extra={"peer": peer, "error": str(e)})
@@ -156,10 +197,45 @@ class TcpServer:
         finally:
             with self._lock:
                 self._conns.discard(conn)
+                left = self._per_peer.get(addr[0], 1) - 1
+                if left > 0:
+                    self._per_peer[addr[0]] = left
+                else:
+                    self._per_peer.pop(addr[0], None)
             try:
                 conn.close()
             except OSError:
                 pass
+
+    def _authenticate(self, conn: socket.socket, req, peer: str, nonce: bytes | None,
+                      scratch: memoryview) -> tuple[bool, bytes | None]:
+        """One request of a connection that has not proven the token yet: serve the AUTH
+        challenge / answer, refuse anything else. Returns (authenticated, pending nonce);
+        raises _Refused after replying UNAUTHORIZED."""
+        token = self._token
+        assert token is not None
+        if req.version != WIRE_VERSION:
+            raise WireError(version_mismatch_message(req.version))
+        aux = bytes(recv_exact(conn, req.aux_len)) if req.aux_len else b""
+        if req.op == Op.AUTH and not aux:
+            nonce = auth.new_nonce()
+            self._reply(conn, Op.AUTH, req.req_id, Status.OK, nonce)
+            return False, nonce
+        if req.op == Op.AUTH:
+            if nonce is not None and auth.verify(token, nonce, aux, auth.TE_CONTEXT):
+                self._reply(conn, Op.AUTH, req.req_id, Status.OK)
+                return True, None
+            reason = "wrong token" if nonce is not None else "answer sent before the challenge"
+        else:
+            reason = "no token presented"
+            if req.op in (Op.WRITE, Op.WRITEV) and req.length <= REFUSED_DRAIN_MAX:
+                drain(conn, req.length, scratch)  # so that the initiator reads the refusal
+        metrics.refused("auth")
+        what = Op(req.op).name if req.op in Op._value2member_map_ else f"op {req.op}"
+        msg = auth.refusal(f"segment {self._segment_name()!r} refused {what}", reason)
+        log.warning("refused unauthenticated peer", extra={"peer": peer, "op": what, "reason": reason})
+        self._reply(conn, req.op, req.req_id, Status.UNAUTHORIZED, msg.encode())
+        raise _Refused()
 
     def _reply(self, conn: socket.socket, op: int, req_id: int, status: int, aux: bytes = b"",
                payload: memoryview | None = None) -> None:
@@ -206,6 +282,8 @@ class TcpServer:
             self._reply(conn, op, req.req_id, Status.OK, json.dumps(self._descriptor()).encode())
         elif op == Op.PROBE:
             self._reply(conn, op, req.req_id, Status.OK, self._segment_name().encode())
+        elif op == Op.AUTH:  # authenticated already, or no token here: nothing to prove
+            self._reply(conn, op, req.req_id, Status.OK)
         elif op == Op.NOTIFY:
             try:
                 d = json.loads(aux)

@@ -19,6 +19,13 @@ the sum of the block lengths; a WRITEV carries that many payload bytes after the
 successful READV reply carries them after its header. Adding these ops kept WIRE_VERSION 1:
 a current target answers any op it does not know with BAD_REQUEST naming it (then closes
 the connection, whose remaining bytes it cannot interpret); an older one closes it.
+
+AUTH (``MOONCAKE_AUTH_TOKEN`` set on the target, see ``mooncake_core.auth``): the first
+exchange of a connection. An AUTH with an empty aux asks for a challenge, answered OK with a
+16-byte nonce in the aux (an empty aux: this target requires no token); an AUTH whose aux is
+``HMAC-SHA256(token, "mooncake-te-rpc-v1|" + nonce)`` is answered OK or UNAUTHORIZED. A target
+with a token answers any other request of an unauthenticated connection UNAUTHORIZED (with
+the reason) and closes it.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class Op(enum.IntEnum):
     NOTIFY = 5
     WRITEV = 6
     READV = 7
+    AUTH = 8
 
 
 class Status(enum.IntEnum):
@@ -50,6 +58,7 @@ class Status(enum.IntEnum):
     OUT_OF_BOUNDS = -10
     BAD_REQUEST = -600
     VERSION_MISMATCH = -601
+    UNAUTHORIZED = -602
     NOT_FOUND = -101
     INTERNAL = -1
 

@@ -6,11 +6,15 @@ KV-cache objects come in few distinct sizes and are freed in arbitrary order; be
 immediate coalescing of neighbours keeps fragmentation low without the 2x internal waste of
 a buddy system.
 
-Data structures (all O(log n) per operation via ``sortedcontainers``):
+Data structures (all O(log n) per operation via ``sortedcontainers``, O(1) for the top block):
 
 * ``_free_by_off``: SortedDict offset -> size of each free block (find neighbours to merge).
 * ``_free_by_size``: SortedList of (size, offset) (best fit = first block with size >= n;
   ties go to the lowest offset, which keeps allocations packed at the start).
+* the *top* block (``_top``: offset of the free block that ends at ``capacity``; ``capacity``
+  when the last byte is in use) is kept out of both indexes, as dlmalloc keeps its top chunk:
+  filling a fresh segment carves every object off it in O(1) with no sorted-index update,
+  and a freed range next to it merges back in O(1). It still takes part in best fit.
 * ``_allocated``: dict offset -> size of live allocations (validates ``free``). With
   ``track=False`` (used by the store master, which already records every replica's offset
   and size) the dict is not kept -- it would cost ~80 bytes per object -- and ``free`` takes
@@ -31,7 +35,7 @@ class RangeAllocator:
     """Allocate ``[offset, offset + size)`` ranges inside ``[0, capacity)``."""
 
     __slots__ = ("_capacity", "_alignment", "_free_by_off", "_free_by_size", "_allocated", "_used",
-                 "_track", "_sizes")
+                 "_track", "_sizes", "_top", "_need", "_count")
 
     def __init__(self, capacity: int, alignment: int = 64, *, track: bool = True) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 0:
@@ -44,10 +48,11 @@ class RangeAllocator:
         self._free_by_size: SortedList = SortedList()
         self._allocated: dict[int, int] = {}
         self._used = 0
+        self._count = 0  # live allocations, also without track (the master's per-segment object count)
         self._track = track
         self._sizes: dict[int, int] = {}  # interned rounded sizes (few distinct ones in practice)
-        if capacity > 0:
-            self._add_free(0, capacity)
+        self._need: dict[int, int] = {}  # requested size -> its interned rounded size (validated)
+        self._top = 0  # the free tail [_top, capacity) lives outside the indexes
 
     # ------------------------------------------------------------------ properties
     @property
@@ -70,23 +75,27 @@ class RangeAllocator:
     @property
     def largest_free(self) -> int:
         """Size of the largest free block: the biggest request that can succeed now."""
+        top = self._capacity - self._top
         if not self._free_by_size:
-            return 0
+            return top
         size: int = self._free_by_size[-1][0]
-        return size
+        return size if size > top else top
 
     @property
     def num_allocations(self) -> int:
-        """Live allocations (only known with track=True)."""
-        return len(self._allocated)
+        """Live allocations (counted also with track=False)."""
+        return self._count
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_by_off)
+        return len(self._free_by_off) + (self._top < self._capacity)
 
     def free_blocks(self) -> list[tuple[int, int]]:
         """(offset, size) of every free block in address order (for tests/inspection)."""
-        return list(self._free_by_off.items())
+        out = list(self._free_by_off.items())
+        if self._top < self._capacity:
+            out.append((self._top, self._capacity - self._top))
+        return out
 
     def size_of(self, offset: int) -> int:
         """Rounded size of the live allocation at ``offset`` (ValueError if none)."""
@@ -110,6 +119,7 @@ class RangeAllocator:
         if self._track:
             self._allocated[off] = size
         self._used += size
+        self._count += 1
 
     def _add_free(self, off: int, size: int) -> None:
         self._free_by_off[off] = size
@@ -130,29 +140,41 @@ class RangeAllocator:
     def allocate(self, size: int) -> int | None:
         """Best-fit allocate ``size`` bytes; returns the offset, or None when no free block
         is large enough (the caller decides whether to evict and retry)."""
-        self._check_size(size)
-        need = self._round(size)
-        idx = self._free_by_size.bisect_left((need, -1))
-        if idx >= len(self._free_by_size):
-            # The tail block may be shorter than a rounded request yet still hold ``size``
-            # bytes (capacity not a multiple of the alignment): accept an exact tail fit.
-            if need != size and self._free_by_size:
-                for bsize, boff in reversed(self._free_by_size):
-                    if bsize < size:
-                        break
-                    if boff + bsize == self._capacity:
-                        self._remove_free(boff, bsize)
-                        self._record(boff, bsize)
-                        return int(boff)
-            return None
-        bsize, boff = self._free_by_size[idx]
-        self._remove_free(boff, bsize)
-        if bsize > need:
-            self._add_free(boff + need, bsize - need)
-        else:
-            need = bsize
-        self._record(boff, need)
-        return int(boff)
+        need = self._need.get(size) if size.__class__ is int else None
+        if need is None:
+            self._check_size(size)
+            need = self._round(size)
+            if len(self._need) < 1024:
+                self._need[size] = need
+        top = self._top
+        top_size = self._capacity - top
+        by_size = self._free_by_size
+        if by_size:
+            idx = by_size.bisect_left((need, -1))
+            if idx < len(by_size):
+                bsize, boff = by_size[idx]
+                if not need <= top_size < bsize:  # else the top block is the better fit
+                    self._remove_free(boff, bsize)
+                    if bsize > need:
+                        self._add_free(boff + need, bsize - need)
+                    else:
+                        need = bsize
+                    self._record(boff, need)
+                    return int(boff)
+        if need <= top_size:
+            self._top = top + need
+            if self._track:
+                self._allocated[top] = need
+            self._used += need
+            self._count += 1
+            return top
+        # The top block may be shorter than a rounded request yet still hold ``size`` bytes
+        # (capacity not a multiple of the alignment): accept an exact tail fit.
+        if size <= top_size:
+            self._top = self._capacity
+            self._record(top, top_size)
+            return top
+        return None
 
     def reserve(self, offset: int, size: int) -> None:
         """Mark ``[offset, offset+size)`` as allocated at a fixed place.
@@ -169,6 +191,12 @@ class RangeAllocator:
         if need < size:
             raise ValueError(f"RangeAllocator: reserve [{offset}, {offset + size}) exceeds "
                              f"capacity {self._capacity}")
+        if offset >= self._top:  # inside the top block: what lies below the range is indexed
+            if offset > self._top:
+                self._add_free(self._top, offset - self._top)
+            self._top = offset + need
+            self._record(offset, need)
+            return
         idx = self._free_by_off.bisect_right(offset) - 1
         if idx < 0:
             raise ValueError(f"RangeAllocator: range [{offset}, {offset + size}) is not free")
@@ -199,6 +227,9 @@ class RangeAllocator:
             if offset < 0 or offset % self._alignment or offset >= self._capacity:
                 raise ValueError(f"RangeAllocator: free of offset {offset} that is not allocated")
             size = min(self._round(size), self._capacity - offset)
+            if offset + size > self._top:
+                raise ValueError(f"RangeAllocator: free of [{offset}, {offset + size}) that is "
+                                 f"(partly) free already (double free)")
             idx = self._free_by_off.bisect_right(offset + size - 1) - 1
             if idx >= 0:
                 poff, psize = self._free_by_off.peekitem(idx)
@@ -206,8 +237,9 @@ class RangeAllocator:
                     raise ValueError(f"RangeAllocator: free of [{offset}, {offset + size}) that is "
                                      f"(partly) free already (double free)")
         self._used -= size
+        self._count -= 1
         start, end = offset, offset + size
-        # merge with the following free block
+        # merge with the following free block (or into the top block)
         nxt = self._free_by_off.get(end)
         if nxt is not None:
             self._remove_free(end, nxt)
@@ -219,9 +251,12 @@ class RangeAllocator:
             if poff + psize == start:
                 self._remove_free(poff, psize)
                 start = poff
-        self._add_free(start, end - start)
+        if end == self._top:
+            self._top = start
+        else:
+            self._add_free(start, end - start)
 
     def __repr__(self) -> str:
         return (f"RangeAllocator(capacity={self._capacity}, used={self._used}, "
-                f"allocations={len(self._allocated)}, free_blocks={len(self._free_by_off)}, "
+                f"allocations={len(self._allocated)}, free_blocks={self.num_free_blocks}, "
                 f"largest_free={self.largest_free})")

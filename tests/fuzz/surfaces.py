@@ -228,7 +228,7 @@ class TeWireFuzzer(_Driver):
         elif variant == 1:
             h = self._header(W.Op.PROBE, rid, 0, 0, 0, version=rng.choice([0, 2, 255, 65535]))
         elif variant == 2:
-            h = self._header(rng.randrange(8, 256), rid, 0, 0, rng.randrange(0, 64))
+            h = self._header(rng.randrange(max(W.Op) + 1, 256), rid, 0, 0, rng.randrange(0, 64))  # unknown ops
         else:
             h = self._header(rng.choice(list(W.Op)), rid, 0, 0, W.MAX_AUX + 1 + rng.randrange(2**20))
         s = self._sock()

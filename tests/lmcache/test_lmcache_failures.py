@@ -66,8 +66,11 @@ def test_master_killed_then_back(master_factory, peers) -> None:
 
     m.start()
     for b in BACKENDS:  # the writer's own objects are re-reported to the restarted master
-        wait_for(lambda: p.cmd("lookup", name=b, first=first[b], n=1024)["hit"] == 1024, 30,
-                 f"{b}: stored chunks visible again after the restart")
+        try:
+            wait_for(lambda: p.cmd("lookup", name=b, first=first[b], n=1024)["hit"] == 1024, 30,
+                     f"{b}: stored chunks visible again after the restart")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{p.log_tail(8000)}") from None
         got = p.cmd("retrieve", name=b, first=first[b], n=1024, kv_seed=1)
         assert got["got"] == 1024 and got["exact"], (b, got)
 

@@ -185,3 +185,55 @@ def test_spans_map_object_bytes_onto_parts() -> None:
     assert _spans([(100, 10), (300, 10), (500, 10)], 0, 25) == [(100, 0, 10), (300, 10, 10), (500, 20, 5)]
     assert _spans([(100, 0), (200, 4)], 7, 4) == [(200, 7, 4)]  # empty parts are skipped
     assert _spans([(100, 4)], 0, 0) == []
+
+
+def test_owned_index_matches_eager_overlap_rule() -> None:
+    """The index drops overlapped entries lazily (amortised sweeps); what it reports must equal
+    dropping them at once on every add, through adds, key moves, discards and sweeps."""
+    import random
+
+    from mooncake_core.store import owned as owned_mod
+    from mooncake_core.store.owned import OwnedIndex
+    from mooncake_core.store.protocol import ReplicaDesc
+
+    rng = random.Random(18)
+    old_first = owned_mod._FIRST_SWEEP
+    owned_mod._FIRST_SWEEP = 16  # sweep often
+    try:
+        idx = OwnedIndex()
+        model: dict[str, tuple[int, int, int]] = {}  # key -> (addr, size, seq)
+        seq = 0
+        for step in range(2500):
+            if rng.random() < 0.15 and model:
+                k = rng.choice(sorted(model))
+                idx.discard([k])
+                del model[k]
+            else:
+                k = f"k{rng.randrange(300)}"
+                addr, size = rng.randrange(0, 20000, 64), rng.choice([1, 64, 100, 640, 3000])
+                idx.add(k, ReplicaDesc("seg", addr, size), b"f")
+                seq += 1
+                model.pop(k, None)
+                for other, (a, n, _) in list(model.items()):
+                    if a < addr + size and addr < a + n:
+                        del model[other]
+                model[k] = (addr, size, seq)
+            if step % 97 == 0:
+                got = [(e.key, e.replica.addr) for e in idx.newest_first()]
+                want = [(k, a) for k, (a, _, _) in sorted(model.items(), key=lambda kv: -kv[1][2])]
+                assert got == want, f"step {step}"
+    finally:
+        owned_mod._FIRST_SWEEP = old_first
+
+
+def test_bytes_addr_is_the_payload_address() -> None:
+    import ctypes
+
+    from mooncake_core.store.memory import bytes_addr
+
+    class B(bytes):
+        pass
+
+    for b in (b"", b"a", b"xyz" * 333, bytes(1 << 16), B(b"subclass")):
+        assert bytes_addr(b) == (ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0)
+        assert ctypes.string_at(bytes_addr(b), len(b)) == b

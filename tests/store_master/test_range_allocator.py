@@ -173,3 +173,6 @@ def test_untracked_randomized_matches_tracked() -> None:
             if o1 is not None:
                 live[o1] = size
         assert t.free_blocks() == u.free_blocks() and t.used == u.used
+        # the untracked allocator still counts its live allocations (the master's per-segment
+        # object count on /dashboard)
+        assert t.num_allocations == u.num_allocations == len(live)

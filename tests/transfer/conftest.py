@@ -2,45 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-from dataclasses import dataclass
 
-import numpy as np
 import pytest
-
-from mooncake_core.utils.proc import close_piped
-
-PEER = os.path.join(os.path.dirname(__file__), "te_peer.py")
-
-
-@dataclass
-class Peer:
-    proc: subprocess.Popen
-    segment: str
-    addr: int
-    size: int
-    pid: int
-    rpc_port: int
-    seed: int
-
-    def cmd(self, line: str) -> str:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        out = self.proc.stdout.readline()
-        if not out:
-            raise RuntimeError(f"peer exited (rc={self.proc.poll()}) while running {line!r}")
-        return out.strip()
-
-    def sha(self, off: int, length: int) -> str:
-        return self.cmd(f"sha {off} {length}")
-
-    def expected(self) -> np.ndarray:
-        return np.random.default_rng(self.seed).integers(0, 256, self.size, dtype=np.uint8)
-
-    def stop(self) -> None:
-        close_piped(self.proc)
+from te_helpers import Peer, spawn_peer
 
 
 @pytest.fixture
@@ -50,20 +15,8 @@ def start_peer(python_exe):
     def start(metadata: str, size: int = 1 << 20, seed: int = 7, hostname: str = "127.0.0.1",
               env: dict | None = None, wrap: list[str] | None = None) -> Peer:
         """``wrap``: a command prefix, e.g. ``["unshare", "--pid", "--fork"]``."""
-        e = dict(os.environ)
-        e.update(env or {})
-        proc = subprocess.Popen([*(wrap or []), python_exe, PEER, "--metadata", metadata, "--size", str(size),
-                                 "--seed", str(seed), "--hostname", hostname],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=e)
-        line = proc.stdout.readline()
-        if not line:
-            proc.kill()
-            raise RuntimeError(f"peer failed to start (rc={proc.wait()})")
-        info = json.loads(line)
-        if "error" in info:
-            proc.kill()
-            raise RuntimeError(f"peer failed to initialize: {info['error']}")
-        p = Peer(proc, info["segment"], info["addr"], info["size"], info["pid"], info["rpc_port"], seed)
+        p = spawn_peer(python_exe, metadata, size=size, seed=seed, hostname=hostname,
+                       env={**os.environ, **(env or {})}, wrap=wrap)
         started.append(p)
         return p
 

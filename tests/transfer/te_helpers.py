@@ -3,8 +3,69 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from typing import IO
+
+import numpy as np
+
+from mooncake_core.utils.proc import close_piped
 
 
 def sha(arr) -> str:
     """sha256 hex of a numpy array / buffer's bytes."""
     return hashlib.sha256(bytes(memoryview(arr).cast("B"))).hexdigest()
+
+
+PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "te_peer.py")
+
+
+@dataclass
+class Peer:
+    """A running te_peer.py process (see its docstring for the commands)."""
+
+    proc: subprocess.Popen
+    segment: str
+    addr: int
+    size: int
+    pid: int
+    rpc_port: int
+    seed: int
+
+    def cmd(self, line: str) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        out = self.proc.stdout.readline()
+        if not out:
+            raise RuntimeError(f"peer exited (rc={self.proc.poll()}) while running {line!r}")
+        return out.strip()
+
+    def sha(self, off: int, length: int) -> str:
+        return self.cmd(f"sha {off} {length}")
+
+    def expected(self) -> np.ndarray:
+        return np.random.default_rng(self.seed).integers(0, 256, self.size, dtype=np.uint8)
+
+    def stop(self) -> None:
+        close_piped(self.proc)
+
+
+def spawn_peer(python_exe: str, metadata: str, *, size: int = 1 << 20, seed: int = 7, hostname: str = "127.0.0.1",
+               env: dict | None = None, wrap: list[str] | None = None, stderr: IO | None = None) -> Peer:
+    """Start te_peer.py and wait for its ready line (RuntimeError naming why it did not start)."""
+    proc = subprocess.Popen([*(wrap or []), python_exe, PEER, "--metadata", metadata, "--size", str(size),
+                             "--seed", str(seed), "--hostname", hostname],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise RuntimeError(f"peer failed to start (rc={proc.wait()})")
+    info = json.loads(line)
+    if "error" in info:
+        proc.kill()
+        raise RuntimeError(f"peer failed to initialize: {info['error']}")
+    return Peer(proc, info["segment"], info["addr"], info["size"], info["pid"], info["rpc_port"], seed)

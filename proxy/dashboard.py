@@ -1,0 +1,107 @@
+"""``/dashboard`` of the proxy: the live page and ``/dashboard/data.json`` behind it.
+
+Every figure is derived from the proxy's own Prometheus registry, sampled at each poll into a
+``mooncake_core.dashboard.window.Window`` (requests/s over 5 s; TTFT/TBT percentiles, 429s and
+prefix-cache hit ratios over the last minute), plus the instances' health and the scheduler's
+load read at that moment -- the same series a Grafana board queries.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from mooncake_core.dashboard.page import DASHBOARD_PATH, DATA_PATH, page_headers, page_html
+from mooncake_core.dashboard.samples import sample_from_families
+from mooncake_core.dashboard.window import Window
+
+if TYPE_CHECKING:
+    from .server import ProxyServer
+
+RATE_S = 5.0
+SPAN_S = 60.0
+REQ = "mooncake_proxy_requests_total"
+TTFT = "mooncake_proxy_ttft_seconds"
+TBT = "mooncake_proxy_tbt_seconds"
+
+
+class ProxyDashboard:
+    """Page + data of one proxy; polled by any number of browsers (samples are throttled)."""
+
+    def __init__(self, server: "ProxyServer") -> None:
+        self.server = server
+        self.window = Window(SPAN_S)
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_get(DASHBOARD_PATH, self._page)
+        app.router.add_get(DASHBOARD_PATH + "/", self._page)
+        app.router.add_get(DATA_PATH, self._data)
+
+    async def _page(self, request: web.Request) -> web.Response:
+        return web.Response(body=page_html("proxy"), content_type="text/html", charset="utf-8",
+                            headers=page_headers())
+
+    async def _data(self, request: web.Request) -> web.Response:
+        return web.json_response(self.data(), headers={"Cache-Control": "no-store"})
+
+    def data(self) -> dict[str, Any]:
+        srv = self.server
+        srv.refresh_load_gauges()
+        w = self.window
+        w.add(sample_from_families(time.monotonic(), srv.metrics.registry.collect()))
+        s = w.latest
+        assert s is not None
+        by_prefill = w.rates_by("mooncake_proxy_scheduler_decisions_total", "prefill", over_s=RATE_S)
+        by_decode = w.rates_by("mooncake_proxy_scheduler_decisions_total", "decode", over_s=RATE_S)
+        instances = []
+        for inst in srv.registry.all():
+            iid = inst.instance_id
+            row: dict[str, Any] = {"id": iid, "role": inst.role, "url": inst.url, "health": inst.health.state.value,
+                                   "in_flight": inst.in_flight, "last_error": inst.last_error or ""}
+            if inst.role == "prefill":
+                where = {"instance": iid}
+                row["queued_tokens"] = srv.cluster.prefill_load(iid).queued_tokens
+                row["prefix_hit_ratio"] = w.ratio("mooncake_proxy_prefill_cached_blocks_total",
+                                                  ["mooncake_proxy_prefill_prompt_blocks_total"], where, SPAN_S)
+                row["req_rate"] = by_prefill.get(iid)
+            else:
+                row["running"] = srv.cluster.decode_load(iid).running
+                row["req_rate"] = by_decode.get(iid)
+            instances.append(row)
+        completions = [r for r in s.label_values(REQ, "route") if r != "/v1/models"]
+        return {
+            "service": "proxy",
+            "policy": srv.cfg.policy,
+            "handoff": srv.cfg.handoff,
+            "summary": {
+                "requests_total": sum(s.value(REQ, {"route": r}) for r in completions),
+                "req_rate": sum(w.rate(REQ, {"route": r}, RATE_S) or 0.0 for r in completions)
+                if len(w) > 1 else None,
+                "ttft": w.quantiles(TTFT, over_s=SPAN_S), "tbt": w.quantiles(TBT, over_s=SPAN_S),
+                "rejected_429": s.value("mooncake_proxy_rejections_total", {"reason": "slo"}),
+                "rejected_503": sum(v for k, v in s.by("mooncake_proxy_rejections_total", "reason").items()
+                                    if k.startswith("no_healthy")),
+                "in_flight": sum(i.in_flight for i in srv.registry.all()),
+            },
+            "instances": instances,
+            "series": {
+                "req_rate": _sum_series([w.rate_series(REQ, {"route": r}) for r in completions]),
+                "ttft_p90": w.quantile_series(TTFT, 0.9),
+                "tbt_p90": w.quantile_series(TBT, 0.9),
+                "rejected_rate": w.rate_series("mooncake_proxy_rejections_total", {"reason": "slo"}),
+                "in_flight": w.value_series("mooncake_proxy_instance_in_flight"),
+            },
+        }
+
+
+def _sum_series(series: list[list[list[float]]]) -> list[list[float]]:
+    """Point-wise sum of series taken from the same samples (same timestamps)."""
+    if not series:
+        return []
+    out = [list(p) for p in series[0]]
+    for other in series[1:]:
+        for p, q in zip(out, other):
+            p[1] += q[1]
+    return out
