@@ -117,7 +117,9 @@ class MooncakeDistributedStore:
         return self._objects.put(key, value, config)
 
     def upsert(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
-        """Insert or replace ``key`` (readers holding a lease on the old value keep it)."""
+        """Insert or replace ``key`` (readers holding a lease on the old value keep it).
+        0 only when this value was published; -704 when the master changed during the
+        write and lost the put in progress (the old value, if any, stays: retry)."""
         return self._objects.upsert(key, value, config)
 
     def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:

@@ -68,6 +68,12 @@ def _engine_segment_name(engine: Any, local_hostname: str) -> str:
     return f"{local_hostname}:{engine.get_rpc_port()}"
 
 
+def _unresponsive(engine: Any, t0: float) -> bool:
+    """A transfer that failed after at least half the engine's timeout hit an unresponsive
+    peer (stopped, cut off), not a quick refusal: retrying it costs another full timeout."""
+    return time.monotonic() - t0 >= 0.5 * float(getattr(engine, "timeout", 30.0) or 30.0)
+
+
 class StoreCore:
     """State and data path of one ``MooncakeDistributedStore`` (thread-safe)."""
 
@@ -326,9 +332,12 @@ class StoreCore:
             raise MooncakeError(INVALID, f"{what}: store is not set up (call setup() first) or is closed")
 
     # ================================================================== data path: writes
-    def write_replicas(self, jobs: list[tuple[Parts, int, ReplicaDesc]]) -> None:
+    def write_replicas(self, jobs: list[tuple[Parts, int, ReplicaDesc]], skip: set[str] | None = None) -> None:
         """Write ``(source parts, object size, replica)`` jobs: memcpy into our own segment,
-        one ``batch_transfer_sync_write`` per remote segment. Raises MooncakeError(-800)."""
+        one ``batch_transfer_sync_write`` per remote segment. Raises MooncakeError(-800).
+        ``skip``: segments that just timed out (not tried again; a failing one that took that
+        long is added), so one dead peer costs a batch one timeout, not one per key."""
+        skip = set() if skip is None else skip
         remote: dict[str, tuple[list[int], list[int], list[int]]] = {}
         mine = self.segment_name if self.segment is not None else None
         for parts, total, rep in jobs:
@@ -346,8 +355,13 @@ class StoreCore:
                     lists[1].append(dst)
                     lists[2].append(n)
         for seg_name, (srcs, dsts, lens) in remote.items():
+            if seg_name in skip:
+                raise MooncakeError(TRANSFER_FAIL, f"segment {seg_name} did not answer a moment ago; not retried")
+            t0 = time.monotonic()
             rc = self.engine.batch_transfer_sync_write(seg_name, srcs, dsts, lens)
             if rc is None or rc < 0:
+                if _unresponsive(self.engine, t0):
+                    skip.add(seg_name)
                 raise MooncakeError(TRANSFER_FAIL, f"write of {sum(lens)} bytes to segment {seg_name} failed ({rc})")
 
     def put_many(self, keys: list[str], srcs: list[Parts], cfg: ReplicateConfig, *, upsert: bool,
@@ -399,18 +413,20 @@ class StoreCore:
         failed: list[int] = []
         if started:
             jobs = [(srcs[i], sizes[i], rep) for i in started for rep in reps[i]]
+            dead: set[str] = set()
             try:
-                self.write_replicas(jobs)
+                self.write_replicas(jobs, dead)
                 done = started
             except MooncakeError as e:
-                # retry key by key so one bad peer fails only its keys
+                # retry key by key so one bad peer fails only its keys (and a peer that timed
+                # out is not waited for again)
                 if len(started) == 1:
                     failed = started
                     log.warning("%s: %s", op, e)
                 else:
                     for i in started:
                         try:
-                            self.write_replicas([(srcs[i], sizes[i], rep) for rep in reps[i]])
+                            self.write_replicas([(srcs[i], sizes[i], rep) for rep in reps[i]], dead)
                             done.append(i)
                         except MooncakeError as e2:
                             log.warning("%s of %r: %s", op, keys[i], e2)
@@ -440,6 +456,15 @@ class StoreCore:
             for i, rc in zip(done, end_rcs):
                 if isinstance(rc, int) and rc < 0:
                     results[i] = rc
+                    continue
+                if upsert and rc == 0:
+                    # published nothing: the master no longer knew this put (it changed during
+                    # the write) and the key is back with another value. 0 would tell the caller
+                    # its value replaced the old one while every reader keeps the old one.
+                    results[i] = NOT_FOUND
+                    log.warning("%s of %r: the master lost the put in progress (restart or failover "
+                                "during the write); the value was not published", op, keys[i])
+                    self.owned.discard([keys[i]])
                     continue
                 published.append((keys[i], reps[i], rc))
             self.remember_owned_many(published)
@@ -606,12 +631,17 @@ class StoreCore:
                     locs.append(d)
                     rems.append(r)
                     lens.append(m)
+            t0 = time.monotonic()
             rc = self.engine.batch_transfer_sync_read(seg_name, locs, rems, lens)
             if rc is not None and rc >= 0:
                 continue
-            for i, parts, size, order in items:  # retry one by one: isolate the failing key/replica
+            # retry one by one to isolate the failing key/replica -- but a segment that did not
+            # answer for half a timeout is not asked again: only the other replicas are tried
+            gone = _unresponsive(self.engine, t0)
+            for i, parts, size, order in items:
                 try:
-                    self._read_with_fallback(order, parts, size, first_error=rc)
+                    self._read_with_fallback([r for r in order if not (gone and r.segment_name == seg_name)],
+                                             parts, size, first_error=rc)
                 except MooncakeError as e:
                     results[i] = e.code
         now = time.monotonic()

@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Literal
 
+from mooncake_core.errors import ErrorCode, MooncakeError
+from mooncake_core.store.protocol import KeyEventsReply
+
 KeyEventKind = Literal["put", "remove", "evict", "expire"]
 KIND_CODES: dict[str, int] = {"put": 1, "remove": 2, "evict": 3, "expire": 4}
 KIND_NAMES: dict[int, str] = {v: k for k, v in KIND_CODES.items()}
@@ -89,3 +92,20 @@ class KeyEventLog:
                 if len(out) >= limit:
                     break
         return out, cursor, False
+
+
+def watch_reply(log: KeyEventLog, objects: Iterable[str], epoch: int, after: int, prefix: str = "",
+                limit: int = 0, their_epoch: int = 0) -> KeyEventsReply:
+    """The master's answer to ``watch_keys``: the events after cursor ``after``; on a gap (the
+    subscriber fell behind the ring, is new -- ``after`` 0 -- or its cursor is from another
+    ``epoch``) a snapshot of the current complete keys under ``prefix`` instead: O(keys) once,
+    then O(events) per call."""
+    if after < 0:
+        raise MooncakeError(ErrorCode.INVALID_PARAMS, f"watch_keys: after must be >= 0, got {after!r}")
+    gap = after == 0 or (their_epoch != 0 and their_epoch != epoch)
+    if not gap:
+        events, cursor, gap = log.since(after, prefix, limit or 1 << 14)
+        if not gap:
+            return KeyEventsReply(events, cursor, False, epoch, [])
+    snapshot = [k for k in objects if k.startswith(prefix)]
+    return KeyEventsReply([], log.last_seq, True, epoch, snapshot)

@@ -111,11 +111,13 @@ class Maintenance:
         # remember it until the re-mount and re-report really went through
         if reply.need_remount:
             self._remount_pending = True
+        # removals first: a master that expired us sends what was removed meanwhile with its
+        # need_remount, and those objects must not be re-reported
+        if reply.removed or reply.removed_all_before:
+            self.core.owned.discard_removed(reply.removed, reply.removed_all_before)
         if self._remount_pending:
             self._remount()
             self._remount_pending = False
-        if reply.removed or reply.removed_all_before:
-            self.core.owned.discard_removed(reply.removed, reply.removed_all_before)
         if reply.offload_tasks:
             self._queue_offload(reply.offload_tasks)
 

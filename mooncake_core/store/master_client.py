@@ -46,6 +46,9 @@ CONNECT_WAIT_S = 1.0
 DEFAULT_BUSY_POLL_US = 50  # the default of MC_MASTER_BUSY_POLL_US (envs.py)
 
 
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets, drops unsent bytes
+
+
 class _Conn:
     """A pooled connection and the kernel send/receive timeout currently set on it."""
 
@@ -62,6 +65,17 @@ class _Conn:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
         self.timeout = seconds
+
+    def abort(self) -> None:
+        """Close after a failed or abandoned call with a reset: a plain close keeps
+        retransmitting the unsent request, which could reach the master long after the
+        caller gave up (a late heartbeat consumed the master's need_remount answer: found by
+        bench/chaos.py)."""
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        except OSError:
+            pass
+        self.sock.close()
 
 
 class MasterClient:
@@ -262,7 +276,7 @@ class MasterClient:
             if ok:
                 self._give_back(addr, c)
             else:
-                c.sock.close()
+                c.abort()
 
     def _result(self, addr: str, req: Any, code: int, payload: Any) -> tuple[bool, Any]:
         if code == 0:
@@ -299,7 +313,7 @@ class MasterClient:
                         if ok:
                             self._pool.append((addr, c))
                         else:
-                            c.sock.close()
+                            c.abort()
                 else:
                     c.sock.close()
         return self._call_slow(req, body, timeout, deadline)

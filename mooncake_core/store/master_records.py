@@ -7,6 +7,8 @@ ints, allocators that do not duplicate the offset->size map, no lease float unti
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 from mooncake_core.errors import ErrorCode, MooncakeError
@@ -162,17 +164,37 @@ MAX_REMOVED_NOTICES = 65536
 
 
 class ClientInfo:
-    __slots__ = ("client_id", "last_seen", "removed", "removed_all_before", "segments", "tasks")
+    __slots__ = ("beats", "client_id", "last_seen", "missed", "missed_all_before", "pending_remount", "quarantine",
+                 "removed", "removed_all_before", "segments", "tasks")
 
     def __init__(self, client_id: str, now: float):
         self.client_id = client_id
         self.last_seen = now
+        self.beats = 0  # heartbeats received
+        #: ranges of this client's segment a failed put was writing into: (beats at which to
+        #: free, segment, offset, size) -- see MasterState._quarantine
+        self.quarantine: list[tuple[int, Segment, int, int]] = []
         self.segments: set[str] = set()
         self.tasks: list[OffloadTask] = []
         #: objects in this client's segment removed/overwritten by anyone, (key, version clock at
         #: the time), so that it stops re-reporting them (see heartbeat)
         self.removed: list[tuple[str, int]] = []
         self.removed_all_before = 0
+        #: told to re-mount (new here: after a restart, a failover or its expiry) and not done
+        #: yet: every heartbeat says so until it mounts -- a reply can get lost
+        self.pending_remount = True
+        #: notices it missed while expired, repeated with every reply until it re-mounts
+        self.missed: list[tuple[str, int]] = []
+        self.missed_all_before = 0
+
+    def beat(self) -> list[tuple[Segment, int, int]]:
+        """Count a heartbeat; the parked ranges (segment, offset, size) now due to be freed."""
+        self.beats += 1
+        if not self.quarantine:
+            return []
+        due = [(seg, off, size) for at, seg, off, size in self.quarantine if at <= self.beats]
+        self.quarantine = [q for q in self.quarantine if q[0] > self.beats]
+        return due
 
 
 class Stats:
@@ -193,3 +215,10 @@ def check_key(key: object) -> str:
     if not isinstance(key, str) or not key:
         raise err(ErrorCode.INVALID_PARAMS, f"key must be a non-empty string, got {key!r}")
     return key
+
+
+def safe_rel_path(path: object) -> bool:
+    """A relative path that stays inside the offload root (no absolute path, no '..')."""
+    if not isinstance(path, str) or not path or os.path.isabs(path):
+        return False
+    return ".." not in path.replace("\\", "/").split("/")

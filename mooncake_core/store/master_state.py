@@ -36,23 +36,25 @@ The records it keeps (config, segments, objects, puts, clients) are in ``master_
 from __future__ import annotations
 
 import heapq
-import os
 import secrets
 import time
 from typing import Any, Callable, Iterable
 
 from mooncake_core.errors import ErrorCode, MooncakeError
-from mooncake_core.store.key_events import KeyEventKind, KeyEventLog
+from mooncake_core.store.key_events import KeyEventKind, KeyEventLog, watch_reply
 from mooncake_core.store.protocol import (
     GetReply, HeartbeatReply, KeyEventsReply, MountReply, OffloadTask, ReplicaDesc, ReplicateConfigMsg,
 )
+from mooncake_core.store import master_reports
+from mooncake_core.store.master_absence import Absences
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE, ClientInfo,
                                                  DiskReplica, Extra, MasterConfig, ObjectMeta, PendingPut, Rep,
-                                                 Segment, Stats, check_key, err)
+                                                 Segment, Stats, check_key, err, safe_rel_path)
 from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.store.master")
+
 
 class MasterState:
     """All master decisions. Not thread-safe: the caller serialises calls."""
@@ -91,6 +93,15 @@ class MasterState:
         #: forgotten 2 x client_ttl after the last report, when late reports cannot matter
         self.reported: dict[str, int] = {}
         self._reported_until = 0.0
+        #: expired clients' missed notices, tombstones of removals while re-reports can arrive
+        self.absent = Absences(self.cfg.client_ttl_s)
+        #: segment name -> the latest lease end of what it held when it was unmounted: a
+        #: re-mount before then takes no new allocation (a reader may still be copying)
+        self.lease_floor: dict[str, float] = {}
+        #: segment name -> ranges of puts still being written into it when it was unmounted,
+        #: (until, offset, size): a re-mount keeps them allocated until then (their writers
+        #: may still be sending; their bytes must not land on a newer object)
+        self.reserved: dict[str, list[tuple[float, int, int]]] = {}
         # readers whose copy took longer than this confirm the epoch afterwards; kept below the
         # hold for margin (the reader's clock starts before the grant, the hold after it). 0 = the
         # hold is off and so is the check (the original's behaviour).
@@ -132,6 +143,19 @@ class MasterState:
         seg, off = rep
         if self._mounted(seg):
             seg.alloc.free(off, size)
+
+    def _quarantine(self, writer: str, reps: Iterable[Rep], size: int) -> None:
+        """Free the ranges of a put that failed or was abandoned -- once the owner of each
+        segment has sent two more heartbeats. A writer that gave up (timeout) may still have a
+        request queued in a *stopped* owner's socket: the owner applies it when it resumes, and
+        the range must not belong to another object by then (found by bench/chaos.py).
+        Ranges in the writer's own segment (memcpy, nothing in flight) are freed at once."""
+        for seg, off in reps:
+            owner = self.clients.get(seg.client_id)
+            if owner is None or seg.client_id == writer or not self._mounted(seg):
+                self._free((seg, off), size)
+            else:
+                owner.quarantine.append((owner.beats + 2, seg, off, size))
 
     def _release(self, reps: Iterable[Rep], size: int, not_before: float, now: float) -> None:
         """Free memory replicas now, or once ``not_before`` (a lease deadline) has passed."""
@@ -175,6 +199,9 @@ class MasterState:
         c = self.clients.get(client_id)
         if c is None:
             c = self.clients[client_id] = ClientInfo(client_id, now)
+            missed = self.absent.back(client_id, now)
+            if missed is not None:  # back after an expiry: its replies carry what it missed
+                c.missed, c.missed_all_before = missed
             return c, True
         c.last_seen = now
         return c, False
@@ -208,6 +235,8 @@ class MasterState:
                       f"mount_segment {segment_name!r}: prev_epoch must be an int >= 0, got {prev_epoch!r}")
         now = self.clock()
         client, _ = self._touch_client(client_id, now)
+        client.pending_remount = False  # it heard us (or never needed to: a fresh client)
+        client.missed, client.missed_all_before = [], 0
         old = self.segments.get(segment_name)
         if old is not None:
             if old.client_id == client_id and old.base == base and old.size == size:
@@ -219,6 +248,18 @@ class MasterState:
         seg = Segment(self._next_seg_id, segment_name, client_id, base, size, self.cfg.alignment)
         if prev_epoch and prev_epoch != self.epoch and self.cfg.recovery_hold_s > 0:
             seg.hold_until = now + self.cfg.recovery_hold_s
+            self._holds_until = max(self._holds_until, seg.hold_until)
+        for until, off, rsize in self.reserved.pop(segment_name, []):
+            if until > now and off + rsize <= size:
+                try:
+                    seg.alloc.reserve(off, rsize)
+                except ValueError:
+                    continue
+                self._seq += 1
+                heapq.heappush(self.graveyard, (until, self._seq, seg, off, rsize))
+        floor = self.lease_floor.pop(segment_name, 0.0)
+        if floor > now:  # unmounted (client expired) while readers held leases on it
+            seg.hold_until = max(seg.hold_until, floor)
             self._holds_until = max(self._holds_until, seg.hold_until)
         self._next_seg_id += 1
         self.segments[segment_name] = seg
@@ -250,10 +291,12 @@ class MasterState:
         if c is not None:
             c.segments.discard(seg.name)
         lost = 0
+        floor = max((g[0] for g in self.graveyard if g[2] is seg), default=0.0)
         for key, meta in list(self.objects.items()):
             s = meta.seg
             if s is None or (s is not seg and (not isinstance(s, tuple) or seg not in s)):
                 continue
+            floor = max(floor, meta.lease)
             meta.set_reps([r for r in meta.reps() if r[0] is not seg])
             if meta.seg is None:
                 self.offloading.pop(key, None)
@@ -263,12 +306,17 @@ class MasterState:
                     lost += 1
         for key, p in list(self.inflight.items()):
             if any(r[0] is seg for r in p.reps):
+                until = p.start + self.cfg.put_start_discard_timeout_s + 5.0
                 for r in p.reps:
-                    self._free(r, p.size)
+                    if r[0] is seg and until > now:
+                        self.reserved.setdefault(seg.name, []).append((until, r[1], p.size))
+                self._quarantine(p.client_id, [r for r in p.reps if r[0] is not seg], p.size)
                 del self.inflight[key]
         if any(g[2] is seg for g in self.graveyard):
             self.graveyard = [g for g in self.graveyard if g[2] is not seg]
             heapq.heapify(self.graveyard)
+        if floor > now:
+            self.lease_floor[seg.name] = floor
         log.info("segment unmounted", extra={"segment": seg.name, "client": seg.client_id, "objects_lost": lost})
         return lost
 
@@ -276,16 +324,22 @@ class MasterState:
         if not isinstance(client_id, str) or not client_id:
             raise err(ErrorCode.INVALID_PARAMS, f"heartbeat: client_id must be a non-empty string, got {client_id!r}")
         client, new = self._touch_client(client_id, self.clock())
+        for seg, off, size in client.beat():  # parked ranges of failed puts, now safe
+            self._free((seg, off), size)
         tasks, client.tasks = client.tasks, []
         removed, client.removed = client.removed, []
         all_before, client.removed_all_before = client.removed_all_before, 0
-        return HeartbeatReply(need_remount=new, offload_tasks=tasks, removed=removed,
+        if client.pending_remount:
+            removed = client.missed + removed
+            all_before = max(all_before, client.missed_all_before)
+        return HeartbeatReply(need_remount=new or client.pending_remount, offload_tasks=tasks, removed=removed,
                               removed_all_before=all_before)
 
-    def _notify_removed(self, key: str, meta: ObjectMeta, everything: bool = False) -> None:
+    def _notify_removed(self, key: str, meta: ObjectMeta, everything: bool = False) -> int:
         """Tell the owners of ``meta``'s replicas (next heartbeat) that ``key`` is gone, so a
         master change cannot bring a removed or overwritten value back through their
-        re-reports. ``everything``: a remove_all -- one "all before now" notice instead."""
+        re-reports. ``everything``: a remove_all -- one "all before now" notice instead.
+        Returns the removal's stamp."""
         stamp = self._new_version()
         for seg, _ in meta.reps():
             c = self.clients.get(seg.client_id)
@@ -296,77 +350,13 @@ class MasterState:
                 c.removed_all_before = stamp
             else:
                 c.removed.append((key, stamp))
+        return stamp
 
     def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]],
                        versions: list[int] | None = None) -> int:
-        """Rebuild state from a client's complete objects (after need_remount).
-
-        A memory replica is only accepted on a segment this client mounted, inside it, and
-        when its range is still free here (the allocator then marks it used); anything else is
-        ignored (never trusted). ``versions[i]`` is the version ``put_end`` gave object i.
-        Several clients may report the same key (an upsert by another client leaves the old
-        bytes in the first writer's segment, unknown to it): the highest version wins, and an
-        object written through this master beats any report -- so an overwritten value never
-        comes back."""
-        now = self.clock()
-        self._touch_client(client_id, now)
-        self._reported_until = now + 2 * self.cfg.client_ttl_s
-        if versions is None or len(versions) != len(objects):
-            versions = [0] * len(objects)
-        accepted = 0
-        for (key, d), version in zip(objects, versions):
-            if not isinstance(key, str) or not key or key in self.inflight or d.size <= 0:
-                continue
-            if not isinstance(version, int) or version < 0:
-                continue
-            if version > self._last_version:  # a predecessor's clock ran ahead of ours: stay above it
-                self._last_version = version
-            meta = self.objects.get(key)
-            if meta is not None:
-                known = self.reported.get(key)
-                if known is None or version < known:
-                    continue  # written through this master, or an older version: stale
-                if version > known:  # a newer write of this key: the reported one is stale
-                    self._drop_object(key, meta, now)
-                    meta = None
-            if meta is not None and meta.size != d.size:
-                continue
-            if d.kind == "disk":
-                if not self.cfg.enable_offload or not _safe_rel_path(d.path):
-                    continue
-                if meta is None:
-                    meta = self.objects[key] = ObjectMeta(self._intern_size(d.size), [])
-                    self.reported[key] = version
-                    self.key_events.publish("put", key)
-                if meta.disk is None:
-                    meta.set_disk(DiskReplica(d.segment_name, client_id, d.path, d.size))
-                    self.disk_used += d.size
-                    self.disk_lru[key] = None
-                    accepted += 1
-                continue
-            seg = self.segments.get(d.segment_name)
-            if seg is None or seg.client_id != client_id:
-                continue
-            off = d.addr - seg.base
-            if off < 0 or off + d.size > seg.size:
-                continue
-            if meta is not None and any(r[0] is seg for r in meta.reps()):
-                continue
-            try:
-                seg.alloc.reserve(off, d.size)
-            except ValueError:
-                continue
-            if meta is None:
-                self.objects[key] = ObjectMeta(self._intern_size(d.size), [(seg, off)])
-                self.reported[key] = version
-                self.key_events.publish("put", key)
-            else:
-                meta.set_reps(meta.reps() + [(seg, off)])
-            accepted += 1
-        if accepted:
-            log.info("objects re-reported", extra={"client": client_id, "accepted": accepted,
-                                                   "offered": len(objects)})
-        return accepted
+        """Rebuild state from a client's complete objects (after need_remount): see
+        ``master_reports.report_objects``."""
+        return master_reports.report_objects(self, client_id, objects, versions)
 
     # ================================================================ puts
     def put_start(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg | None = None,
@@ -557,8 +547,7 @@ class MasterState:
             raise err(ErrorCode.INVALID_PARAMS, f"put_revoke {key!r}: the put in progress belongs to "
                        f"client {p.client_id!r}, not {client_id!r}")
         del self.inflight[key]
-        for r in p.reps:
-            self._free(r, p.size)
+        self._quarantine(client_id, p.reps, p.size)
 
     @staticmethod
     def _batch(fn: Callable[..., object], keys: list[str], *args: list[Any]) -> list[Any]:
@@ -664,7 +653,7 @@ class MasterState:
             self.stats.lease_refusals += 1
             raise err(ErrorCode.OBJECT_HAS_LEASE, f"remove {key!r}: object is leased to a reader for "
                        f"{meta.lease - now:.1f}s more (use force=True)")
-        self._notify_removed(key, meta)
+        self.absent.bury(key, self._notify_removed(key, meta), now)
         self._drop_object(key, meta, now)
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
@@ -677,7 +666,7 @@ class MasterState:
         for key, meta in list(self.objects.items()):
             if meta.lease > now and not force:
                 continue
-            self._notify_removed(key, meta, everything=force)  # skipped leased keys stay listed
+            self.absent.bury(key, self._notify_removed(key, meta, everything=force), now)  # leased ones stay listed
             self._drop_object(key, meta, now)
             n += 1
         return n
@@ -696,7 +685,7 @@ class MasterState:
         for key in keys:
             meta = self.objects.get(key)
             if meta is not None and (force or meta.lease <= now):
-                self._notify_removed(key, meta)
+                self.absent.bury(key, self._notify_removed(key, meta), now)
                 self._drop_object(key, meta, now)
                 n += 1
         return n
@@ -764,7 +753,7 @@ class MasterState:
 
     # ================================================================ SSD tier
     def offload_done(self, client_id: str, key: str, path: str, size: int) -> None:
-        if not _safe_rel_path(path):
+        if not safe_rel_path(path):
             raise err(ErrorCode.INVALID_PARAMS, f"offload_done {key!r}: path {path!r} must be relative "
                        f"to root_fs_dir without '..'")
         now = self.clock()
@@ -851,30 +840,39 @@ class MasterState:
         ttl = self.cfg.client_ttl_s
         if self.reported and now > self._reported_until:
             self.reported = {}  # recovery settled: objects found here now beat any late report
+        self.absent.prune(now)
         for cid, c in list(self.clients.items()):
             if now - c.last_seen > ttl:
                 lost = 0
+                had_segments = bool(c.segments)
                 for name in list(c.segments):
                     seg = self.segments.get(name)
                     if seg is not None and seg.client_id == cid:
                         lost += self._unmount(seg, now, "expire")
                 for key, p in list(self.inflight.items()):
                     if p.client_id == cid:
-                        for r in p.reps:
-                            self._free(r, p.size)
+                        self._quarantine(cid, p.reps, p.size)
                         del self.inflight[key]
                 del self.clients[cid]
+                if had_segments or c.removed or c.removed_all_before:
+                    # it may come back and re-report: keep what it missed, remember removals
+                    self.absent.expired(cid, now, c.removed, c.removed_all_before)
                 self.stats.expired_clients += 1
                 log.warning("client expired: no heartbeat within client_ttl",
                             extra={"client": cid, "client_ttl_s": ttl, "objects_lost": lost})
+        if self.lease_floor:
+            for name in [k for k, t in self.lease_floor.items() if t <= now]:
+                del self.lease_floor[name]
+        if self.reserved:
+            for name in [k for k, v in self.reserved.items() if max(u for u, _, _ in v) <= now]:
+                del self.reserved[name]
         while self.graveyard and self.graveyard[0][0] <= now:
             _, _, seg, off, size = heapq.heappop(self.graveyard)
             self._free((seg, off), size)
         rel = self.cfg.put_start_release_timeout_s
         for key, p in list(self.inflight.items()):
             if now - p.start > rel:
-                for r in p.reps:
-                    self._free(r, p.size)
+                self._quarantine(p.client_id, p.reps, p.size)
                 del self.inflight[key]
         for key, t in list(self.offloading.items()):
             if now - t > self.cfg.offload_timeout_s:
@@ -885,20 +883,8 @@ class MasterState:
         self._enforce_disk_quota(now)
 
     def watch_keys(self, after: int, prefix: str = "", limit: int = 0, epoch: int = 0) -> KeyEventsReply:
-        """Key events after cursor ``after`` (see key_events.py). On a gap (the subscriber fell
-        behind the ring, is new -- ``after`` 0 -- or its cursor is from another ``epoch``) the
-        reply carries a snapshot of the current complete keys under ``prefix`` instead: O(keys)
-        once, then O(events) per call."""
-        log_ = self.key_events
-        if after < 0:
-            raise err(ErrorCode.INVALID_PARAMS, f"watch_keys: after must be >= 0, got {after!r}")
-        gap = after == 0 or (epoch != 0 and epoch != self.epoch)
-        if not gap:
-            events, cursor, gap = log_.since(after, prefix, limit or 1 << 14)
-            if not gap:
-                return KeyEventsReply(events, cursor, False, self.epoch, [])
-        snapshot = [k for k in self.objects if k.startswith(prefix)]
-        return KeyEventsReply([], log_.last_seq, True, self.epoch, snapshot)
+        """Key events after cursor ``after``, or a snapshot on a gap (key_events.watch_reply)."""
+        return watch_reply(self.key_events, self.objects, self.epoch, after, prefix, limit, epoch)
 
     def take_file_deletes(self) -> list[str]:
         """Paths (relative to root_fs_dir) whose files may be deleted now."""
@@ -908,9 +894,3 @@ class MasterState:
         ready = [p for t, p in self.pending_file_deletes if t <= now]
         self.pending_file_deletes = [(t, p) for t, p in self.pending_file_deletes if t > now]
         return ready
-
-
-def _safe_rel_path(path: object) -> bool:
-    if not isinstance(path, str) or not path or os.path.isabs(path):
-        return False
-    return ".." not in path.replace("\\", "/").split("/")

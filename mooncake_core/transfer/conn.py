@@ -11,9 +11,11 @@ retry, socket errors turned into ``TransferError`` naming the peer).
 from __future__ import annotations
 
 import socket
+import struct
+import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Generic, TypeVar
 
 from mooncake_core import auth
@@ -27,6 +29,7 @@ from mooncake_core.utils.log import get_logger
 log = get_logger("mooncake.te.conn")
 
 POOL_IDLE_MAX = 60.0  # seconds a pooled connection may sit idle (targets close idle ones after 600 s)
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, drops unsent data
 
 
 def _remaining(deadline: float, what: str) -> float:
@@ -84,6 +87,25 @@ class Conn:
         except OSError:
             pass
 
+    def abort(self) -> None:
+        """Close with a reset: bytes still queued for the peer are discarded. A plain close
+        keeps retransmitting them, so a write given up on (timeout across a partition) could
+        land after the master handed its range to another put (found by bench/chaos.py)."""
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        except OSError:
+            pass
+        self.close()
+
+    def kill(self) -> None:
+        """From another thread: make a send/recv blocked on this connection fail at once (the
+        thread using it then aborts it)."""
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def _settimeout(self, deadline: float, what: str) -> None:
         t = _remaining(deadline, what)
         if abs(t - self._timeout) > 0.05:
@@ -107,6 +129,43 @@ class Conn:
 
 
 C = TypeVar("C", bound=Conn)
+
+
+class ConnGroup:
+    """The connections one transfer's threads are using. A transfer that fails (an error, or
+    its deadline) cancels the group before it returns: threads still blocked in a send fail at
+    once and reset their connections, and none starts another request. So when the caller
+    hears "failed", no byte of it can still reach the peer -- the store then revokes the put,
+    and the master may hand the range to another writer at once (bench/chaos.py found late
+    bytes of a timed-out write overwriting the next object after a partition healed)."""
+
+    __slots__ = ("conns", "lock", "cancelled")
+
+    def __init__(self) -> None:
+        self.conns: set[Conn] = set()
+        self.lock = threading.Lock()
+        self.cancelled = False
+
+    def enter(self, c: Conn) -> None:
+        with self.lock:
+            if self.cancelled:
+                raise TransferError("transfer cancelled: another part of it failed")
+            self.conns.add(c)
+
+    def leave(self, c: Conn) -> None:
+        with self.lock:
+            self.conns.discard(c)
+
+    def cancel(self, futs: list[Future[Any]]) -> None:
+        """Stop every part of the transfer and wait (bounded) until none is running."""
+        with self.lock:
+            self.cancelled = True
+            conns = list(self.conns)
+        for c in conns:
+            c.kill()
+        running = [f for f in futs if not f.cancel()]
+        if running:
+            wait(running, timeout=5.0)
 
 
 class PeerPool(Generic[C]):
@@ -155,9 +214,10 @@ class PeerPool(Generic[C]):
         """Close a connection whose exchange failed; return the error to raise.
 
         A refused request or an I/O error leaves the stream in an unknown state, so the
-        connection is never reused; socket errors become TransferErrors naming the peer.
+        connection is never reused (and reset: nothing of it may reach the peer later);
+        socket errors become TransferErrors naming the peer.
         """
-        c.close()
+        c.abort()
         if isinstance(e, TransferError):
             return e
         if isinstance(e, (OSError, WireError, PeerClosed)):
@@ -167,21 +227,32 @@ class PeerPool(Generic[C]):
             return TransferError(f"segment {self.name}: connection failed: {e}", peer_down=True)
         return e
 
-    def use(self, fn: Callable[[C], Any], deadline: float) -> Any:
+    def use(self, fn: Callable[[C], Any], deadline: float, group: ConnGroup | None = None) -> Any:
+        """``fn`` on a pooled connection; with ``group``, the connection is registered there so
+        that a failing sibling can cancel it (see ``ConnGroup``)."""
         c = self.checkout(deadline)
         try:
+            if group is not None:
+                group.enter(c)
             out = fn(c)
         except BaseException as e:
             err = self.failed(c, e)
-            if not self._stale(c, e):
+            if not self._stale(c, e) or (group is not None and group.cancelled):
                 raise err from None
             log.info("pooled connection was closed by the peer; retrying on a new one",
                      extra={"segment": self.name})
+            if group is not None:
+                group.leave(c)
             c = self._conn_cls(self.host, self.port, deadline, self.name)
             try:
+                if group is not None:
+                    group.enter(c)
                 out = fn(c)
             except BaseException as e2:
                 raise self.failed(c, e2) from None
+        finally:
+            if group is not None:
+                group.leave(c)
         self.checkin(c)
         return out
 

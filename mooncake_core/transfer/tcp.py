@@ -30,7 +30,7 @@ import numpy as np
 from mooncake_core import envs
 from mooncake_core.transfer.base import (Capabilities, TransferError, TransferOpcode, TransferRequest, Transport,
                                          TransportContext, partition, split_slices)
-from mooncake_core.transfer.conn import POOL_IDLE_MAX, Conn, PeerPool
+from mooncake_core.transfer.conn import POOL_IDLE_MAX, Conn, ConnGroup, PeerPool
 from mooncake_core.transfer.descriptor import SegmentDescriptor
 from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import memview
@@ -303,21 +303,23 @@ class TcpTransport(Transport):
         total = sum(s.length for s in slices)
         ngroups = 1 if total < 2 * self.slice_size else min(self.nconn, len(slices))
         groups = partition(slices, ngroups)
-        futs = [pool.executor.submit(pool.use, (lambda g: lambda c: c.run(g, deadline))(g), deadline)
+        group = ConnGroup()
+        futs = [pool.executor.submit(pool.use, (lambda g: lambda c: c.run(g, deadline))(g), deadline, group)
                 for g in groups[1:]]
         first_err: BaseException | None = None
         try:
-            pool.use(lambda c: c.run(groups[0], deadline), deadline)
+            pool.use(lambda c: c.run(groups[0], deadline), deadline, group)
         except TransferError as e:
             first_err = e
         if futs:
-            done, not_done = wait(futs, timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+            done, not_done = wait(futs, timeout=0 if first_err else max(0.0, deadline - time.monotonic()) + 1.0)
             for f in done:
                 if f.exception() is not None and first_err is None:
                     first_err = f.exception()
             if not_done and first_err is None:
                 first_err = TransferError(f"segment {desc.name}: timed out (MC_TRANSFER_TIMEOUT)", peer_down=True)
         if first_err is not None:
+            group.cancel(futs)
             raise first_err
 
     def transfer_arrays(self, desc: SegmentDescriptor, opcode: TransferOpcode, local: np.ndarray,
@@ -348,10 +350,11 @@ class TcpTransport(Transport):
             return
         pool = self.pool(desc.host, desc.port, desc.name)
         work = _VecWork(nreq)
+        group = ConnGroup()
 
         def worker() -> None:
             try:
-                pool.use(lambda c: c.run_vec(write, plan, work, deadline), deadline)
+                pool.use(lambda c: c.run_vec(write, plan, work, deadline), deadline, group)
             except BaseException:
                 work.failed = True  # the others stop taking requests
                 raise
@@ -375,6 +378,8 @@ class TcpTransport(Transport):
         if first_err is None and (work.take() is not None):
             first_err = TransferError(f"segment {desc.name}: vectored batch left requests undone")
         if first_err is not None:
+            work.failed = True
+            group.cancel(futs)
             raise first_err
 
     def close(self) -> None:

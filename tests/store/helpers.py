@@ -102,12 +102,14 @@ class Master:
 class Worker:
     """A store client process with its own segment, answering JSON-line commands."""
 
-    def __init__(self, python_exe: str, master: Any, segment: int, offload_dir: str = ""):
-        """``master``: a Master, or any object with ``addr`` and ``meta`` (e.g. etcd:// ones)."""
-        args = [python_exe, WORKER, master.addr, master.meta, str(segment)]
+    def __init__(self, python_exe: str, master: Any, segment: int, offload_dir: str = "", *,
+                 prefix: list[str] | None = None, env: dict[str, str] | None = None):
+        """``master``: a Master, or any object with ``addr`` and ``meta`` (e.g. etcd:// ones).
+        ``prefix``: run the worker under it (e.g. ``ip netns exec NS``); ``env``: extra variables."""
+        args = [*(prefix or []), python_exe, WORKER, master.addr, master.meta, str(segment)]
         if offload_dir:
             args.append(offload_dir)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      bufsize=1, env=env)
         ready = self._read(60)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 
 import numpy as np
@@ -40,7 +41,9 @@ def main() -> int:
     master, meta, seg = sys.argv[1], sys.argv[2], int(sys.argv[3])
     offload = sys.argv[4] if len(sys.argv) > 4 else ""
     store = MooncakeDistributedStore()
-    cfg = {"local_hostname": "127.0.0.1", "metadata_server": meta, "global_segment_size": seg,
+    # MC_TEST_LOCAL_HOSTNAME: a worker in a network namespace serves on that namespace's address
+    host = os.environ.get("MC_TEST_LOCAL_HOSTNAME", "127.0.0.1")
+    cfg = {"local_hostname": host, "metadata_server": meta, "global_segment_size": seg,
            "local_buffer_size": 0, "protocol": "tcp", "master_server_addr": master}
     if offload:
         cfg["enable_ssd_offload"] = True

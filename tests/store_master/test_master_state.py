@@ -332,8 +332,11 @@ def test_client_ttl_unmounts_and_drops_replicas() -> None:
     assert [r.segment_name for r in st.get_replica_list("both").replicas] == ["seg1"]
     assert "inflight0" not in st.inflight
     assert st.stats.expired_clients == 1
-    # the dead client comes back: it is told to remount
+    # the dead client comes back: it is told to remount -- again and again until it does (a
+    # reply can be lost: found by bench/chaos.py), then no more
     assert st.heartbeat("c0").need_remount is True
+    assert st.heartbeat("c0").need_remount is True
+    st.mount_segment("c0", "seg0", 0x10000000, MiB)
     assert st.heartbeat("c0").need_remount is False
 
 
@@ -607,3 +610,153 @@ def test_recovery_hold_off_means_no_confirmation() -> None:
     st.mount_segment("c0", "seg0", 0x1000, MiB, prev_epoch=12345)
     put(st, "k", 100)
     assert st.get_replica_list("k").confirm_after_ms == 0
+
+def test_an_expired_client_gets_its_missed_removals_when_it_comes_back() -> None:
+    """Found by bench/chaos.py: a client silent past client_ttl lost its pending removal
+    notices with its record, came back, and re-reported objects removed meanwhile (whose
+    ranges other writers could already be writing: foreign bytes)."""
+    st, clock = make(client_ttl_s=2.0)
+    st.heartbeat("c0")
+    reps = put(st, "k", 100, Cfg(preferred_segments=["seg0"]))
+    assert reps[0].segment_name == "seg0"
+    st.remove("k")  # the notice for c0 waits for its next heartbeat -- which comes too late
+    clock.advance(2.5)
+    st.tick()  # c0 expired: its segment and objects are gone
+    assert "seg0" not in st.segments
+    reply = st.heartbeat("c0")
+    assert reply.need_remount
+    assert [k for k, _ in reply.removed] == ["k"] or reply.removed_all_before > 0
+    st.mount_segment("c0", "seg0", 0x10000000, MiB)  # re-mounted: the notices are done
+    assert not st.heartbeat("c0").removed
+    # a client that does not come back within 2 x client_ttl is forgotten
+    st2, clock2 = make(n_segs=1, client_ttl_s=2.0)
+    put(st2, "j", 100)
+    st2.remove("j")
+    clock2.advance(2.5)
+    st2.tick()
+    assert st2.absent.departed
+    clock2.advance(4.5)
+    st2.tick()
+    assert not st2.absent.departed and not st2.heartbeat("c0").removed
+
+
+def test_a_segment_back_after_an_expiry_waits_for_the_leases_it_held() -> None:
+    st, clock = make(n_segs=1, client_ttl_s=2.0, default_kv_lease_ttl_ms=5000)
+    put(st, "k", 100)
+    st.get_replica_list("k")  # a reader copies under a 5 s lease
+    clock.advance(2.5)
+    st.tick()  # the owner expired while the reader may still be copying
+    st.mount_segment("c0", "seg0", 0x10000000, MiB)
+    assert code_of(st.put_start, "c0", "new", 100) == ErrorCode.NO_AVAILABLE_HANDLE
+    clock.advance(2.6)  # past the lease granted 5.1 s ago
+    assert st.put_start("c0", "new", 100)[0].segment_name == "seg0"
+
+
+def test_a_failed_puts_range_waits_for_two_heartbeats_of_its_owner() -> None:
+    """Found by bench/chaos.py: a writer that timed out on a stopped owner may have a request
+    queued in the owner's socket; the owner applies it on resuming. The range must not be
+    handed to another put before the owner has provably run again (two heartbeats)."""
+    st, _ = make(n_segs=1, seg_size=MiB)
+    st.heartbeat("c0")
+    a = st.put_start("w", "lost", 900 << 10)[0]  # client "w" writes into c0's segment
+    st.put_revoke("w", "lost")  # its transfer timed out
+    assert code_of(st.put_start, "x", "next", 900 << 10) == ErrorCode.NO_AVAILABLE_HANDLE
+    st.heartbeat("c0")
+    assert code_of(st.put_start, "x", "next", 900 << 10) == ErrorCode.NO_AVAILABLE_HANDLE
+    st.heartbeat("c0")
+    assert st.put_start("x", "next", 900 << 10)[0].addr == a.addr
+    # a failed put into the writer's own segment (a memcpy: nothing in flight) frees at once
+    st.put_revoke("x", "next")
+    st.heartbeat("c0")
+    st.heartbeat("c0")
+    b = st.put_start("c0", "own", 900 << 10)[0]
+    st.put_revoke("c0", "own")
+    assert st.put_start("c0", "own2", 900 << 10)[0].addr == b.addr
+
+
+def test_puts_in_flight_into_an_expired_segment_keep_their_ranges_when_it_comes_back() -> None:
+    """Found by bench/chaos.py: a segment unmounted for its owner's silence dropped the puts
+    being written into it; re-mounted, their ranges were free at once, so a new object could
+    get one while the old writer's bytes (delayed by the same network trouble) still arrived."""
+    st, clock = make(n_segs=1, seg_size=MiB, client_ttl_s=2.0)
+    a = st.put_start("w", "slow", 900 << 10)[0]  # w is still writing into c0's segment
+    clock.advance(2.5)
+    st.heartbeat("w")
+    st.tick()  # c0 expired, its segment unmounted
+    st.mount_segment("c0", "seg0", 0x10000000, MiB)
+    assert code_of(st.put_end, "w", "slow") == ErrorCode.OBJECT_NOT_FOUND  # the put itself is lost
+    assert code_of(st.put_start, "x", "next", 900 << 10) == ErrorCode.NO_AVAILABLE_HANDLE
+    # an object the owner re-reports over that range is refused (it cannot be intact)
+    assert st.report_objects("c0", [("old", ReplicaDesc("seg0", a.addr, 1000))]) == 0
+    clock.advance(st.cfg.put_start_discard_timeout_s + 5.0)
+    st.heartbeat("c0")
+    st.tick()
+    assert st.put_start("x", "next", 900 << 10)[0].addr == a.addr
+
+
+def test_a_lost_heartbeat_reply_does_not_lose_the_remount_or_the_missed_removals() -> None:
+    """Found by bench/chaos.py: a heartbeat sent before a partition reached the master after
+    it (the timed-out connection kept retransmitting); the master answered need_remount and
+    the missed removal notices to a client no longer listening, and answered the client's
+    next heartbeat with neither -- it never re-mounted, and after the next failover it
+    re-reported a removed object."""
+    st, clock = make(client_ttl_s=2.0)
+    st.heartbeat("c0")
+    put(st, "k", 100, Cfg(preferred_segments=["seg0"]))
+    st.remove("k")
+    clock.advance(2.5)
+    st.heartbeat("c1")
+    st.tick()  # c0 expired with the notice undelivered
+    lost = st.heartbeat("c0")  # this reply never arrives
+    assert lost.need_remount and [k for k, _ in lost.removed] == ["k"]
+    again = st.heartbeat("c0")
+    assert again.need_remount and [k for k, _ in again.removed] == ["k"]
+    st.mount_segment("c0", "seg0", 0x10000000, MiB)
+    done = st.heartbeat("c0")
+    assert not done.need_remount and not done.removed
+
+
+def test_a_key_removed_between_two_owners_reports_stays_removed() -> None:
+    """Found by bench/chaos.py: after a failover, owner A re-reported an old copy of a key
+    (its removal notice died with the old master), a remove was acknowledged, then owner B
+    re-reported the newer value -- and every reader got the removed value back."""
+    st, clock = make(client_ttl_s=2.0)
+    v_old, v_new = 10**18, 10**18 + 5
+    assert st.report_objects("c0", [("k", ReplicaDesc("seg0", 0x10000000, 100))], [v_old]) == 1
+    st.remove("k")
+    assert st.report_objects("c1", [("k", ReplicaDesc("seg1", 0x20000000, 100))], [v_new]) == 0
+    assert code_of(st.get_replica_list, "k") == ErrorCode.OBJECT_NOT_FOUND
+    # B is told to forget its copy, so the next master change does not bring it back either
+    assert "k" in [k for k, _ in st.heartbeat("c1").removed]
+    # a value written after the remove is not held back
+    put(st, "k", 100, client="c1")
+    assert st.get_replica_list("k").replicas
+    # the tombstones go with the re-report window
+    clock.advance(4.5)
+    st.heartbeat("c0")
+    st.heartbeat("c1")
+    st.tick()
+    assert not st.absent.tombstones
+    # outside a re-report window a remove leaves no tombstone
+    put(st, "j", 100)
+    st.remove("j")
+    assert "j" not in st.absent.tombstones
+
+
+def test_a_key_removed_while_its_owner_was_expired_stays_removed_when_it_comes_back() -> None:
+    """Found by bench/chaos.py (10-minute run): a client isolated past client_ttl was expired
+    (its objects dropped); meanwhile others wrote and removed its keys; back, it re-mounted
+    and re-reported its old copies -- and readers got a removed value."""
+    st, clock = make(client_ttl_s=2.0)
+    st.heartbeat("c0")
+    old = put(st, "k", 100, Cfg(preferred_segments=["seg0"]))[0]
+    v_old = st._last_version
+    clock.advance(2.5)
+    st.heartbeat("c1")
+    st.tick()  # c0 expired
+    put(st, "k", 100, Cfg(preferred_segments=["seg1"]), client="c1")
+    st.remove("k")
+    assert st.heartbeat("c0").need_remount
+    st.mount_segment("c0", "seg0", 0x10000000, MiB)
+    assert st.report_objects("c0", [("k", old)], [v_old]) == 0
+    assert code_of(st.get_replica_list, "k") == ErrorCode.OBJECT_NOT_FOUND

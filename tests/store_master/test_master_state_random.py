@@ -42,6 +42,10 @@ def check_invariants(st: MasterState) -> None:
     for _, _, seg, off, size in st.graveyard:
         if st.segments.get(seg.name) is seg:
             spans[seg.name].append((off, off + min(_round(size), seg.size - off)))
+    for c in st.clients.values():  # ranges of failed puts, freed after the owner's heartbeats
+        for _, seg, off, size in c.quarantine:
+            if st.segments.get(seg.name) is seg:
+                spans[seg.name].append((off, off + min(_round(size), seg.size - off)))
     for name, sp in spans.items():
         seg = st.segments[name]
         sp.sort()
