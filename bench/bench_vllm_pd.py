@@ -170,6 +170,17 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
             s.stop()
 
 
+def bench_env(logs_arg: str | None, prefix: str) -> tuple[str, Path, Path] | None:
+    """(vLLM venv python, logs directory, tiny model) -- or None, said on stderr, without a venv."""
+    py = vllm_python()
+    if py is None:
+        print("vLLM venv not found: run scripts/install_vllm.sh (or set VLLM_VENV)", file=sys.stderr)
+        return None
+    logs = Path(logs_arg or tempfile.mkdtemp(prefix=prefix))
+    logs.mkdir(parents=True, exist_ok=True)
+    return py, logs, make_tiny_model(py, logs / "tiny-llama")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,13 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="prompt RNG seed")
     ap.add_argument("--logs", default=None, help="directory for server logs (default: a temp dir)")
     a = ap.parse_args(argv)
-    py = vllm_python()
-    if py is None:
-        print("vLLM venv not found: run scripts/install_vllm.sh (or set VLLM_VENV)", file=sys.stderr)
+    env = bench_env(a.logs, "bench-vllm-")
+    if env is None:
         return 2
-    logs = Path(a.logs or tempfile.mkdtemp(prefix="bench-vllm-"))
-    logs.mkdir(parents=True, exist_ok=True)
-    model = make_tiny_model(py, logs / "tiny-llama")
+    py, logs, model = env
     rng = random.Random(a.seed)
     prompts = [[rng.randrange(3, 300) for _ in range(a.prompt_len)] for _ in range(a.requests)]
     res: dict[str, dict] = {}
