@@ -27,9 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO / "tests"))
 
-from bench_vllm_pd import bench_env, start_proxy, stream_request  # noqa: E402
+from bench_vllm_pd import bench_env, start_proxy, stream_request  # noqa: E402  (puts tests/ on sys.path)
 from checkout_shim import shim_pythonpath  # noqa: E402
 from vllm_harness import VllmServer, free_port, start_all  # noqa: E402
 
