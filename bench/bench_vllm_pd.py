@@ -8,13 +8,16 @@ vs no disaggregation -- all measured in the same run, same prompts.
 Modes (each starts its own servers, runs the prompts one at a time, stops them):
   nodisagg  one vLLM instance (core 0), requests sent to it directly
   ours      prefill (core 0) + decode (core 1) with MooncakeCoreConnector, through mooncake_proxy
+            (``--handoff vllm``: prefill first, then the decode with the prefill's answer)
+  ours-conc same, ``--handoff mooncake-core``: prefill and decode sent at once (after the first)
   nixl      same with vLLM's NixlConnector (needs ``pip install --no-deps nixl-cu12==1.5.1
             nixl==1.5.1`` in the vLLM venv: ``scripts/install_vllm.sh --with-nixl``), UCX over tcp
   nixl-mc   NixlConnector with "backends": ["MooncakeCore"] (our NIXL plugin: scripts/install_nixl.sh)
   builtin   same with vLLM's built-in MooncakeConnector running on our engine via the alias
 
 TTFT = time to the first streamed token at the client; E2E = time to the last. Prints p50/mean
-per mode, the ratio of ours to nixl and to nodisagg, and the KV bytes our decode pulled per
+per mode for the requests sent one at a time, then p50s with ``--concurrency`` requests in flight
+(another prompt set of the same size, so neither instance has them cached), the ratio of ours to nixl and to nodisagg, and the KV bytes our decode pulled per
 request next to the bytes of the blocks the prompt needs. Needs the vLLM venv
 (scripts/install_vllm.sh); the tiny model is built on the fly.
 """
@@ -22,6 +25,7 @@ request next to the bytes of the blocks the prompt needs. Needs the vLLM venv
 from __future__ import annotations
 
 import argparse
+from concurrent.futures import ThreadPoolExecutor
 import json
 import random
 import re
@@ -35,6 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
+sys.path.insert(0, str(REPO / "tests"))  # checkout_shim, venvs (the harness's imports)
 
 from vllm_harness import (VllmServer, free_port, http_json, make_tiny_model, p2p_config,  # noqa: E402
                           start_all, vllm_python)
@@ -93,9 +98,9 @@ def start_proxy(p: VllmServer, d: VllmServer, handoff: str, log: Path, bootstrap
 def servers_for(mode: str, py: str, model: Path, logs: Path) -> tuple[list[VllmServer], dict]:
     if mode == "nodisagg":
         return [VllmServer(py, model, free_port(), 0, logs / "single.log")], {}
-    if mode == "ours":
-        return [VllmServer(py, model, free_port(), 0, logs / "ours_p.log", p2p_config("kv_producer")),
-                VllmServer(py, model, free_port(), 1, logs / "ours_d.log", p2p_config("kv_consumer"))], {}
+    if mode in ("ours", "ours-conc"):
+        return [VllmServer(py, model, free_port(), 0, logs / f"{mode}_p.log", p2p_config("kv_producer")),
+                VllmServer(py, model, free_port(), 1, logs / f"{mode}_d.log", p2p_config("kv_consumer"))], {}
     if mode in ("nixl", "nixl-mc"):
         env = {"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp,self,sm", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1"}
@@ -124,7 +129,21 @@ def servers_for(mode: str, py: str, model: Path, logs: Path) -> tuple[list[VllmS
     raise ValueError(f"unknown mode {mode!r}")
 
 
-def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int]], max_tokens: int) -> dict:
+HANDOFF = {"builtin": "mooncake", "ours-conc": "mooncake-core"}  # the proxy's --handoff (default: vllm)
+
+
+def run_concurrent(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int) -> dict:
+    """TTFT / E2E p50 with ``concurrency`` requests in flight (a closed loop over ``prompts``)."""
+    with ThreadPoolExecutor(concurrency) as ex:
+        res = list(ex.map(lambda p: stream_request(url, p, max_tokens), prompts))
+    bad = [n for _t, _e, n in res if n != max_tokens]
+    return {"c_ttft_p50": statistics.median(t for t, _e, _n in res),
+            "c_e2e_p50": statistics.median(e for _t, e, _n in res),
+            "c_error": f"{len(bad)} of {len(res)} requests short" if bad else ""}
+
+
+def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int]], max_tokens: int,
+             cprompts: list[list[int]], concurrency: int) -> dict:
     servers, extra = servers_for(mode, py, model, logs)
     proxy = None
     try:
@@ -132,7 +151,7 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
         if mode == "nodisagg":
             url = servers[0].url
         else:
-            proxy, url = start_proxy(servers[0], servers[1], "mooncake" if mode == "builtin" else "vllm",
+            proxy, url = start_proxy(servers[0], servers[1], HANDOFF.get(mode, "vllm"),
                                      logs / f"{mode}_proxy.log", extra.get("bootstrap"))
         stream_request(url, [5] * 64, 2)  # warm-up (first request compiles / connects)
         ttfts, e2es = [], []
@@ -154,7 +173,13 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
         out = {"ttft_p50": statistics.median(ttfts), "ttft_mean": statistics.fmean(ttfts),
                "e2e_p50": statistics.median(e2es), "e2e_mean": statistics.fmean(e2es), "n": len(ttfts),
                "error": error}
-        if mode == "ours":
+        if concurrency > 1 and cprompts:
+            try:
+                out.update(run_concurrent(url, cprompts, max_tokens, concurrency))
+            except Exception as ex:
+                out["c_error"] = f"concurrent run failed: {ex}"
+                print(f"[{mode}] {out['c_error']}", file=sys.stderr)
+        if mode in ("ours", "ours-conc"):
             pulled = [int(b) for b in re.findall(r"kv pulled request=\S+ transfer=\S+ blocks=\d+ bytes=(\d+)",
                                                  servers[1].log_text())]
             out["kv_bytes_per_req"] = statistics.fmean(pulled[1:]) if len(pulled) > 1 else float("nan")
@@ -170,6 +195,17 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
             s.stop()
 
 
+def bench_env(logs_arg: str | None, prefix: str) -> tuple[str, Path, Path] | None:
+    """(vLLM venv python, logs directory, tiny model) -- or None, said on stderr, without a venv."""
+    py = vllm_python()
+    if py is None:
+        print("vLLM venv not found: run scripts/install_vllm.sh (or set VLLM_VENV)", file=sys.stderr)
+        return None
+    logs = Path(logs_arg or tempfile.mkdtemp(prefix=prefix))
+    logs.mkdir(parents=True, exist_ok=True)
+    return py, logs, make_tiny_model(py, logs / "tiny-llama")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -177,40 +213,52 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=400, help="tokens per prompt (default 400)")
     ap.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (default 32)")
     ap.add_argument("--modes", nargs="+", default=["nodisagg", "ours", "nixl"],
-                    choices=["nodisagg", "ours", "nixl", "nixl-mc", "builtin"], help="modes to run, in order")
+                    choices=["nodisagg", "ours", "ours-conc", "nixl", "nixl-mc", "builtin"],
+                    help="modes to run, in order")
+    ap.add_argument("--concurrency", type=int, default=8,
+                    help="requests in flight for the second column (default 8; 1 skips it)")
     ap.add_argument("--seed", type=int, default=0, help="prompt RNG seed")
     ap.add_argument("--logs", default=None, help="directory for server logs (default: a temp dir)")
     a = ap.parse_args(argv)
-    py = vllm_python()
-    if py is None:
-        print("vLLM venv not found: run scripts/install_vllm.sh (or set VLLM_VENV)", file=sys.stderr)
+    env = bench_env(a.logs, "bench-vllm-")
+    if env is None:
         return 2
-    logs = Path(a.logs or tempfile.mkdtemp(prefix="bench-vllm-"))
-    logs.mkdir(parents=True, exist_ok=True)
-    model = make_tiny_model(py, logs / "tiny-llama")
+    py, logs, model = env
     rng = random.Random(a.seed)
     prompts = [[rng.randrange(3, 300) for _ in range(a.prompt_len)] for _ in range(a.requests)]
+    cprompts = [[rng.randrange(3, 300) for _ in range(a.prompt_len)] for _ in range(a.requests)]
     res: dict[str, dict] = {}
     for m in a.modes:
         try:
-            res[m] = run_mode(m, py, model, logs, prompts, a.max_tokens)
+            res[m] = run_mode(m, py, model, logs, prompts, a.max_tokens, cprompts, a.concurrency)
         except Exception as e:
             print(f"[{m}] failed: {e}", file=sys.stderr)
-    print(f"\n{a.requests} requests x {a.prompt_len} prompt tokens, {a.max_tokens} output tokens, "
-          f"one at a time; logs in {logs}")
-    print(f"{'mode':10} {'TTFT p50 ms':>12} {'TTFT mean':>10} {'E2E p50 ms':>11} {'E2E mean':>9} {'done':>5}")
+    print(f"\n{a.requests} requests x {a.prompt_len} prompt tokens, {a.max_tokens} output tokens, one at a time "
+          f"(then {a.concurrency} in flight: cN columns); logs in {logs}")
+    print(f"{'mode':10} {'TTFT p50 ms':>12} {'TTFT mean':>10} {'E2E p50 ms':>11} {'E2E mean':>9} {'done':>5}"
+          f" {'cN TTFT p50':>12} {'cN E2E p50':>11}")
     for m, r in res.items():
+        conc = (f" {r['c_ttft_p50'] * 1e3:12.1f} {r['c_e2e_p50'] * 1e3:11.1f}" if "c_ttft_p50" in r
+                else f" {'-':>12} {'-':>11}")
+        errs = "; ".join(e for e in (r["error"], r.get("c_error", "")) if e)
         print(f"{m:10} {r['ttft_p50'] * 1e3:12.1f} {r['ttft_mean'] * 1e3:10.1f} {r['e2e_p50'] * 1e3:11.1f} "
-              f"{r['e2e_mean'] * 1e3:9.1f} {r['n']:5d}" + (f"  ({r['error']})" if r["error"] else ""))
-    if "ours" in res:
-        for ref in ("nixl", "nodisagg", "builtin"):
-            if ref in res:
-                print(f"ours / {ref}: TTFT p50 {res['ours']['ttft_p50'] / res[ref]['ttft_p50']:.2f}x, "
-                      f"E2E p50 {res['ours']['e2e_p50'] / res[ref]['e2e_p50']:.2f}x")
+              f"{r['e2e_mean'] * 1e3:9.1f} {r['n']:5d}" + conc + (f"  ({errs})" if errs else ""))
+    for ours in ("ours", "ours-conc"):
+        if ours not in res:
+            continue
+        for ref in ("nodisagg", "nixl", "builtin", "ours"):
+            if ref in res and ref != ours:
+                o, f = res[ours], res[ref]
+                line = (f"{ours} / {ref}: TTFT p50 {o['ttft_p50'] / f['ttft_p50']:.2f}x, "
+                        f"E2E p50 {o['e2e_p50'] / f['e2e_p50']:.2f}x")
+                if "c_ttft_p50" in o and "c_ttft_p50" in f:
+                    line += (f"; {a.concurrency} in flight: TTFT p50 {o['c_ttft_p50'] / f['c_ttft_p50']:.2f}x, "
+                             f"E2E p50 {o['c_e2e_p50'] / f['c_e2e_p50']:.2f}x")
+                print(line)
         need = -(-a.prompt_len // 32) * 16384 * 2  # blocks x bytes/block/layer x layers (tiny model)
-        print(f"ours: KV bytes pulled per request {res['ours'].get('kv_bytes_per_req', float('nan')):.0f} "
+        print(f"{ours}: KV bytes pulled per request {res[ours].get('kv_bytes_per_req', float('nan')):.0f} "
               f"(blocks the prompt needs: {need})")
-    return 0 if len(res) == len(a.modes) and not any(r["error"] for r in res.values()) else 1
+    return 0 if len(res) == len(a.modes) and not any(r["error"] or r.get("c_error") for r in res.values()) else 1
 
 
 if __name__ == "__main__":

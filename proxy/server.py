@@ -433,14 +433,21 @@ class ProxyServer:
             ppayload = ho.prefill_payload(body, route, p.addr, ctx)
             if decision.remote_source == self.sched_mod.STORE and decision.remote_blocks:
                 ppayload = with_store_hint(ppayload, decision, self.cfg.block_size)
-            if not ho.concurrent:
+            if not ho.is_concurrent(p.addr):
                 presp = await self.relay.post_json(p, route, ppayload, pheaders, "prefill")
                 prefill_finished()
+                ho.on_prefill_answer(p.addr, presp)
                 dpayload = ho.decode_payload(body, route, p.addr, ctx, presp)
             else:
                 ptask = asyncio.create_task(self.relay.post_json(p, route, ppayload, pheaders, "prefill"))
-                # The prefill's load ends when its answer comes, not when the decode stream does.
-                ptask.add_done_callback(lambda _t: prefill_finished())
+
+                def prefill_answered(t: asyncio.Task[dict[str, Any]], addr: Any = p.addr) -> None:
+                    # The prefill's load ends when its answer comes, not when the decode stream does.
+                    prefill_finished()
+                    if not t.cancelled() and t.exception() is None:
+                        ho.on_prefill_answer(addr, t.result())
+
+                ptask.add_done_callback(prefill_answered)
                 dpayload = ho.decode_payload(body, route, p.addr, ctx, None)
             cluster.on_decode_start(d.instance_id, req, now())
             self._inflight(d, 1)

@@ -59,3 +59,44 @@ class SendTracker:
 
     def held(self) -> int:
         return len(self._expiry)
+
+
+@dataclass
+class Rendezvous:
+    """Prefill side of the concurrent hand-off: pairs a decode's ``want`` with the finished request.
+
+    Either may come first: the decode usually asks while the prefill still computes (its
+    request was sent at the same time), but a slow decode asks after the prefill has finished.
+    When both are known, ``want``/``offer`` return ``(decode segment, params)`` to send in a
+    ``ready`` notification, once. Unpaired entries are dropped at their expiry (a decode that
+    never asks is covered by the send lease; a want for a prefill that never finishes is noise).
+    """
+
+    _wants: dict[str, tuple[str, float]] = field(default_factory=dict)  # tid -> (decode segment, expiry)
+    _offers: dict[str, tuple[dict, float]] = field(default_factory=dict)  # tid -> (params, expiry)
+
+    def want(self, transfer_id: str, decode_segment: str, expiry: float) -> tuple[str, dict] | None:
+        offer = self._offers.pop(transfer_id, None)
+        if offer is not None:
+            return decode_segment, offer[0]
+        self._wants[transfer_id] = (decode_segment, expiry)
+        return None
+
+    def offer(self, transfer_id: str, params: dict, expiry: float) -> tuple[str, dict] | None:
+        w = self._wants.pop(transfer_id, None)
+        if w is not None:
+            return w[0], params
+        self._offers[transfer_id] = (params, expiry)
+        return None
+
+    def forget(self, transfer_id: str) -> None:
+        """The blocks were freed (confirmed or lease expired): nothing left to offer."""
+        self._offers.pop(transfer_id, None)
+        self._wants.pop(transfer_id, None)
+
+    def expire(self, now: float) -> None:
+        self._wants = {t: w for t, w in self._wants.items() if w[1] > now}
+        self._offers = {t: o for t, o in self._offers.items() if o[1] > now}
+
+    def pending(self) -> int:
+        return len(self._wants) + len(self._offers)

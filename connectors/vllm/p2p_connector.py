@@ -25,6 +25,18 @@ How a request flows (pull model, like vLLM's NixlConnector, on our Transfer Engi
    in ``finished_sending`` (vLLM frees its blocks) -- or does so when the lease expires, so a
    vanished decode never leaks blocks. A decode refuses to read after the lease expiry.
 
+Concurrent hand-off (``mooncake_proxy --handoff mooncake-core``): the proxy sends both requests
+at once with a transfer id it chose; the prefill's params carry that id, the decode's carry it
+and the prefill's segment (``params.concurrent_*_params``). The decode allocates its blocks at
+once and its worker sends the prefill a ``want`` notification (its own segment); the prefill
+worker answers with ``ready`` (the ``RemotePrefill`` params) as soon as the request finished --
+whichever of the two comes second triggers it (``leases.Rendezvous``) -- and the decode reads
+on receipt, in the same step. So the decode's HTTP/API-server path overlaps the prefill's compute
+and the prefill's answer no longer travels proxy -> decode before the read starts. A decode
+that gets no ``ready`` within ``prefill_wait_s`` fails the load (``kv_load_failure_policy``).
+Reads up to ``sync_load_max_bytes`` run inside the step (no thread hand-off, reported by the
+same step); a request aborted while loading keeps its blocks until no read can write them.
+
 Scheduler-side methods (run in the scheduler of each instance): ``get_num_new_matched_tokens``,
 ``update_state_after_alloc``, ``build_connector_meta``, ``request_finished``,
 ``set_xfer_handshake_metadata``. Worker-side methods (run in each worker): ``register_kv_caches``,
@@ -36,13 +48,17 @@ and the handshake metadata (worker -> scheduler once at start).
 Configuration (``--kv-transfer-config`` ``kv_connector_extra_config``): ``local_hostname``
 (default env ``MOONCAKE_LOCAL_HOSTNAME`` or 127.0.0.1: the address peers use to reach this
 worker), ``metadata_server`` (default ``P2PHANDSHAKE``: no metadata service needed),
-``protocol`` (tcp), ``kv_lease_s`` (default 30: how long a prefill holds blocks for a decode).
+``protocol`` (tcp), ``kv_lease_s`` (default 30: how long a prefill holds blocks for a decode),
+``sync_load_max_bytes`` (default 4 MiB: a request's KV up to this size is read inside the step
+that starts it and reported received by that same step; 0 makes every read asynchronous),
+``prefill_wait_s`` (default 120: concurrent hand-off, how long a decode waits for ``ready``).
 Tensor parallelism: 1 only. (The tests' negative control -- received KV overwritten with noise --
 is a subclass in ``tests/vllm/corrupting_connector.py``; this connector has no test switch.)
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -59,9 +75,10 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from mooncake_core import envs
 from mooncake_connectors.vllm.layout import (Slab, coalesce, pair_blocks, plan, remote_slabs_from_regions,
                                              slabs_of)
-from mooncake_connectors.vllm.leases import SendTracker
-from mooncake_connectors.vllm.params import (ParamsError, RemotePrefill, new_transfer_id, wants_remote_decode,
-                                             wants_remote_prefill)
+from mooncake_connectors.vllm.leases import Rendezvous, SendTracker
+from mooncake_connectors.vllm.params import (MSG_DONE, MSG_FAILED, MSG_READY, MSG_RELEASE, MSG_WANT, ParamsError,
+                                             PendingPrefill, RemotePrefill, chosen_transfer_id, is_pending,
+                                             new_transfer_id, parse_pending, wants_remote_decode, wants_remote_prefill)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -77,6 +94,15 @@ logger = init_logger("vllm.mooncake_core.p2p_connector")
 #: A decode does not start a read this close to the prefill's lease expiry (the blocks may be
 #: freed and reused mid-read); it recomputes or fails per policy instead.
 LEASE_MARGIN_S = 2.0
+
+
+#: Default ``sync_load_max_bytes``: a request's KV up to this size is read synchronously inside
+#: the decode's step (about a millisecond over cross-memory attach; it delays that step's other
+#: requests by as much), larger ones asynchronously while the engine keeps stepping.
+SYNC_LOAD_MAX_BYTES = 4 << 20
+#: Default ``prefill_wait_s``: how long a decode of the concurrent hand-off waits for the prefill's
+#: ``ready`` before giving up on the transfer (then ``kv_load_failure_policy`` applies).
+PREFILL_WAIT_S = 120.0
 
 
 def _extra(vllm_config: "VllmConfig", key: str, default: Any) -> Any:
@@ -95,12 +121,28 @@ class MooncakeHandshake(KVConnectorHandshakeMetadata):
 
 @dataclass
 class RecvReq:
-    """Decode: pull ``remote`` into ``local_block_ids`` (after ``local_hit_blocks`` cached blocks)."""
+    """Decode: pull ``remote`` into ``local_block_ids`` (after ``local_hit_blocks`` cached blocks).
+
+    With the concurrent hand-off ``remote`` is None until the prefill's ``ready`` notification
+    names its blocks; ``pending`` says whom to ask and ``need_tokens`` how many prompt tokens
+    the prefill must have computed for this decode."""
 
     request_id: str
-    remote: RemotePrefill
+    remote: RemotePrefill | None
     local_block_ids: list[int]
     local_hit_blocks: int
+    pending: PendingPrefill | None = None
+    need_tokens: int = 0
+
+
+@dataclass
+class SendReq:
+    """Prefill: hold a finished request's blocks under ``transfer_id`` until ``expiry`` (unix).
+    ``params`` (concurrent hand-off only) is what the ``ready`` notification carries."""
+
+    transfer_id: str
+    expiry: float
+    params: dict[str, Any] | None = None
 
 
 @dataclass
@@ -108,10 +150,11 @@ class MooncakeConnectorMetadata(KVConnectorMetadata):
     """Scheduler -> worker, every step."""
 
     reqs_to_recv: list[RecvReq] = field(default_factory=list)
-    # prefill: request id -> (transfer id, lease expiry unix time)
-    reqs_to_send: dict[str, tuple[str, float]] = field(default_factory=dict)
+    reqs_to_send: dict[str, SendReq] = field(default_factory=dict)
     # decode: (prefill segment, transfer id) whose blocks it will not read (local hit / abort)
     releases: list[tuple[str, str]] = field(default_factory=list)
+    # decode: requests aborted while their KV was loading (their blocks stay until reported)
+    cancels: list[str] = field(default_factory=list)
 
 
 # =====================================================================================  connector
@@ -154,6 +197,11 @@ class MooncakeCoreConnector(KVConnectorBase_V1):
     def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
         if self._sched is not None:
             self._sched.set_handshake(metadata)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        super().update_connector_output(connector_output)
+        if self._sched is not None:
+            self._sched.update_connector_output(connector_output)
 
     def get_loaded_kv_cache_group_ids(self, request: "Request") -> tuple[int, ...]:
         # We transfer the request's own blocks, so every group is restored.
@@ -207,8 +255,10 @@ class _Scheduler:
         self.lease_s = float(_extra(vllm_config, "kv_lease_s", 30.0))
         self.hs: MooncakeHandshake | None = None
         self._recv: list[RecvReq] = []
-        self._send: dict[str, tuple[str, float]] = {}
+        self._send: dict[str, SendReq] = {}
         self._releases: list[tuple[str, str]] = []
+        self._cancels: list[str] = []
+        self._loading: set[str] = set()  # decode requests handed to the worker, not yet reported received
 
     def set_handshake(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
         hs = metadata.get(0)
@@ -236,10 +286,23 @@ class _Scheduler:
             return None
         return rp
 
+    def _parse_pending(self, request: "Request") -> PendingPrefill | None:
+        try:
+            return parse_pending(request.kv_transfer_params)
+        except ParamsError as e:
+            logger.error("MooncakeCoreConnector: request %s: %s; computing the prompt locally instead",
+                         request.request_id, e)
+            return None
+
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
         params = request.kv_transfer_params
         if not wants_remote_prefill(params):
             return 0, False
+        if is_pending(params):  # concurrent hand-off: the prefill computes the whole prompt
+            if self._parse_pending(request) is None:
+                return 0, False
+            n = len(request.prompt_token_ids or ()) - num_computed_tokens
+            return (n, True) if n > 0 else (0, False)
         rp = self._parse(request)
         if rp is None:
             return 0, False
@@ -254,31 +317,43 @@ class _Scheduler:
         params = request.kv_transfer_params
         if not wants_remote_prefill(params):
             return
-        rp = self._parse(request)
-        if rp is not None:
+        pending = self._parse_pending(request) if is_pending(params) else None
+        rp = None if is_pending(params) else self._parse(request)
+        who = pending or rp
+        if who is not None:
             if num_external_tokens > 0:
-                groups = blocks.blocks
-                hashed = sum(1 for b in groups[0] if b.block_hash is not None)
-                self._recv.append(RecvReq(request.request_id, rp, blocks.get_unhashed_block_ids(), hashed))
+                hashed = sum(1 for b in blocks.blocks[0] if b.block_hash is not None)
+                self._recv.append(RecvReq(request.request_id, rp, blocks.get_unhashed_block_ids(), hashed,
+                                          pending, hashed * self.block_size + num_external_tokens))
+                self._loading.add(request.request_id)
             else:  # full local prefix hit (or lease gone): tell the prefill to free its blocks
-                self._releases.append((rp.segment, rp.transfer_id))
+                self._releases.append((who.segment, who.transfer_id))
         params["do_remote_prefill"] = False  # exactly one transfer per request
 
     def build_connector_meta(self) -> MooncakeConnectorMetadata:
         meta = MooncakeConnectorMetadata(reqs_to_recv=self._recv, reqs_to_send=self._send,
-                                         releases=self._releases)
-        self._recv, self._send, self._releases = [], {}, []
+                                         releases=self._releases, cancels=self._cancels)
+        self._recv, self._send, self._releases, self._cancels = [], {}, [], []
         return meta
+
+    def update_connector_output(self, output: Any) -> None:
+        self._loading.difference_update(output.finished_recving or ())
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         from vllm.v1.request import RequestStatus
 
         params = request.kv_transfer_params
+        if request.request_id in self._loading:
+            # Aborted while its KV loads: keep the blocks (a read may be writing them) until the
+            # worker reports the request received; it drops a read not yet started.
+            self._loading.discard(request.request_id)
+            self._cancels.append(request.request_id)
+            return True, None
         if wants_remote_prefill(params):
             # Decode request finished (aborted) before its blocks were allocated: release the prefill.
             try:
-                rp = RemotePrefill.from_params(params)
-                self._releases.append((rp.segment, rp.transfer_id))
+                who = parse_pending(params) if is_pending(params) else RemotePrefill.from_params(params)
+                self._releases.append((who.segment, who.transfer_id))
             except ParamsError:
                 pass
             params["do_remote_prefill"] = False
@@ -293,14 +368,21 @@ class _Scheduler:
             logger.error("MooncakeCoreConnector: no worker handshake yet; cannot hand off request %s",
                          request.request_id)
             return False, None
-        tid = new_transfer_id(self.engine_id, request.request_id)
+        try:
+            chosen = chosen_transfer_id(params)
+        except ParamsError as e:
+            logger.error("MooncakeCoreConnector: request %s: %s; not handing off", request.request_id, e)
+            return False, None
+        tid = chosen or new_transfer_id(self.engine_id, request.request_id)
         expiry = time.time() + self.lease_s
-        self._send[request.request_id] = (tid, expiry)
         rp = RemotePrefill(transfer_id=tid, segment=self.hs.segment, engine_id=self.engine_id,
                            request_id=request.request_id, block_ids=list(block_ids),
                            num_tokens=request.num_computed_tokens, block_size=self.block_size,
                            block_bytes=self.hs.block_bytes, num_slabs=self.hs.num_slabs, lease_expiry_unix=expiry)
-        return True, rp.to_params()
+        out = rp.to_params()
+        # concurrent hand-off: the worker sends these to the decode that asks for ``tid``
+        self._send[request.request_id] = SendReq(tid, expiry, out if chosen else None)
+        return True, out
 
 
 # =====================================================================================  worker
@@ -334,11 +416,22 @@ class _Worker:
         self.slabs: list[Slab] = []
         self._remote: dict[str, list[Slab]] = {}
         self._pulls: list[_Pull] = []
+        self._read_now: list[_Pull] = []  # finished synchronously this step (small reads)
+        self.sync_load_max_bytes = int(_extra(vllm_config, "sync_load_max_bytes", SYNC_LOAD_MAX_BYTES))
         self._failed_now: list[RecvReq] = []
         self._load_errors: set[int] = set()
         self._sends = SendTracker()
         self._send_done: set[str] = set()
         self._held_since: dict[str, float] = {}
+        # concurrent hand-off
+        self.block_size = vllm_config.cache_config.block_size
+        self.lease_s = float(_extra(vllm_config, "kv_lease_s", 30.0))
+        self.prefill_wait_s = float(_extra(vllm_config, "prefill_wait_s", PREFILL_WAIT_S))
+        self._rdv = Rendezvous()                           # prefill: wants <-> finished requests
+        self._tid_of: dict[str, str] = {}                  # prefill: held request id -> transfer id
+        self._waiting: dict[str, tuple[RecvReq, float]] = {}  # decode: transfer id -> (req, deadline)
+        self._cancelled: set[str] = set()                  # decode: aborted while an async read runs
+        self._cancelled_now: list[str] = []                # decode: aborted before their read: report
         self._lock = threading.Lock()
         self._notifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-kv-notify")
         self.bytes_pulled = 0
@@ -386,36 +479,130 @@ class _Worker:
         return cached
 
     def start_load(self, meta: MooncakeConnectorMetadata) -> None:
+        for rid in meta.cancels:
+            self._cancel(rid)
         for seg, tid in meta.releases:
-            self._notify(seg, tid, "release")
-        for tid_req in meta.reqs_to_send.items():
-            rid, (tid, expiry) = tid_req
-            now = time.time()
+            self._notify(seg, tid, MSG_RELEASE)
+        for rid, sr in meta.reqs_to_send.items():
             self._held_since[rid] = time.monotonic()
-            if self._sends.hold(rid, tid, expiry, now):
+            if self._sends.hold(rid, sr.transfer_id, sr.expiry, time.time()):
                 self._send_done.add(rid)
+            elif sr.params is not None:
+                self._tid_of[rid] = sr.transfer_id
+                self._send_ready(self._rdv.offer(sr.transfer_id, sr.params, sr.expiry))
         for r in meta.reqs_to_recv:
-            self._submit(r)
+            if r.pending is not None:
+                self._ask(r)
+            else:
+                self._submit(r)
+
+    # ---------------------------------------------------------------- concurrent hand-off
+    def _ask(self, r: RecvReq) -> None:
+        """Decode: tell the prefill (still computing, usually) to send ``ready`` to us when done."""
+        assert r.pending is not None
+        pp = r.pending
+        if self._notify(pp.segment, pp.transfer_id, MSG_WANT + self.segment, inline=True):
+            self._waiting[pp.transfer_id] = (r, time.monotonic() + self.prefill_wait_s)
+        else:
+            self._failed_now.append(r)  # prefill unreachable: recompute or fail per policy, now
+
+    def _send_ready(self, pair: tuple[str, dict] | None) -> None:
+        """Prefill: the finished request's params to the decode that asked (one quick round trip)."""
+        if pair is not None:
+            seg, params = pair
+            self._notify(seg, params["mooncake_transfer_id"], MSG_READY + json.dumps(params), inline=True)
+
+    def _on_ready(self, tid: str, payload: str) -> None:
+        """Decode: the prefill finished: check what it sent and start the read now."""
+        entry = self._waiting.pop(tid, None)
+        if entry is None:
+            return  # cancelled or timed out meanwhile (the prefill's lease frees its blocks)
+        r = entry[0]
+        try:
+            rp = RemotePrefill.from_params(json.loads(payload))
+            need_blocks = -(-r.need_tokens // max(1, rp.block_size))
+            if rp.transfer_id != tid or rp.segment != r.pending.segment:  # type: ignore[union-attr]
+                raise ParamsError(f"ready for transfer {rp.transfer_id} from {rp.segment} does not match")
+            if (rp.block_size, rp.block_bytes, rp.num_slabs) != (self.block_size, self.slabs[0].block_bytes,
+                                                                 len(self.slabs)):
+                raise ParamsError(f"prefill KV layout (block size {rp.block_size}, {rp.block_bytes} bytes/block, "
+                                  f"{rp.num_slabs} slabs) differs from this decode's ({self.block_size}, "
+                                  f"{self.slabs[0].block_bytes}, {len(self.slabs)})")
+            if rp.num_tokens < r.need_tokens or len(rp.block_ids) < need_blocks:
+                raise ParamsError(f"prefill computed {rp.num_tokens} tokens in {len(rp.block_ids)} blocks, the "
+                                  f"decode needs {r.need_tokens}")
+        except (ValueError, TypeError) as e:  # ParamsError and bad JSON
+            logger.error("MooncakeCoreConnector: request %s: bad ready notification for transfer %s: %s",
+                         r.request_id, tid, e)
+            self._failed_now.append(r)
+            if r.pending is not None:
+                self._notify(r.pending.segment, tid, MSG_FAILED)
+            return
+        self._submit(RecvReq(r.request_id, rp, r.local_block_ids, r.local_hit_blocks))
+
+    def _cancel(self, rid: str) -> None:
+        """Decode: the request was aborted while loading; report it once no read can write its blocks."""
+        for tid, (r, _deadline) in list(self._waiting.items()):
+            if r.request_id == rid:
+                del self._waiting[tid]
+                self._cancelled_now.append(rid)
+                if r.pending is not None:
+                    self._notify(r.pending.segment, tid, MSG_RELEASE)
+                return
+        if any(p.req.request_id == rid for p in self._pulls):
+            self._cancelled.add(rid)  # reported when the read ends
+        # else: already reported received; the scheduler freed the blocks itself
+
+    def _drain_notifies(self, now: float) -> None:
+        for n in self.te.get_notifies():
+            if n.msg.startswith(MSG_READY):
+                self._on_ready(n.name, n.msg[len(MSG_READY):])
+            elif n.msg.startswith(MSG_WANT):
+                self._send_ready(self._rdv.want(n.name, n.msg[len(MSG_WANT):], now + self.lease_s))
+            elif n.msg in (MSG_DONE, MSG_FAILED, MSG_RELEASE):
+                self._rdv.forget(n.name)
+                rid = self._sends.confirm(n.name, now)
+                if rid is not None:
+                    self._send_done.add(rid)
+                    t = self._held_since.get(rid)
+                    logger.info("MooncakeCoreConnector: kv released request=%s transfer=%s (%s) held_ms=%.1f", rid,
+                                n.name, n.msg, (time.monotonic() - t) * 1e3 if t is not None else -1.0)
+            else:
+                logger.warning("MooncakeCoreConnector: ignoring notification %r for transfer %s from an unknown "
+                               "protocol", n.msg[:40], n.name)
 
     def _submit(self, r: RecvReq) -> None:
         rp = r.remote
+        assert rp is not None
         try:
             if time.time() > rp.lease_expiry_unix - LEASE_MARGIN_S:
                 raise RuntimeError(f"prefill lease on transfer {rp.transfer_id} expired before the read started")
             pairs = pair_blocks(r.local_block_ids, rp.block_ids, r.local_hit_blocks)
             la, ra, ln = plan(self.slabs, self._remote_slabs(rp), coalesce(pairs))
+            nbytes = sum(ln)
+            if nbytes <= self.sync_load_max_bytes:
+                # Small: read now, in this step. The request is then reported received by this same
+                # step's get_finished, and the scheduler runs it in the next step. An asynchronous
+                # read would finish on a Transfer Engine thread that must win the GIL from this
+                # busy loop and be noticed by a later step's poll: milliseconds for ~0.3 ms of copying.
+                started = time.monotonic()
+                if self.te.batch_transfer_sync_read(rp.segment, la, ra, ln) != 0:
+                    self._remote.pop(f"{rp.segment}|{rp.engine_id}", None)
+                    raise RuntimeError(f"read from {rp.segment} failed: {self.te.last_error}")
+                self._read_now.append(_Pull(r, 0, nbytes, len(pairs), started))
+                return
             bid = self.te.batch_transfer_async_read(rp.segment, la, ra, ln)
             if bid <= 0:
                 self._remote.pop(f"{rp.segment}|{rp.engine_id}", None)
                 raise RuntimeError(f"Transfer Engine refused the read from {rp.segment}: {self.te.last_error}")
-            self._pulls.append(_Pull(r, bid, sum(ln), len(pairs), time.monotonic()))
+            self._pulls.append(_Pull(r, bid, nbytes, len(pairs), time.monotonic()))
         except Exception as e:
             logger.error("MooncakeCoreConnector: KV pull for request %s (transfer %s from %s) failed to start: %s",
                          r.request_id, rp.transfer_id, rp.segment, e)
             self._failed_now.append(r)
-            self._notify(rp.segment, rp.transfer_id, "failed")  # best effort: lets a live prefill free early
+            self._notify(rp.segment, rp.transfer_id, MSG_FAILED)  # best effort: lets a live prefill free early
 
-    def _notify(self, segment: str, transfer_id: str, msg: str, inline: bool = False) -> None:
+    def _notify(self, segment: str, transfer_id: str, msg: str, inline: bool = False) -> bool:
         """Tell the prefill it may free the blocks of ``transfer_id``.
 
         ``inline`` (after a successful read: the peer just answered, so this is one quick round
@@ -425,33 +612,56 @@ class _Worker:
         everything else on the host. Failure paths (peer maybe dead) stay in the background."""
         from mooncake_core.engine import TransferOpcode
 
-        def send() -> None:
+        def send() -> bool:
             rc = self.te.batch_transfer_sync(segment, [], [], [], TransferOpcode.READ,
                                              self._notify_cls(transfer_id, msg))
             if rc != 0:
-                logger.warning("MooncakeCoreConnector: could not notify %s about transfer %s (%s); its lease "
-                               "will free the blocks", segment, transfer_id, self.te.last_error)
+                logger.warning("MooncakeCoreConnector: could not send %r about transfer %s to %s (%s)",
+                               msg.split(" ", 1)[0], transfer_id, segment, self.te.last_error)
+            return rc == 0
 
         if inline:
-            send()
-        else:
-            self._notifier.submit(send)
+            return send()
+        self._notifier.submit(send)
+        return True
 
     # ---------------------------------------------------------------- polling (both roles)
     def poll(self) -> KVConnectorTransferResults:
         res = KVConnectorTransferResults()
+        now = time.time()
+        self._drain_notifies(now)  # first: a ``ready`` starts its read in this very poll
+        mono = time.monotonic()
+        for tid, (r, deadline) in list(self._waiting.items()):
+            if mono > deadline:
+                del self._waiting[tid]
+                logger.error("MooncakeCoreConnector: request %s: no ready from prefill %s for transfer %s within "
+                             "prefill_wait_s=%.0f", r.request_id, r.pending.segment if r.pending else "?", tid,
+                             self.prefill_wait_s)
+                self._failed_now.append(r)
+        res.finished_recving.update(self._cancelled_now)
+        self._cancelled_now = []
         still: list[_Pull] = []
+        done = [(p, 1) for p in self._read_now]
+        self._read_now = []
         for p in self._pulls:
             code = self.te.transfer_check_status(p.batch_id)
             if code == 0:
                 still.append(p)
-                continue
+            else:
+                done.append((p, code))
+        for p, code in done:
             rp = p.req.remote
+            assert rp is not None
+            if p.req.request_id in self._cancelled:  # aborted meanwhile: only free its blocks
+                self._cancelled.discard(p.req.request_id)
+                res.finished_recving.add(p.req.request_id)
+                self._notify(rp.segment, rp.transfer_id, MSG_RELEASE)
+                continue
             ok = code == 1 and time.time() < rp.lease_expiry_unix
             if ok:
                 pulled_ms = (time.monotonic() - p.started) * 1e3
                 t_n = time.monotonic()
-                self._notify(rp.segment, rp.transfer_id, "done", inline=True)
+                self._notify(rp.segment, rp.transfer_id, MSG_DONE, inline=True)
                 self.bytes_pulled += p.nbytes
                 self.blocks_pulled += p.nblocks
                 logger.info("MooncakeCoreConnector: kv pulled request=%s transfer=%s blocks=%d bytes=%d ms=%.1f "
@@ -464,22 +674,15 @@ class _Worker:
                              p.req.request_id, rp.transfer_id, rp.segment, why)
                 self._remote.pop(f"{rp.segment}|{rp.engine_id}", None)
                 self._failed_now.append(p.req)
-                self._notify(rp.segment, rp.transfer_id, "failed")
+                self._notify(rp.segment, rp.transfer_id, MSG_FAILED)
         self._pulls = still
         for r in self._failed_now:
             res.finished_recving.add(r.request_id)
             res.failed_recving.add(r.request_id)
             self._load_errors.update(r.local_block_ids)
         self._failed_now = []
-        # prefill: confirmations and lease expiries
-        now = time.time()
-        for n in self.te.get_notifies():
-            rid = self._sends.confirm(n.name, now)
-            if rid is not None:
-                self._send_done.add(rid)
-                t = self._held_since.get(rid)
-                logger.info("MooncakeCoreConnector: kv released request=%s transfer=%s (%s) held_ms=%.1f", rid,
-                            n.name, n.msg, (time.monotonic() - t) * 1e3 if t is not None else -1.0)
+        # prefill: lease expiries
+        self._rdv.expire(now)
         expired = self._sends.expire(now)
         if expired:
             logger.warning("MooncakeCoreConnector: lease expired without a decode confirmation, freeing blocks "
@@ -487,6 +690,9 @@ class _Worker:
         self._send_done.update(expired)
         for rid in self._send_done:
             self._held_since.pop(rid, None)
+            held_tid = self._tid_of.pop(rid, None)
+            if held_tid is not None:
+                self._rdv.forget(held_tid)
         res.finished_sending, self._send_done = self._send_done, set()
         return res
 

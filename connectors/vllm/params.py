@@ -112,10 +112,7 @@ class RemotePrefill:
         if ver != PARAMS_VERSION:
             raise ParamsError(f"kv_transfer_params: 'mooncake_version' is {ver!r}, this decode speaks "
                               f"{PARAMS_VERSION} (were they produced by MooncakeCoreConnector on the prefill?)")
-        seg = _get(d, "mooncake_segment", str, "the prefill's segment 'host:port'")
-        host, sep, port = seg.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ParamsError(f"kv_transfer_params: 'mooncake_segment' must be 'host:port', got {seg!r}")
+        seg = _segment(d)
         blocks = _get(d, "remote_block_ids", list, "a list of block ids")
         if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks):
             raise ParamsError("kv_transfer_params: 'remote_block_ids' must be non-negative integers")
@@ -124,7 +121,7 @@ class RemotePrefill:
         if bs <= 0 or n < 0 or (blocks and n > len(blocks) * bs):
             raise ParamsError(f"kv_transfer_params: {n} tokens do not fit {len(blocks)} blocks of {bs}")
         return cls(
-            transfer_id=_get(d, "mooncake_transfer_id", str, "the transfer id"),
+            transfer_id=_transfer_id(d),
             segment=seg,
             engine_id=str(d.get("remote_engine_id") or ""),
             request_id=str(d.get("remote_request_id") or ""),
@@ -145,3 +142,76 @@ def wants_remote_prefill(d: Any) -> bool:
 def wants_remote_decode(d: Any) -> bool:
     """True when a prefill request must keep its KV for a decode instance (``do_remote_decode``)."""
     return isinstance(d, dict) and bool(d.get("do_remote_decode"))
+
+
+# ------------------------------------------------------------------ concurrent hand-off
+# The proxy sends the prefill and the decode request at once (``mooncake_proxy --handoff
+# mooncake-core``). It picks the transfer id and knows the prefill's segment (learned from an
+# earlier answer of that prefill); block ids and lease come later, from the prefill worker to
+# the decode worker, in a Transfer Engine notification (``ready``) sent when the prefill ends.
+
+#: Longest transfer id accepted from a request (ours are engine id + request id + 12 characters).
+MAX_TRANSFER_ID = 1024
+
+
+@dataclass(frozen=True)
+class PendingPrefill:
+    """A decode request whose prefill is still running: who to ask, and under which transfer id."""
+
+    transfer_id: str
+    segment: str
+
+
+def _segment(d: dict[str, Any]) -> str:
+    seg: str = _get(d, "mooncake_segment", str, "the prefill's segment 'host:port'")
+    host, sep, port = seg.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ParamsError(f"kv_transfer_params: 'mooncake_segment' must be 'host:port', got {seg!r}")
+    return seg
+
+
+def _transfer_id(d: dict[str, Any]) -> str:
+    tid: str = _get(d, "mooncake_transfer_id", str, "the transfer id")
+    if not 0 < len(tid) <= MAX_TRANSFER_ID:
+        raise ParamsError(f"kv_transfer_params: 'mooncake_transfer_id' must be 1..{MAX_TRANSFER_ID} characters, "
+                          f"got {len(tid)}")
+    return tid
+
+
+def is_pending(d: Any) -> bool:
+    """True when decode params are the concurrent hand-off's (no block ids yet)."""
+    return isinstance(d, dict) and d.get("mooncake_pending") is True
+
+
+def parse_pending(d: Any) -> PendingPrefill:
+    """Parse a concurrent hand-off's decode params; raises ``ParamsError`` naming the bad key."""
+    if not isinstance(d, dict):
+        raise ParamsError(f"kv_transfer_params must be a JSON object, got {type(d).__name__}")
+    ver = d.get("mooncake_version")
+    if ver != PARAMS_VERSION:
+        raise ParamsError(f"kv_transfer_params: 'mooncake_version' is {ver!r}, this decode speaks {PARAMS_VERSION}")
+    return PendingPrefill(transfer_id=_transfer_id(d), segment=_segment(d))
+
+
+def chosen_transfer_id(d: Any) -> str | None:
+    """The transfer id a concurrent hand-off gave the prefill request (None: pick a fresh one)."""
+    if not isinstance(d, dict) or d.get("mooncake_transfer_id") is None:
+        return None
+    return _transfer_id(d)
+
+
+def concurrent_prefill_params(transfer_id: str) -> dict[str, Any]:
+    """The prefill's ``kv_transfer_params`` of a concurrent hand-off."""
+    return {"do_remote_decode": True, "do_remote_prefill": False, "mooncake_transfer_id": transfer_id}
+
+
+def concurrent_decode_params(transfer_id: str, segment: str) -> dict[str, Any]:
+    """The decode's ``kv_transfer_params`` of a concurrent hand-off."""
+    return {"do_remote_prefill": True, "do_remote_decode": False, "mooncake_pending": True,
+            "mooncake_version": PARAMS_VERSION, "mooncake_transfer_id": transfer_id, "mooncake_segment": segment}
+
+
+#: Notification messages between the workers (the name of each is the transfer id).
+MSG_DONE, MSG_FAILED, MSG_RELEASE = "done", "failed", "release"  # decode -> prefill: free the blocks
+MSG_WANT = "want "    # decode -> prefill, + the decode's segment: send me ``ready`` when you finish
+MSG_READY = "ready "  # prefill -> decode, + JSON of ``RemotePrefill.to_params()``: read now

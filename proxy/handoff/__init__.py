@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from .base import HandoffProtocol, InstanceAddr
 from .mooncake import MooncakeHandoff
+from .mooncake_core import MooncakeCoreHandoff
 from .sglang import SglangHandoff
 from .vllm import VllmHandoff
 
 #: the built-in protocols, registered as a plugin by mooncake_proxy.plugins
-BUILTIN_HANDOFFS: tuple[type[HandoffProtocol], ...] = (VllmHandoff, MooncakeHandoff, SglangHandoff)
+BUILTIN_HANDOFFS: tuple[type[HandoffProtocol], ...] = (VllmHandoff, MooncakeHandoff, SglangHandoff,
+                                                         MooncakeCoreHandoff)
 HANDOFFS: dict[str, type[HandoffProtocol]] = {c.name: c for c in BUILTIN_HANDOFFS}
 
 
@@ -33,5 +35,5 @@ def make_handoff(name: str) -> HandoffProtocol:
     return proto
 
 
-__all__ = ["BUILTIN_HANDOFFS", "HANDOFFS", "HandoffProtocol", "InstanceAddr", "MooncakeHandoff",
+__all__ = ["BUILTIN_HANDOFFS", "HANDOFFS", "HandoffProtocol", "InstanceAddr", "MooncakeCoreHandoff", "MooncakeHandoff",
            "SglangHandoff", "VllmHandoff", "make_handoff"]

@@ -35,6 +35,13 @@ class HandoffProtocol(abc.ABC):
         """Extra HTTP headers for the prefill request."""
         return {}
 
+    def is_concurrent(self, prefill: InstanceAddr) -> bool:
+        """Whether this request to ``prefill`` goes concurrently (default: ``concurrent``)."""
+        return self.concurrent
+
+    def on_prefill_answer(self, prefill: InstanceAddr, answer: dict[str, Any]) -> None:
+        """Called with every successful prefill answer (a protocol may learn from it)."""
+
     def new_context(self, request_id: str) -> dict[str, Any]:
         """Per-request values shared by both payloads (transfer id, bootstrap room...)."""
         return {}

@@ -15,7 +15,7 @@ P = InstanceAddr("http://10.0.0.1:8100", "10.0.0.1", 8100, 7777)
 def test_handoff_payloads_do_not_mutate_client_body() -> None:
     body = {"prompt": "x", "max_tokens": 50, "stream": True, "stream_options": {"include_usage": True}}
     snapshot = dict(body)
-    for name in ("vllm", "mooncake", "sglang"):
+    for name in ("vllm", "mooncake", "sglang", "mooncake-core"):
         h = make_handoff(name)
         ctx = h.new_context("r1")
         h.prefill_payload(body, "/v1/completions", P, ctx)
@@ -41,6 +41,32 @@ def test_mooncake_default_bootstrap_port() -> None:
     v6 = InstanceAddr("http://[::1]:1", "::1", 1, 9)
     assert h.decode_payload({}, "/v1/completions", v6, ctx, None)["kv_transfer_params"]["remote_bootstrap_addr"] \
         == "http://[::1]:9"
+
+
+def test_mooncake_core_goes_concurrent_once_it_knows_the_prefill_segment() -> None:
+    h = make_handoff("mooncake-core")
+    body = {"prompt": [1, 2, 3], "max_tokens": 9, "stream": True}
+    ctx = h.new_context("r")
+    assert not h.is_concurrent(P)  # first request: sequential, exactly like the vllm hand-off
+    assert h.prefill_payload(body, "/v1/completions", P, ctx)["kv_transfer_params"] == {
+        "do_remote_decode": True, "do_remote_prefill": False}
+    answer = {"kv_transfer_params": {"mooncake_segment": "10.0.0.1:15000", "remote_block_ids": [1]}}
+    assert h.decode_payload(body, "/v1/completions", P, ctx, answer)["kv_transfer_params"] is \
+        answer["kv_transfer_params"]
+    h.on_prefill_answer(P, {"choices": []})  # an answer without params teaches nothing
+    assert not h.is_concurrent(P)
+    h.on_prefill_answer(P, answer)
+    assert h.is_concurrent(P)
+    other = InstanceAddr("http://10.0.0.2:8100", "10.0.0.2", 8100, None)
+    assert not h.is_concurrent(other)
+    ctx = h.new_context("r2")
+    pre = h.prefill_payload(body, "/v1/completions", P, ctx)
+    dec = h.decode_payload(body, "/v1/completions", P, ctx, None)
+    assert pre["max_tokens"] == 1 and pre["stream"] is False and dec["stream"] is True
+    tid = pre["kv_transfer_params"]["mooncake_transfer_id"]
+    assert tid == dec["kv_transfer_params"]["mooncake_transfer_id"] != h.new_context("r3")["transfer_id"]
+    assert dec["kv_transfer_params"]["mooncake_segment"] == "10.0.0.1:15000"
+    assert dec["kv_transfer_params"]["mooncake_pending"] is True
 
 
 def test_unknown_handoff() -> None:

@@ -22,6 +22,9 @@ import uuid
 
 import pytest
 
+from concurrent.futures import ThreadPoolExecutor
+
+from mooncake_connectors.vllm.params import concurrent_decode_params, concurrent_prefill_params
 from vllm_harness import LEASE_S, completion, free_port, http_json, http_text, metric
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -101,14 +104,17 @@ def test_negative_control_corrupted_blocks_change_the_output(pd_pair):
     assert got != want, "overwriting the received KV with noise did not change the output: decode ignores it"
 
 
-def test_through_mooncake_proxy(pd_pair, python_exe, tmp_path):
+@pytest.mark.parametrize("handoff", ["vllm", "mooncake-core"])
+def test_through_mooncake_proxy(pd_pair, python_exe, tmp_path, handoff):
+    """Both hand-offs; ``mooncake-core`` goes sequentially for the first request (it learns the
+    prefill's segment from the answer) and concurrently after that."""
     p, d = pd_pair
     port = free_port()
     log = open(tmp_path / "proxy.log", "wb")
     proc = subprocess.Popen([python_exe, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", str(port),
                              "--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(p.port),
                              "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(d.port),
-                             "--handoff", "vllm"], stdout=log, stderr=subprocess.STDOUT)
+                             "--handoff", handoff], stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -119,8 +125,9 @@ def test_through_mooncake_proxy(pd_pair, python_exe, tmp_path):
                 return None
 
         wait_until(up, 60, "the proxy to answer /v1/models", step=0.5)
-        for seed in (3, 4):
-            prompt = prompt_ids(seed, 150)
+        concurrent0 = d.log_text().count("transfer=mc-")
+        for seed in (3, 4, 13):  # fresh prompts per hand-off: none in the decode's prefix cache
+            prompt = prompt_ids(seed + (100 if handoff == "mooncake-core" else 0), 150)
             hits0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
             body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0,
                     "return_token_ids": True, "ignore_eos": True}
@@ -128,6 +135,8 @@ def test_through_mooncake_proxy(pd_pair, python_exe, tmp_path):
             hits1 = metric(http_text(d.url + "/metrics"), EXT_HITS)
             assert hits1 - hits0 == len(prompt), "proxy path did not hand the KV off to the decode"
             assert r["choices"][0]["token_ids"] == baseline(d.url, prompt, 12)
+        pulled_concurrently = d.log_text().count("transfer=mc-") - concurrent0
+        assert pulled_concurrently == (2 if handoff == "mooncake-core" else 0)
     finally:
         proc.terminate()
         try:
@@ -135,6 +144,55 @@ def test_through_mooncake_proxy(pd_pair, python_exe, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def concurrent_pair(p_url: str, d_url: str, prompt: list[int], segment: str, decode_first: bool,
+                    gap_s: float = 1.0) -> list[int]:
+    """Prefill and decode of a concurrent hand-off, the second sent ``gap_s`` after the first;
+    returns the decode's tokens."""
+    tid = f"mc-test-{uuid.uuid4().hex}"
+
+    def run_prefill() -> dict:
+        if decode_first:
+            time.sleep(gap_s)
+        return completion(p_url, prompt, 1, concurrent_prefill_params(tid))
+
+    def run_decode() -> dict:
+        if not decode_first:
+            time.sleep(gap_s)
+        return completion(d_url, prompt, 16, concurrent_decode_params(tid, segment), timeout=180)
+
+    with ThreadPoolExecutor(2) as ex:
+        fp, fd = ex.submit(run_prefill), ex.submit(run_decode)
+        assert fp.result()["kv_transfer_params"]["mooncake_transfer_id"] == tid
+        return fd.result()["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize("decode_first", [True, False], ids=["decode-asks-first", "prefill-finishes-first"])
+def test_concurrent_handoff_either_order(pd_pair, decode_first):
+    """The decode's ``want`` may reach the prefill worker before or after the request finished."""
+    p, d = pd_pair
+    segment = prefill(p.url, prompt_ids(20, 40))["mooncake_segment"]  # freed by its lease
+    prompt = prompt_ids(21 + decode_first)
+    hits0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
+    got = concurrent_pair(p.url, d.url, prompt, segment, decode_first)
+    assert metric(http_text(d.url + "/metrics"), EXT_HITS) - hits0 == len(prompt)
+    assert got == baseline(d.url, prompt)
+
+
+def test_concurrent_decode_aborted_while_waiting_frees_its_blocks(pd_pair):
+    """A decode waiting for a prefill that never comes, then abandoned by its client: vLLM aborts
+    it; its blocks (kept while a read could write them) are freed and the decode keeps serving."""
+    p, d = pd_pair
+    segment = prefill(p.url, prompt_ids(30, 40))["mooncake_segment"]
+    wait_until(lambda: metric(http_text(d.url + "/metrics"), USAGE) == 0.0, 30, "decode idle")
+    with pytest.raises((urllib.error.URLError, TimeoutError, OSError)):
+        completion(d.url, prompt_ids(31), 8, concurrent_decode_params(f"mc-never-{uuid.uuid4().hex}", segment),
+                   timeout=4)
+    wait_until(lambda: metric(http_text(d.url + "/metrics"), USAGE) == 0.0, 30,
+               "decode KV usage back to 0 after the abort")
+    other = prompt_ids(32, 64)
+    assert completion(d.url, other, 8)["choices"][0]["token_ids"] == baseline(d.url, other, 8)
 
 
 def test_bad_params_fall_back_to_local_compute(pd_pair):

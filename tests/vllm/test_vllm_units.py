@@ -9,8 +9,11 @@ import pytest
 
 from mooncake_connectors.vllm.layout import (Run, Slab, coalesce, pair_blocks, plan, remote_slabs_from_regions,
                                              slabs_of)
-from mooncake_connectors.vllm.leases import SendTracker
-from mooncake_connectors.vllm.params import ParamsError, RemotePrefill, new_transfer_id
+from mooncake_connectors.vllm.leases import Rendezvous, SendTracker
+from mooncake_connectors.vllm.params import (ParamsError, PendingPrefill, RemotePrefill, chosen_transfer_id,
+                                             concurrent_decode_params, concurrent_prefill_params, is_pending,
+                                             new_transfer_id, parse_pending, wants_remote_decode,
+                                             wants_remote_prefill)
 
 
 def sample() -> RemotePrefill:
@@ -207,3 +210,54 @@ def test_chained_keys_identify_the_whole_prefix():
     assert leading_hits([1, 1, 0, 1]) == 2 and leading_hits([1, -1, 1]) == 1 and leading_hits([]) == 0
     with pytest.raises(ValueError):
         chained_block_keys(seed, toks, 0)
+
+
+# ------------------------------------------------------------------ concurrent hand-off
+def test_concurrent_params_round_trip():
+    d = concurrent_decode_params("mc-1", "10.0.0.1:15000")
+    assert wants_remote_prefill(d) and is_pending(d) and not is_pending(sample().to_params())
+    assert parse_pending(d) == PendingPrefill("mc-1", "10.0.0.1:15000")
+    pre = concurrent_prefill_params("mc-1")
+    assert wants_remote_decode(pre) and chosen_transfer_id(pre) == "mc-1"
+    assert chosen_transfer_id({"do_remote_decode": True}) is None
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("mooncake_segment", "nohost", "host:port"),
+    ("mooncake_segment", None, "mooncake_segment"),
+    ("mooncake_transfer_id", "", "1..1024"),
+    ("mooncake_transfer_id", "x" * 2000, "1..1024"),
+    ("mooncake_transfer_id", 5, "mooncake_transfer_id"),
+    ("mooncake_version", 99, "mooncake_version"),
+])
+def test_pending_params_errors_name_the_key(key, value, needle):
+    d = concurrent_decode_params("mc-1", "10.0.0.1:15000")
+    d[key] = value
+    with pytest.raises(ParamsError, match=needle):
+        parse_pending(d)
+    with pytest.raises(ParamsError):
+        parse_pending([d])
+
+
+def test_rendezvous_pairs_in_either_order_once():
+    r = Rendezvous()
+    params = {"mooncake_transfer_id": "a"}
+    assert r.want("a", "dec:1", 100.0) is None  # the decode asks while the prefill computes
+    assert r.offer("a", params, 100.0) == ("dec:1", params)
+    assert r.offer("b", {"x": 1}, 100.0) is None  # the prefill finished first
+    assert r.want("b", "dec:2", 100.0) == ("dec:2", {"x": 1})
+    assert r.pending() == 0
+    assert r.want("b", "dec:2", 100.0) is None  # a repeated want is not answered twice ...
+    r.forget("b")  # ... and forgetting (blocks freed) drops it
+    assert r.pending() == 0
+
+
+def test_rendezvous_drops_unpaired_entries_at_expiry():
+    r = Rendezvous()
+    r.want("w", "dec:1", 10.0)
+    r.offer("o", {}, 20.0)
+    r.expire(15.0)
+    assert r.pending() == 1
+    assert r.offer("w", {}, 30.0) is None  # the want expired: the offer waits for a new one
+    r.expire(40.0)
+    assert r.pending() == 0
