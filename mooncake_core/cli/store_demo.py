@@ -17,13 +17,26 @@ import time
 
 import numpy as np
 
+from typing import Callable
+
 from mooncake_core.utils.net import free_port, wait_for_port
 from mooncake_core.utils.proc import stop_process
+from mooncake_core.utils.rounds import Rounds
 from mooncake_core.utils.sizes import format_size, parse_size
 
 
-def _rate(nbytes: int, seconds: float) -> str:
-    return f"{nbytes / max(seconds, 1e-9) / 1e9:.2f} GB/s"
+def _timed(rounds: int, round_fn: Callable[[int], tuple[bool, float, float]]) -> tuple[bool, Rounds, Rounds]:
+    """Run ``round_fn(i)`` -> (ok, put seconds, get seconds) ``rounds`` times (stops at the first
+    failure): each round writes fresh keys, so every one is a real put and a real get."""
+    ok, puts, gets = True, [], []
+    for i in range(rounds):
+        good, tp, tg = round_fn(i)
+        puts.append(tp)
+        gets.append(tg)
+        if not good:
+            ok = False
+            break
+    return ok, Rounds(tuple(puts)), Rounds(tuple(gets))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--master", default="",
                     help="use an already running master host:port (with --metadata) instead of starting one")
     ap.add_argument("--metadata", default="", help="metadata server URL when --master is given")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="timed rounds of each put/get step, on fresh keys; the median of the warm rounds is "
+                         "printed, the first (cold: page faults of fresh memory) beside it (default %(default)s)")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     try:
         seg = parse_size(args.segment_size, name="--segment-size")
         size = parse_size(args.value_size, name="--value-size")
@@ -85,13 +103,19 @@ def main(argv: list[str] | None = None) -> int:
         rng = np.random.default_rng(int(time.time()))
 
         value = rng.bytes(size)
-        t0 = time.perf_counter()
-        rc = store.put("demo/hello", value)
-        t1 = time.perf_counter()
-        got = store.get("demo/hello")
-        t2 = time.perf_counter()
-        check(rc == 0 and got == value, f"put/get {format_size(size)}: put {_rate(size, t1 - t0)}, "
-                                        f"get {_rate(size, t2 - t1)}")
+
+        def single(i: int) -> tuple[bool, float, float]:
+            key, v = ("demo/hello", value) if i == 0 else (f"demo/round/{i}", rng.bytes(size))
+            t0 = time.perf_counter()
+            rc = store.put(key, v)
+            t1 = time.perf_counter()
+            got = store.get(key)
+            t2 = time.perf_counter()
+            if i:
+                store.remove(key, force=True)
+            return rc == 0 and got == v, t1 - t0, t2 - t1
+        ok, tp, tg = _timed(args.rounds, single)
+        check(ok, f"put/get {format_size(size)}: put {tp.rate(size)}, get {tg.rate(size)}")
         check(store.is_exist("demo/hello") == 1 and store.get_size("demo/hello") == size,
               "is_exist / get_size")
         check(store.put("demo/hello", b"other") == 0 and store.get("demo/hello") == value,
@@ -100,27 +124,42 @@ def main(argv: list[str] | None = None) -> int:
               "a missing key gives b'' / -704")
 
         keys = [f"demo/batch/{i}" for i in range(args.count)]
-        vals = [rng.bytes(size) for _ in keys]
-        t0 = time.perf_counter()
-        rc = store.put_batch(keys, vals)
-        t1 = time.perf_counter()
-        got_all = store.get_batch(keys)
-        t2 = time.perf_counter()
         total = size * len(keys)
-        check(rc == 0 and got_all == vals, f"put_batch/get_batch {len(keys)} x {format_size(size)}: "
-                                       f"put {_rate(total, t1 - t0)}, get {_rate(total, t2 - t1)}")
+
+        def batch(r: int) -> tuple[bool, float, float]:
+            ks = keys if r == 0 else [f"demo/round/{r}/{i}" for i in range(args.count)]
+            vals = [rng.bytes(size) for _ in ks]
+            t0 = time.perf_counter()
+            rc = store.put_batch(ks, vals)
+            t1 = time.perf_counter()
+            got_all = store.get_batch(ks)
+            t2 = time.perf_counter()
+            if r:
+                store.batch_remove(ks, force=True)
+            return rc == 0 and got_all == vals, t1 - t0, t2 - t1
+        ok, tp, tg = _timed(args.rounds, batch)
+        check(ok, f"put_batch/get_batch {len(keys)} x {format_size(size)}: put {tp.rate(total)}, "
+                  f"get {tg.rate(total)}")
 
         src = np.frombuffer(rng.bytes(size), dtype=np.uint8).copy()
         dst = np.zeros_like(src)
         check(store.register_buffer(int(src.ctypes.data), src.nbytes) == 0
               and store.register_buffer(int(dst.ctypes.data), dst.nbytes) == 0, "register_buffer")
-        t0 = time.perf_counter()
-        rc = store.put_from("demo/zero-copy", int(src.ctypes.data), src.nbytes)
-        t1 = time.perf_counter()
-        n = store.get_into("demo/zero-copy", int(dst.ctypes.data), dst.nbytes)
-        t2 = time.perf_counter()
-        check(rc == 0 and n == size and np.array_equal(src, dst),
-              f"put_from/get_into {format_size(size)}: put {_rate(size, t1 - t0)}, get {_rate(size, t2 - t1)}")
+
+        def zero_copy(i: int) -> tuple[bool, float, float]:
+            key = "demo/zero-copy" if i == 0 else f"demo/round/zc/{i}"
+            src[:] = np.frombuffer(rng.bytes(size), dtype=np.uint8)
+            dst[:] = 0
+            t0 = time.perf_counter()
+            rc = store.put_from(key, int(src.ctypes.data), src.nbytes)
+            t1 = time.perf_counter()
+            n = store.get_into(key, int(dst.ctypes.data), dst.nbytes)
+            t2 = time.perf_counter()
+            if i:
+                store.remove(key, force=True)
+            return rc == 0 and n == size and bool(np.array_equal(src, dst)), t1 - t0, t2 - t1
+        ok, tp, tg = _timed(args.rounds, zero_copy)
+        check(ok, f"put_from/get_into {format_size(size)}: put {tp.rate(size)}, get {tg.rate(size)}")
         store.unregister_buffer(int(src.ctypes.data))
         store.unregister_buffer(int(dst.ctypes.data))
         rcs = store.batch_remove(["demo/hello", "demo/zero-copy", *keys], force=True)

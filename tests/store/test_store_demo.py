@@ -16,6 +16,7 @@ def test_store_demo_runs_end_to_end(python_exe) -> None:
     assert "all checks passed" in out.stdout
     assert "FAIL" not in out.stdout
     assert "put_from/get_into" in out.stdout and "GB/s" in out.stdout
+    assert out.stdout.count("(median of 4 warm rounds; first ") == 6, out.stdout  # put and get of 3 steps
 
 
 def test_store_demo_rejects_bad_sizes(python_exe) -> None:

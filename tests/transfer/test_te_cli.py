@@ -18,7 +18,16 @@ def test_demo_runs_and_verifies(python_exe):
     assert "PASSED" in r.stdout and "cma" in r.stdout and "tcp" in r.stdout
     te_lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[demo]") and ln.endswith(" ok")]
     assert len(te_lines) == 8, r.stdout
+    # each step: the warm median of 4 rounds, the cold first round beside it
+    assert all("(median of 4 warm rounds; first " in ln for ln in te_lines), r.stdout
     assert "all checks passed" in r.stdout, r.stdout
+    assert "put_from/get_into" in r.stdout and "median of 4 warm rounds" in r.stdout.split("store:")[-1]
+
+
+def test_demo_rejects_zero_rounds(python_exe):
+    r = subprocess.run([python_exe, "-m", "mooncake_core.cli.demo", "--rounds", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--rounds must be >= 1" in r.stderr
 
 
 def test_demo_transfer_only(python_exe):
