@@ -3,7 +3,7 @@
 #   ruff check                 rules and scope in pyproject.toml [tool.ruff]
 #   mypy (lenient)             mooncake_core and mooncake_proxy, as packages
 #   mypy --strict              the pure modules: master state and records, scheduling, the TE wire
-#                              format, the range allocator, the vLLM connector's layout and params
+#                              format, the range allocator, the vLLM connectors' layout, params, stats
 # The packages live under other directory names (proxy/ -> mooncake_proxy, connectors/ ->
 # mooncake_connectors), which mypy cannot follow through an editable install; a temporary
 # directory of symlinks gives it the import names. --help prints this text.
@@ -15,7 +15,7 @@ STRICT=(mooncake_core/store/master_state.py mooncake_core/store/master_records.p
         mooncake_proxy/scheduling
         mooncake_core/transfer/wire.py mooncake_core/utils/range_allocator.py mooncake_core/auth.py mooncake_core/store/limits.py
         mooncake_core/dashboard/window.py mooncake_core/utils/rounds.py
-        mooncake_connectors/vllm/layout.py mooncake_connectors/vllm/params.py)
+        mooncake_connectors/vllm/layout.py mooncake_connectors/vllm/params.py mooncake_connectors/vllm/stats.py)
 shim=$(mktemp -d)
 trap 'rm -rf "$shim"' EXIT
 ln -s "$PWD/mooncake_core" "$shim/mooncake_core"

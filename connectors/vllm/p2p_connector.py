@@ -73,6 +73,8 @@ from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from mooncake_core import envs
+from mooncake_connectors.vllm import stats as S
+from mooncake_connectors.vllm.connector_stats import P2P_PROM, StatsHook
 from mooncake_connectors.vllm.layout import (Slab, coalesce, pair_blocks, plan, remote_slabs_from_regions,
                                              slabs_of)
 from mooncake_connectors.vllm.leases import Rendezvous, SendTracker
@@ -158,8 +160,10 @@ class MooncakeConnectorMetadata(KVConnectorMetadata):
 
 
 # =====================================================================================  connector
-class MooncakeCoreConnector(KVConnectorBase_V1):
+class MooncakeCoreConnector(StatsHook, KVConnectorBase_V1):
     """vLLM KV connector V1 moving KV blocks between instances over the Mooncake Transfer Engine."""
+
+    PROM = P2P_PROM  # series of vLLM's KV connector stats hook (connector_stats.py)
 
     _cache_hit_source = CacheHitSource.P2P
 
@@ -243,6 +247,9 @@ class MooncakeCoreConnector(KVConnectorBase_V1):
     def shutdown(self):
         if self._worker is not None:
             self._worker.shutdown()
+
+    def stats_recorder(self) -> S.StatsRecorder | None:
+        return self._worker.stats if self._worker is not None else None  # the scheduler side records nothing
 
 
 # =====================================================================================  scheduler
@@ -434,8 +441,7 @@ class _Worker:
         self._cancelled_now: list[str] = []                # decode: aborted before their read: report
         self._lock = threading.Lock()
         self._notifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-kv-notify")
-        self.bytes_pulled = 0
-        self.blocks_pulled = 0
+        self.stats = S.StatsRecorder()  # bytes, latency, failures: vLLM's stats hook collects them
         logger.info("MooncakeCoreConnector worker: Transfer Engine segment %s (metadata %s)", self.segment, meta)
 
     # ---------------------------------------------------------------- setup
@@ -504,7 +510,7 @@ class _Worker:
         if self._notify(pp.segment, pp.transfer_id, MSG_WANT + self.segment, inline=True):
             self._waiting[pp.transfer_id] = (r, time.monotonic() + self.prefill_wait_s)
         else:
-            self._failed_now.append(r)  # prefill unreachable: recompute or fail per policy, now
+            self._fail(r, "unreachable")  # prefill unreachable: recompute or fail per policy, now
 
     def _send_ready(self, pair: tuple[str, dict] | None) -> None:
         """Prefill: the finished request's params to the decode that asked (one quick round trip)."""
@@ -534,7 +540,7 @@ class _Worker:
         except (ValueError, TypeError) as e:  # ParamsError and bad JSON
             logger.error("MooncakeCoreConnector: request %s: bad ready notification for transfer %s: %s",
                          r.request_id, tid, e)
-            self._failed_now.append(r)
+            self._fail(r, "bad_ready")
             if r.pending is not None:
                 self._notify(r.pending.segment, tid, MSG_FAILED)
             return
@@ -565,6 +571,8 @@ class _Worker:
                 if rid is not None:
                     self._send_done.add(rid)
                     t = self._held_since.get(rid)
+                    if t is not None:
+                        self.stats.observe(S.HOLD_SECONDS, time.monotonic() - t)
                     logger.info("MooncakeCoreConnector: kv released request=%s transfer=%s (%s) held_ms=%.1f", rid,
                                 n.name, n.msg, (time.monotonic() - t) * 1e3 if t is not None else -1.0)
             else:
@@ -599,8 +607,14 @@ class _Worker:
         except Exception as e:
             logger.error("MooncakeCoreConnector: KV pull for request %s (transfer %s from %s) failed to start: %s",
                          r.request_id, rp.transfer_id, rp.segment, e)
-            self._failed_now.append(r)
+            self._fail(r, "start")
             self._notify(rp.segment, rp.transfer_id, MSG_FAILED)  # best effort: lets a live prefill free early
+
+    def _fail(self, r: RecvReq, reason: str) -> None:
+        """Decode: ``r``'s KV will not arrive (the next poll reports it failed); ``reason`` is one of
+        ``stats.P2P_FAILURES``."""
+        self.stats.add(S.failure(reason))
+        self._failed_now.append(r)
 
     def _notify(self, segment: str, transfer_id: str, msg: str, inline: bool = False) -> bool:
         """Tell the prefill it may free the blocks of ``transfer_id``.
@@ -637,7 +651,7 @@ class _Worker:
                 logger.error("MooncakeCoreConnector: request %s: no ready from prefill %s for transfer %s within "
                              "prefill_wait_s=%.0f", r.request_id, r.pending.segment if r.pending else "?", tid,
                              self.prefill_wait_s)
-                self._failed_now.append(r)
+                self._fail(r, "no_ready")
         res.finished_recving.update(self._cancelled_now)
         self._cancelled_now = []
         still: list[_Pull] = []
@@ -662,8 +676,9 @@ class _Worker:
                 pulled_ms = (time.monotonic() - p.started) * 1e3
                 t_n = time.monotonic()
                 self._notify(rp.segment, rp.transfer_id, MSG_DONE, inline=True)
-                self.bytes_pulled += p.nbytes
-                self.blocks_pulled += p.nblocks
+                self.stats.add(S.PULLED_BYTES, p.nbytes)
+                self.stats.add(S.PULLED_BLOCKS, p.nblocks)
+                self.stats.observe(S.PULL_SECONDS, pulled_ms / 1e3)
                 logger.info("MooncakeCoreConnector: kv pulled request=%s transfer=%s blocks=%d bytes=%d ms=%.1f "
                             "notify_ms=%.1f", p.req.request_id, rp.transfer_id, p.nblocks, p.nbytes, pulled_ms,
                             (time.monotonic() - t_n) * 1e3)
@@ -673,7 +688,7 @@ class _Worker:
                 logger.error("MooncakeCoreConnector: KV pull for request %s (transfer %s from %s) failed: %s",
                              p.req.request_id, rp.transfer_id, rp.segment, why)
                 self._remote.pop(f"{rp.segment}|{rp.engine_id}", None)
-                self._failed_now.append(p.req)
+                self._fail(p.req, "read" if code != 1 else "lease")
                 self._notify(rp.segment, rp.transfer_id, MSG_FAILED)
         self._pulls = still
         for r in self._failed_now:
@@ -687,6 +702,7 @@ class _Worker:
         if expired:
             logger.warning("MooncakeCoreConnector: lease expired without a decode confirmation, freeing blocks "
                            "of %d request(s): %s", len(expired), sorted(expired)[:8])
+        self.stats.add(S.LEASES_EXPIRED, len(expired))
         self._send_done.update(expired)
         for rid in self._send_done:
             self._held_since.pop(rid, None)

@@ -27,6 +27,7 @@ the proxy's store prefix hint (``store_hint.py``).
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,8 @@ from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from mooncake_core import envs
+from mooncake_connectors.vllm import stats as S
+from mooncake_connectors.vllm.connector_stats import STORE_PROM, StatsHook
 from mooncake_connectors.vllm.keys import chained_block_keys, leading_hits, namespace
 from mooncake_connectors.vllm.layout import Slab, slabs_of
 from mooncake_connectors.vllm.store_hint import LOOKUP_MODES, hinted_blocks
@@ -80,8 +83,10 @@ class StoreMeta(KVConnectorMetadata):
     saves: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
 
-class MooncakeCoreStoreConnector(KVConnectorBase_V1):
+class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1):
     """Saves/loads full KV blocks to/from the Mooncake Store under prefix-chained keys."""
+
+    PROM = STORE_PROM  # series of vLLM's KV connector stats hook (connector_stats.py)
 
     _cache_hit_source = CacheHitSource.EXTERNAL_UNSPECIFIED
 
@@ -94,6 +99,7 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
         mc = vllm_config.model_config
         self.model_tag = f"{mc.model}|{mc.dtype}"
         self.role_ = role
+        self.stats = S.StatsRecorder()  # hits/misses (scheduler), bytes and latency (worker): vLLM stats hook
         if role == KVConnectorRole.SCHEDULER:
             # The scheduler only asks the master what exists: it contributes no memory.
             self.store = _store_from_config(vllm_config, segment="0")
@@ -109,11 +115,9 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
             self.store = _store_from_config(vllm_config, segment=None)
             self.slabs: list[Slab] = []
             self._errors: set[int] = set()
-            self._saving: dict[str, Future] = {}
+            self._saving: dict[str, tuple[Future, int]] = {}  # request id -> (save, blocks asked)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-kv-save")
             self._lock = threading.Lock()
-            self.blocks_loaded = 0
-            self.blocks_saved = 0
 
     # ---------------------------------------------------------------- scheduler side
     def _keys_for(self, request: "Request") -> list[str]:
@@ -137,6 +141,8 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
         if usable <= start:
             return 0, False
         hits = leading_hits(self.store.batch_is_exist(keys[start:usable]))
+        self.stats.add(S.LOOKUP_HIT_BLOCKS, hits)
+        self.stats.add(S.LOOKUP_MISS_BLOCKS, usable - start - hits)
         if hint is not None:
             logger.info("MooncakeCoreStoreConnector: store hint request=%s hinted=%d found=%d", request.request_id,
                         hint, start + hits)
@@ -193,7 +199,7 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, StoreMeta)
         for rid, pairs in meta.saves.items():
-            self._saving[rid] = self._pool.submit(self._save, rid, pairs)
+            self._saving[rid] = (self._pool.submit(self._save, rid, pairs), len(pairs))
         if not meta.loads:
             return
         keys: list[str] = []
@@ -208,21 +214,28 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
                 sizes.append(s)
                 blocks.append(b)
         want = sum(sizes[0]) if sizes else 0
+        t0 = time.monotonic()
         res = self.store.batch_get_into_multi_buffers(keys, ptrs, sizes)
+        self.stats.observe(S.LOAD_SECONDS, time.monotonic() - t0)
         bad = [b for b, r in zip(blocks, res) if r != want]
         if bad:
             logger.error("MooncakeCoreStoreConnector: %d of %d block loads failed (codes %s)", len(bad), len(keys),
                          sorted({r for r in res if r != want})[:5])
             self._errors.update(bad)
-        self.blocks_loaded += len(keys) - len(bad)
+        self.stats.add(S.LOADED_BLOCKS, len(keys) - len(bad))
+        self.stats.add(S.LOADED_BYTES, (len(keys) - len(bad)) * want)
+        self.stats.add(S.failure("load"), len(bad))
         logger.info("MooncakeCoreStoreConnector: kv loaded blocks=%d failed=%d", len(keys) - len(bad), len(bad))
 
-    def _save(self, rid: str, pairs: list[tuple[str, int]]) -> int:
+    def _save(self, rid: str, pairs: list[tuple[str, int]]) -> tuple[int, int, float]:
+        """(blocks saved, blocks that failed, seconds); runs on the save thread, so the figures are
+        recorded by ``get_finished`` on vLLM's thread."""
+        t0 = time.monotonic()
         keys = [k for k, _ in pairs]
         exists = self.store.batch_is_exist(keys)
         todo = [(k, b) for (k, b), e in zip(pairs, exists) if e != 1]
         if not todo:
-            return 0
+            return 0, 0, time.monotonic() - t0
         ptrs, sizes = zip(*(self._bufs(b) for _, b in todo))
         res = self.store.batch_put_from_multi_buffers([k for k, _ in todo], list(ptrs), list(sizes))
         ok = sum(1 for r in res if r == 0)
@@ -230,7 +243,7 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
             logger.warning("MooncakeCoreStoreConnector: saved %d of %d blocks of request %s (codes %s)", ok, len(todo),
                            rid, sorted(set(res))[:5])
         logger.info("MooncakeCoreStoreConnector: kv saved request=%s blocks=%d", rid, ok)
-        return ok
+        return ok, len(todo) - ok, time.monotonic() - t0
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete in start_load_kv, before the forward
@@ -242,18 +255,28 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
         return  # saves run in the background; their blocks stay allocated until get_finished reports them
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        done = {rid for rid, f in self._saving.items() if f.done()}
+        done = {rid for rid, (f, _n) in self._saving.items() if f.done()}
+        block_bytes = sum(s.block_bytes for s in self.slabs)
         for rid in done:
-            f = self._saving.pop(rid)
+            f, n = self._saving.pop(rid)
             try:
-                self.blocks_saved += f.result()
+                ok, failed, seconds = f.result()
             except Exception as e:
                 logger.error("MooncakeCoreStoreConnector: saving request %s failed: %s", rid, e)
+                self.stats.add(S.failure("save"), n)
+                continue
+            self.stats.add(S.SAVED_BLOCKS, ok)
+            self.stats.add(S.SAVED_BYTES, ok * block_bytes)
+            self.stats.add(S.failure("save"), failed)
+            self.stats.observe(S.SAVE_SECONDS, seconds)
         return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self._errors = self._errors, set()
         return out
+
+    def stats_recorder(self) -> S.StatsRecorder:
+        return self.stats
 
     def shutdown(self):
         if self.role_ == KVConnectorRole.WORKER:

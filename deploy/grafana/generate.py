@@ -4,7 +4,7 @@
     python3 deploy/grafana/generate.py          # rewrites deploy/grafana/*.json
     python3 deploy/grafana/generate.py --check  # exit 1 if a committed JSON is out of date
 
-Why generated: four boards share a layout, the data-source and instance variables and the unit
+Why generated: the boards share a layout, the data-source and instance variables and the unit
 conventions; a table of (row, title, unit, expressions) per board keeps them consistent and
 reviewable. tests/dashboard/test_grafana.py checks that every metric an expression names is
 exported by a running service, and that the JSON files match this script.
@@ -46,7 +46,7 @@ def ratio(num: str, den: str, by: str = "") -> str:
 
 
 PCTS = (0.5, 0.9, 0.99)
-M, P = "mooncake_master_", "mooncake_proxy_"
+M, P, V = "mooncake_master_", "mooncake_proxy_", "vllm:mooncake_core_"
 EI = "exported_instance"
 
 #: board -> (title, uid, metric used to list instances, rows of panels);
@@ -141,6 +141,27 @@ BOARDS: dict[str, tuple[str, str, str, list[tuple[str, list[tuple[str, str, list
             ("Prefix-cache hit ratio by prefill", "percentunit", [
                 (ratio(P + "prefill_cached_blocks_total", P + "prefill_prompt_blocks_total", EI), f"{{{{{EI}}}}}")]),
             ("KV events applied", "ops", [(rate(P + "kv_events_total", "type"), "{{type}}")]),
+        ]),
+    ]),
+    # vLLM's own /metrics: our connectors' figures through vLLM's KV connector stats hook (docs/vllm.md)
+    "mooncake-vllm": ("Mooncake vLLM connectors", "mooncake-vllm", "vllm:num_requests_running", [
+        ("P2P hand-off (MooncakeCoreConnector)", [
+            ("KV pulled by decodes", "Bps", [(rate(V + "kv_pulled_bytes_total", "instance"), "{{instance}}")]),
+            ("Pull latency", "s", [(pq(q, V + "kv_pull_seconds_bucket"), f"p{int(q * 100)}") for q in PCTS]),
+            ("Failed pulls by reason", "ops", [(rate(V + "kv_failed_pulls_total", "reason"), "{{reason}}")]),
+            ("Prefill: KV held for the decode", "s", [(pq(q, V + "kv_hold_seconds_bucket"), f"p{int(q * 100)}")
+                                                      for q in (0.5, 0.99)]),
+            ("Prefill: leases expired", "ops", [(rate(V + "kv_leases_expired_total", "instance"), "{{instance}}")]),
+        ]),
+        ("Store (MooncakeCoreStoreConnector)", [
+            ("Store hit ratio (blocks)", "percentunit", [
+                (f"{rate(V + 'store_hit_blocks_total')} / ({rate(V + 'store_hit_blocks_total')} + "
+                 f"{rate(V + 'store_miss_blocks_total')})", "hit ratio")]),
+            ("Loaded and saved", "Bps", [(rate(V + "store_loaded_bytes_total"), "loaded"),
+                                         (rate(V + "store_saved_bytes_total"), "saved")]),
+            ("Load and save p99", "s", [(pq(0.99, V + "store_load_seconds_bucket"), "load (per step)"),
+                                        (pq(0.99, V + "store_save_seconds_bucket"), "save (per request)")]),
+            ("Failed blocks", "ops", [(rate(V + "store_failed_blocks_total", "reason"), "{{reason}}")]),
         ]),
     ]),
 }

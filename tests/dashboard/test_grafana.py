@@ -43,7 +43,7 @@ def test_boards_are_generated_and_well_formed() -> None:
     out = subprocess.run([sys.executable, str(GRAFANA / "generate.py"), "--check"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
-    for name in BOARDS:
+    for name in (*BOARDS, "mooncake-vllm"):  # the vLLM board's series: tests/vllm/test_vllm_multi_connector.py
         b = _load(name)
         assert b["uid"] == name and b["panels"][0]["type"] == "row"
         assert {v["name"] for v in b["templating"]["list"]} == {"datasource", "instance"}

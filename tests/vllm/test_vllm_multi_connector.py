@@ -18,6 +18,7 @@ One ``mooncake_master`` (embedded HTTP metadata server) and a 1P1D pair, both in
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import subprocess
@@ -178,3 +179,54 @@ def test_p2p_handoff_and_store_save_inside_multiconnector(multi_pair):
     assert hits3 - hits2 == 6 * BLOCK, "decode did not load the shared prefix from the store (store child)"
     assert "kv loaded blocks=6 failed=0" in d.log_text()
     assert got == want, "output with the prefix loaded from the store differs from a local computation"
+
+
+MC = "vllm:mooncake_core_"
+
+
+def test_connector_figures_reach_vllm_metrics(multi_pair):
+    """Both connectors' figures (vLLM's KV connector stats hook -> the server's own /metrics) after
+    one P2P hand-off and one store load equal the blocks that moved; no failure is counted; and the
+    Grafana board of the vLLM connectors asks only for series the servers export."""
+    p, d = multi_pair["p"], multi_pair["d"]
+    d0, p0 = http_text(d.url + "/metrics"), http_text(p.url + "/metrics")
+
+    def grew(srv, before: str, name: str) -> float:
+        return metric(http_text(srv.url + "/metrics"), MC + name) - metric(before, MC + name)
+
+    rng = random.Random(97)
+    prompt = [rng.randrange(3, 300) for _ in range(5 * BLOCK + 3)]  # 5 full blocks + a partial one
+    params = completion(p.url, prompt, 1, {"do_remote_decode": True})["kv_transfer_params"]
+    per_block = params["mooncake_block_bytes"] * params["mooncake_num_slabs"]
+    completion(d.url, prompt, 4, params)
+    wait_until(lambda: grew(d, d0, "kv_pulled_blocks_total") == 6, 30, "the decode's pulled-blocks counter")
+    assert grew(d, d0, "kv_pulled_bytes_total") == 6 * per_block
+    assert grew(d, d0, "kv_pull_seconds_count") == 1
+    assert 0 < grew(d, d0, "kv_pull_seconds_sum") < 60
+
+    # the prefill looked its fresh prompt up in the store (5 full blocks, none there), saved them,
+    # and held its blocks for the decode until the decode's confirmation
+    wait_until(lambda: grew(p, p0, "store_saved_blocks_total") == 5, 30, "the prefill's saved-blocks counter")
+    assert grew(p, p0, "store_saved_bytes_total") == 5 * per_block
+    assert grew(p, p0, "store_miss_blocks_total") >= 5 and grew(p, p0, "store_hit_blocks_total") == 0
+    wait_until(lambda: grew(p, p0, "kv_hold_seconds_count") == 1, 30, "the prefill's hold-time histogram")
+    assert grew(p, p0, "kv_leases_expired_total") == 0
+
+    # the decode loads those 5 blocks from the store once its own prefix cache is gone
+    wait_until(lambda: http_json(d.url + "/reset_prefix_cache", {}, timeout=30).get("success"), 30,
+               "the decode's prefix cache reset", step=0.5)
+    d1 = http_text(d.url + "/metrics")
+    completion(d.url, prompt[:5 * BLOCK] + [rng.randrange(3, 300) for _ in range(9)], 4)
+    wait_until(lambda: grew(d, d1, "store_loaded_blocks_total") == 5, 30, "the decode's loaded-blocks counter")
+    assert grew(d, d1, "store_loaded_bytes_total") == 5 * per_block
+    assert grew(d, d1, "store_hit_blocks_total") == 5
+    assert grew(d, d1, "store_load_seconds_count") == 1
+    for srv, before in ((d, d0), (p, p0)):
+        assert grew(srv, before, "kv_failed_pulls_total") == 0 and grew(srv, before, "store_failed_blocks_total") == 0
+
+    board = json.loads((Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "mooncake-vllm.json").read_text())
+    queried = {m for pnl in board["panels"] if pnl["type"] != "row" for t in pnl["targets"]
+               for m in re.findall(r"vllm:[a-z0-9_]+", t["expr"])}
+    exported = {line.split("{")[0].split(" ")[0] for line in http_text(d.url + "/metrics").splitlines()
+                if line and not line.startswith("#")}
+    assert queried and not queried - exported, f"the vLLM board queries series vLLM does not export: {queried - exported}"

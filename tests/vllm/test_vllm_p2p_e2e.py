@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 BLOCK = 32
 EXT_HITS = "vllm:external_prefix_cache_hits_total"
 USAGE = "vllm:kv_cache_usage_perc"
+FAILED_PULLS = "vllm:mooncake_core_kv_failed_pulls_total"
 
 
 def prompt_ids(seed: int, n: int = 200) -> list[int]:
@@ -224,12 +225,16 @@ def test_prefill_killed_decode_recomputes_and_keeps_serving(pd_pair):
     prompt = prompt_ids(7)
     want = baseline(d.url, prompt)
     params = prefill(p.url, prompt)
+    failed0 = metric(http_text(d.url + "/metrics"), FAILED_PULLS)
     p.kill()
     t0 = time.monotonic()
     got = completion(d.url, prompt, 16, params, timeout=120)["choices"][0]["token_ids"]
     assert got == want
     assert time.monotonic() - t0 < 90
     assert "failed" in d.log_text()
+    # the connector's stats hook counted the one failed pull on the decode's own /metrics
+    wait_until(lambda: metric(http_text(d.url + "/metrics"), FAILED_PULLS) - failed0 == 1, 30,
+               "the decode's failed-pulls counter to grow by 1")
     other = prompt_ids(8, 64)
     assert completion(d.url, other, 8)["choices"][0]["token_ids"] == baseline(d.url, other, 8)
     wait_until(lambda: metric(http_text(d.url + "/metrics"), USAGE) == 0.0, 30, "decode KV usage back to 0")
