@@ -220,6 +220,12 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
     def _save(self, rid: str, pairs: list[tuple[str, int]]) -> int:
         keys = [k for k, _ in pairs]
         exists = self.store.batch_is_exist(keys)
+        if any(e < 0 for e in exists):
+            # the master did not answer (its RPC timeout has passed): a put would only wait that
+            # long again; the blocks are released and the next request's save tries again
+            logger.warning("MooncakeCoreStoreConnector: save of request %s skipped: the store lookup failed "
+                           "(code %d, key %s)", rid, min(exists), keys[0])
+            return 0
         todo = [(k, b) for (k, b), e in zip(pairs, exists) if e != 1]
         if not todo:
             return 0
@@ -227,8 +233,9 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
         res = self.store.batch_put_from_multi_buffers([k for k, _ in todo], list(ptrs), list(sizes))
         ok = sum(1 for r in res if r == 0)
         if ok != len(todo):
-            logger.warning("MooncakeCoreStoreConnector: saved %d of %d blocks of request %s (codes %s)", ok, len(todo),
-                           rid, sorted(set(res))[:5])
+            first = next(i for i, r in enumerate(res) if r != 0)
+            logger.warning("MooncakeCoreStoreConnector: saved %d of %d blocks of request %s (first failure: key %s "
+                           "code %d; codes %s)", ok, len(todo), rid, todo[first][0], res[first], sorted(set(res))[:5])
         logger.info("MooncakeCoreStoreConnector: kv saved request=%s blocks=%d", rid, ok)
         return ok
 
