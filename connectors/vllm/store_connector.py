@@ -15,6 +15,8 @@ blocks synchronously before the forward (``batch_get_into_multi_buffers``: one o
 block = the block of every layer, scatter-gathered); saves run in a background thread
 (``batch_put_from_multi_buffers``) and finish through ``get_finished``. A failed read reports
 its blocks through ``get_block_ids_with_load_errors`` (``kv_load_failure_policy`` applies).
+While the master does not answer, lookups find nothing and saves are dropped for a back-off
+(``store_backoff.py``), so a dead master costs one RPC timeout, not one per request.
 
 Store configuration, in ``kv_connector_extra_config`` (else the upstream env vars
 ``MOONCAKE_MASTER``, ``MOONCAKE_TE_META_DATA_SERVER``, ... / ``MOONCAKE_CONFIG_PATH``):
@@ -40,6 +42,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from mooncake_core import envs
 from mooncake_connectors.vllm.keys import chained_block_keys, leading_hits, namespace
 from mooncake_connectors.vllm.layout import Slab, slabs_of
+from mooncake_connectors.vllm.store_backoff import MasterBackoff
 from mooncake_connectors.vllm.store_hint import LOOKUP_MODES, hinted_blocks
 
 if TYPE_CHECKING:
@@ -94,6 +97,7 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
         mc = vllm_config.model_config
         self.model_tag = f"{mc.model}|{mc.dtype}"
         self.role_ = role
+        self.backoff = MasterBackoff(5.0, 30.0)  # skip the store while its master does not answer
         if role == KVConnectorRole.SCHEDULER:
             # The scheduler only asks the master what exists: it contributes no memory.
             self.store = _store_from_config(vllm_config, segment="0")
@@ -134,15 +138,29 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
             if hint is None:
                 return 0, False
             usable = min(usable, hint)
-        if usable <= start:
+        if usable <= start or not self.backoff.allow():
             return 0, False
-        hits = leading_hits(self.store.batch_is_exist(keys[start:usable]))
+        exists = self.store.batch_is_exist(keys[start:usable])
+        if not self._master_answered(exists, f"lookup of request {request.request_id}", keys[start]):
+            return 0, False  # computed locally
+        hits = leading_hits(exists)
         if hint is not None:
             logger.info("MooncakeCoreStoreConnector: store hint request=%s hinted=%d found=%d", request.request_id,
                         hint, start + hits)
         self._start[request.request_id] = start
         n = (start + hits) * self.block_size - num_computed_tokens
         return (n, False) if n > 0 else (0, False)
+
+    def _master_answered(self, exists: list[int], what: str, key: str) -> bool:
+        """Feed a ``batch_is_exist`` answer to the back-off; False (logged) when the master failed."""
+        if any(e < 0 for e in exists):
+            wait = self.backoff.failed()
+            logger.warning("MooncakeCoreStoreConnector: %s: the store master did not answer (code %d, key %s); "
+                           "skipping the store for %.1f s", what, min(exists), key, wait)
+            return False
+        if self.backoff.ok():
+            logger.info("MooncakeCoreStoreConnector: the store master answers again")
+        return True
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
         if num_external_tokens <= 0:
@@ -219,12 +237,13 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
 
     def _save(self, rid: str, pairs: list[tuple[str, int]]) -> int:
         keys = [k for k, _ in pairs]
+        if not self.backoff.allow():
+            logger.warning("MooncakeCoreStoreConnector: save of request %s skipped: the store master is not "
+                           "answering", rid)
+            return 0
         exists = self.store.batch_is_exist(keys)
-        if any(e < 0 for e in exists):
-            # the master did not answer (its RPC timeout has passed): a put would only wait that
-            # long again; the blocks are released and the next request's save tries again
-            logger.warning("MooncakeCoreStoreConnector: save of request %s skipped: the store lookup failed "
-                           "(code %d, key %s)", rid, min(exists), keys[0])
+        if not self._master_answered(exists, f"save of request {rid} skipped", keys[0]):
+            # a put would only wait another RPC timeout; the blocks are released now
             return 0
         todo = [(k, b) for (k, b), e in zip(pairs, exists) if e != 1]
         if not todo:

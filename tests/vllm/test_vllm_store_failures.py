@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 BLOCK = 32
 EXT_HITS = "vllm:external_prefix_cache_hits_total"
-RPC_TIMEOUT_S = 2.0
+RPC_TIMEOUT_S = 3.0
 SEGMENT = 8 << 20  # the instance's contribution to the pool: small enough to fill from the test
 
 
@@ -127,6 +127,19 @@ def _saved_and_reloaded(r: Rig, seed: int) -> None:
     assert got == _own(s, prompt, 8)
 
 
+def _wait_store_back(r: Rig, seed: int, timeout: float = 90.0) -> None:
+    """After a master restart: the segment re-mounts with the next heartbeat and the connector's
+    back-off (at most 30 s) ends; then saves and loads must work again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _saved_and_reloaded(r, seed)
+            return
+        except AssertionError:
+            assert time.monotonic() < deadline, "saves/loads did not recover after the master came back"
+            time.sleep(2)
+
+
 def test_store_round_trip_on_one_instance(rig: Rig):
     """The baseline the failure tests rely on: save, empty the local cache, load."""
     _saved_and_reloaded(rig, 1)
@@ -142,20 +155,19 @@ def test_master_killed_during_request_then_back(rig: Rig):
     # the lookup waited at most one RPC timeout (plus the 2-core box's slack)
     assert time.monotonic() - t0 < RPC_TIMEOUT_S * 3 + 15
     assert len(got) == 6
+    # the next requests do not wait for the master again: the connector backs off (each lookup
+    # used to stall the scheduler -- every running request -- for a whole RPC timeout)
+    t1 = time.monotonic()
+    for seed in (7, 8):
+        assert len(completion(s.url, _prompt(seed, 2 * BLOCK + 1), 2, timeout=60)["choices"][0]["token_ids"]) == 2
+    assert time.monotonic() - t1 < RPC_TIMEOUT_S, "requests kept waiting for the dead master"
     _wait_log(s, r"MooncakeCoreStoreConnector: (saving request \S+ failed|saved 0 of \d+ blocks|"
                  r"save of request \S+ skipped)", mark, timeout=RPC_TIMEOUT_S * 4 + 20)
     assert s.proc is not None and s.proc.poll() is None, "the vLLM server died"
     assert http_text(s.url + "/health") == ""
     assert got == _own(s, prompt, 6)
     rig.start_master()
-    deadline = time.monotonic() + 60
-    while True:  # the instance re-mounts its segment once its heartbeat reaches the new master
-        try:
-            _saved_and_reloaded(rig, 3)
-            break
-        except AssertionError:
-            assert time.monotonic() < deadline, "saves/loads did not recover after the master came back"
-            time.sleep(2)
+    _wait_store_back(rig, 3)
 
 
 def test_master_killed_before_load_recomputes(rig: Rig):
@@ -173,6 +185,7 @@ def test_master_killed_before_load_recomputes(rig: Rig):
         assert got == _own(s, prompt, 8), "the recomputed output differs from the local computation"
     finally:
         rig.start_master()
+    _wait_store_back(rig, 9)
 
 
 def test_store_full_saves_fail_cleanly(rig: Rig):
