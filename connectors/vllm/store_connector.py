@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 
 logger = init_logger("vllm.mooncake_core.store_connector")
 
+#: Mooncake's ErrorCode::RPC_FAIL: a put found the master gone (it died between lookup and put)
+RPC_FAIL = -900
+
 
 def _store_from_config(vllm_config: "VllmConfig", segment: str | None):
     """A set-up ``MooncakeDistributedStore`` client (raises with the reason on failure)."""
@@ -251,6 +254,8 @@ class MooncakeCoreStoreConnector(KVConnectorBase_V1):
         ptrs, sizes = zip(*(self._bufs(b) for _, b in todo))
         res = self.store.batch_put_from_multi_buffers([k for k, _ in todo], list(ptrs), list(sizes))
         ok = sum(1 for r in res if r == 0)
+        if RPC_FAIL in res:
+            self.backoff.failed()  # the master died mid-save: the next saves need not wait for it
         if ok != len(todo):
             first = next(i for i, r in enumerate(res) if r != 0)
             logger.warning("MooncakeCoreStoreConnector: saved %d of %d blocks of request %s (first failure: key %s "

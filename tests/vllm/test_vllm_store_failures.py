@@ -20,7 +20,6 @@ from __future__ import annotations
 import random
 import re
 import time
-import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -28,7 +27,8 @@ import pytest
 
 from master_proc import MasterProc
 from mooncake_core.store import MooncakeDistributedStore, ReplicateConfig
-from vllm_harness import VllmServer, completion, free_port, http_json, http_text, metric, start_all
+from vllm_harness import (VllmServer, completion, free_port, http_text, metric, own_tokens, reset_prefix_cache,
+                          start_all)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -86,21 +86,6 @@ def _prompt(seed: int, n: int) -> list[int]:
     return [rng.randrange(3, 300) for _ in range(n)]
 
 
-def _own(server: VllmServer, prompt: list[int], n: int) -> list[int]:
-    """The instance's own computation: a cache salt changes every key, local and in the store."""
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0, "return_token_ids": True,
-            "ignore_eos": True, "cache_salt": uuid.uuid4().hex}
-    return http_json(server.url + "/v1/completions", body)["choices"][0]["token_ids"]
-
-
-def _reset_local_cache(server: VllmServer, timeout: float = 30.0) -> None:
-    """Empty vLLM's own prefix cache; it refuses while blocks are held (a save still running)."""
-    deadline = time.monotonic() + timeout
-    while not http_json(server.url + "/reset_prefix_cache", {}).get("success"):
-        assert time.monotonic() < deadline, "vLLM kept refusing to reset its prefix cache"
-        time.sleep(0.25)
-
-
 def _wait_log(server: VllmServer, pattern: str, after: int, timeout: float = 60.0) -> re.Match:
     """The first match of ``pattern`` in the log past offset ``after`` (fails after ``timeout``)."""
     deadline = time.monotonic() + timeout
@@ -120,11 +105,11 @@ def _saved_and_reloaded(r: Rig, seed: int) -> None:
     rid = completion(s.url, prompt, 4)["id"]  # vLLM's request id is this plus a suffix
     m = _wait_log(s, rf"kv saved request={re.escape(rid)}\S* blocks=(\d+)", mark)
     assert int(m.group(1)) == 4, m.group(0)
-    _reset_local_cache(s)
+    reset_prefix_cache(s)
     hits0 = metric(http_text(s.url + "/metrics"), EXT_HITS)
     got = completion(s.url, prompt, 8)["choices"][0]["token_ids"]
     assert metric(http_text(s.url + "/metrics"), EXT_HITS) - hits0 == 4 * BLOCK, "the prefix was not loaded"
-    assert got == _own(s, prompt, 8)
+    assert got == own_tokens(s, prompt, 8)
 
 
 def _wait_store_back(r: Rig, seed: int, timeout: float = 90.0) -> None:
@@ -132,12 +117,13 @@ def _wait_store_back(r: Rig, seed: int, timeout: float = 90.0) -> None:
     back-off (at most 30 s) ends; then saves and loads must work again."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
+        try:  # a new prompt each try: one already in the store is not saved (nor logged) again
             _saved_and_reloaded(r, seed)
             return
         except AssertionError:
             assert time.monotonic() < deadline, "saves/loads did not recover after the master came back"
             time.sleep(2)
+            seed += 1000
 
 
 def test_store_round_trip_on_one_instance(rig: Rig):
@@ -165,7 +151,7 @@ def test_master_killed_during_request_then_back(rig: Rig):
                  r"save of request \S+ skipped)", mark, timeout=RPC_TIMEOUT_S * 4 + 20)
     assert s.proc is not None and s.proc.poll() is None, "the vLLM server died"
     assert http_text(s.url + "/health") == ""
-    assert got == _own(s, prompt, 6)
+    assert got == own_tokens(s, prompt, 6)
     rig.start_master()
     _wait_store_back(rig, 3)
 
@@ -176,13 +162,13 @@ def test_master_killed_before_load_recomputes(rig: Rig):
     mark = len(s.log_text())
     completion(s.url, prompt, 4)
     _wait_log(s, r"kv saved request=\S+ blocks=4", mark)
-    _reset_local_cache(s)
+    reset_prefix_cache(s)
     rig.kill_master()
     try:
         hits0 = metric(http_text(s.url + "/metrics"), EXT_HITS)
         got = completion(s.url, prompt, 8, timeout=60)["choices"][0]["token_ids"]
         assert metric(http_text(s.url + "/metrics"), EXT_HITS) == hits0, "hits reported with the master gone"
-        assert got == _own(s, prompt, 8), "the recomputed output differs from the local computation"
+        assert got == own_tokens(s, prompt, 8), "the recomputed output differs from the local computation"
     finally:
         rig.start_master()
     _wait_store_back(rig, 9)
@@ -219,7 +205,7 @@ def test_store_full_saves_fail_cleanly(rig: Rig):
         got = completion(s.url, prompt, 6)["choices"][0]["token_ids"]
         m = _wait_log(s, r"saved (\d+) of (\d+) blocks of request \S+ \(first failure: key (\S+) code (-\d+)", mark)
         assert int(m.group(1)) < int(m.group(2)), m.group(0)
-        assert got == _own(s, prompt, 6), "generation changed with the store full"
+        assert got == own_tokens(s, prompt, 6), "generation changed with the store full"
         assert s.proc is not None and s.proc.poll() is None
     finally:
         for i in range(filled):
