@@ -11,6 +11,7 @@ and give the tokens the instance computes on its own.
 from __future__ import annotations
 
 import json
+import random
 import time
 from pathlib import Path
 from typing import Iterator
@@ -53,7 +54,6 @@ def builtin_store(vllm_py: str, tiny_model: Path, tmp_path_factory) -> Iterator[
 def test_builtin_store_connector_runs_on_our_store(builtin_store: VllmServer):
     s = builtin_store
     assert "Please install mooncake" not in s.log_text(), "the mooncake alias was not installed"
-    import random
     rng = random.Random(51)
     prompt = [rng.randrange(3, 300) for _ in range(4 * BLOCK + 11)]
     completion(s.url, prompt, 4)
