@@ -15,6 +15,8 @@ blocks synchronously before the forward (``batch_get_into_multi_buffers``: one o
 block = the block of every layer, scatter-gathered); saves run in a background thread
 (``batch_put_from_multi_buffers``) and finish through ``get_finished``. A failed read reports
 its blocks through ``get_block_ids_with_load_errors`` (``kv_load_failure_policy`` applies).
+While the master does not answer, lookups find nothing and saves are dropped for a back-off
+(``store_backoff.py``), so a dead master costs one RPC timeout, not one per request.
 
 Store configuration, in ``kv_connector_extra_config`` (else the upstream env vars
 ``MOONCAKE_MASTER``, ``MOONCAKE_TE_META_DATA_SERVER``, ... / ``MOONCAKE_CONFIG_PATH``):
@@ -43,6 +45,7 @@ from mooncake_connectors.vllm import stats as S
 from mooncake_connectors.vllm.connector_stats import STORE_PROM, StatsHook
 from mooncake_connectors.vllm.keys import chained_block_keys, leading_hits, namespace
 from mooncake_connectors.vllm.layout import Slab, slabs_of
+from mooncake_connectors.vllm.store_backoff import MasterBackoff
 from mooncake_connectors.vllm.store_hint import LOOKUP_MODES, hinted_blocks
 
 if TYPE_CHECKING:
@@ -53,6 +56,9 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = init_logger("vllm.mooncake_core.store_connector")
+
+#: Mooncake's ErrorCode::RPC_FAIL: a put found the master gone (it died between lookup and put)
+RPC_FAIL = -900
 
 
 def _store_from_config(vllm_config: "VllmConfig", segment: str | None):
@@ -100,6 +106,7 @@ class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1):
         self.model_tag = f"{mc.model}|{mc.dtype}"
         self.role_ = role
         self.stats = S.StatsRecorder()  # hits/misses (scheduler), bytes and latency (worker): vLLM stats hook
+        self.backoff = MasterBackoff(5.0, 30.0)  # skip the store while its master does not answer
         if role == KVConnectorRole.SCHEDULER:
             # The scheduler only asks the master what exists: it contributes no memory.
             self.store = _store_from_config(vllm_config, segment="0")
@@ -138,9 +145,12 @@ class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1):
             if hint is None:
                 return 0, False
             usable = min(usable, hint)
-        if usable <= start:
+        if usable <= start or not self.backoff.allow():
             return 0, False
-        hits = leading_hits(self.store.batch_is_exist(keys[start:usable]))
+        exists = self.store.batch_is_exist(keys[start:usable])
+        if not self._master_answered(exists, f"lookup of request {request.request_id}", keys[start]):
+            return 0, False  # computed locally
+        hits = leading_hits(exists)
         self.stats.add(S.LOOKUP_HIT_BLOCKS, hits)
         self.stats.add(S.LOOKUP_MISS_BLOCKS, usable - start - hits)
         if hint is not None:
@@ -149,6 +159,17 @@ class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1):
         self._start[request.request_id] = start
         n = (start + hits) * self.block_size - num_computed_tokens
         return (n, False) if n > 0 else (0, False)
+
+    def _master_answered(self, exists: list[int], what: str, key: str) -> bool:
+        """Feed a ``batch_is_exist`` answer to the back-off; False (logged) when the master failed."""
+        if any(e < 0 for e in exists):
+            wait = self.backoff.failed()
+            logger.warning("MooncakeCoreStoreConnector: %s: the store master did not answer (code %d, key %s); "
+                           "skipping the store for %.1f s", what, min(exists), key, wait)
+            return False
+        if self.backoff.ok():
+            logger.info("MooncakeCoreStoreConnector: the store master answers again")
+        return True
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
         if num_external_tokens <= 0:
@@ -232,16 +253,26 @@ class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1):
         recorded by ``get_finished`` on vLLM's thread."""
         t0 = time.monotonic()
         keys = [k for k, _ in pairs]
+        if not self.backoff.allow():
+            logger.warning("MooncakeCoreStoreConnector: save of request %s skipped: the store master is not "
+                           "answering", rid)
+            return 0, len(pairs), time.monotonic() - t0
         exists = self.store.batch_is_exist(keys)
+        if not self._master_answered(exists, f"save of request {rid} skipped", keys[0]):
+            # a put would only wait another RPC timeout; the blocks are released now
+            return 0, len(pairs), time.monotonic() - t0
         todo = [(k, b) for (k, b), e in zip(pairs, exists) if e != 1]
         if not todo:
             return 0, 0, time.monotonic() - t0
         ptrs, sizes = zip(*(self._bufs(b) for _, b in todo))
         res = self.store.batch_put_from_multi_buffers([k for k, _ in todo], list(ptrs), list(sizes))
         ok = sum(1 for r in res if r == 0)
+        if RPC_FAIL in res:
+            self.backoff.failed()  # the master died mid-save: the next saves need not wait for it
         if ok != len(todo):
-            logger.warning("MooncakeCoreStoreConnector: saved %d of %d blocks of request %s (codes %s)", ok, len(todo),
-                           rid, sorted(set(res))[:5])
+            first = next(i for i, r in enumerate(res) if r != 0)
+            logger.warning("MooncakeCoreStoreConnector: saved %d of %d blocks of request %s (first failure: key %s "
+                           "code %d; codes %s)", ok, len(todo), rid, todo[first][0], res[first], sorted(set(res))[:5])
         logger.info("MooncakeCoreStoreConnector: kv saved request=%s blocks=%d", rid, ok)
         return ok, len(todo) - ok, time.monotonic() - t0
 

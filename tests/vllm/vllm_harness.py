@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,6 +204,24 @@ def completion(url: str, prompt, max_tokens: int = 16, kv_transfer_params: dict 
     if kv_transfer_params is not None:
         body["kv_transfer_params"] = kv_transfer_params
     return http_json(url + "/v1/completions", body, timeout=timeout)
+
+
+def own_tokens(server: VllmServer, prompt, max_tokens: int) -> list[int]:
+    """The server's own computation of a prompt: a cache salt changes every prefix-cache key,
+    vLLM's and the connectors', so nothing is reused."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "return_token_ids": True, "ignore_eos": True, "cache_salt": uuid.uuid4().hex}
+    return http_json(server.url + "/v1/completions", body)["choices"][0]["token_ids"]
+
+
+def reset_prefix_cache(server: VllmServer, timeout: float = 30.0) -> None:
+    """Empty vLLM's own prefix cache (needs ``VLLM_SERVER_DEV_MODE=1``), so a repeated prefix can
+    only come from a connector; vLLM refuses while blocks are held (a save still running)."""
+    deadline = time.monotonic() + timeout
+    while not http_json(server.url + "/reset_prefix_cache", {}).get("success"):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"vLLM on port {server.port} kept refusing to reset its prefix cache")
+        time.sleep(0.25)
 
 
 if __name__ == "__main__":  # manual smoke: python tests/vllm/vllm_harness.py
