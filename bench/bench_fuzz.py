@@ -23,8 +23,10 @@ import hashlib
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from typing import Any, Callable
@@ -40,6 +42,7 @@ from fuzz.surfaces import (EvilPeer, FuzzFailure, HttpFuzzer, MasterRpcFuzzer, T
 from mooncake_core.utils.proc import close_piped, spawn_until, stop_process  # noqa: E402
 
 SURFACES = ("te", "master", "metadata", "proxy", "handshake", "params")
+STOP = threading.Event()  # SIGTERM/SIGINT: finish the input in hand, then report what ran
 TIMEOUT = [10.0]  # --timeout: how long a server may take to answer one input before it is a hang
 
 
@@ -69,6 +72,8 @@ class Run:
         t0 = last = time.monotonic()
         done = 0
         for i in range(start, start + n):
+            if STOP.is_set():
+                break
             try:
                 self.one(random.Random(seed * 1_000_003 + i))
             except FuzzFailure as e:
@@ -97,7 +102,7 @@ class Run:
         return {"surface": self.name, "inputs": done, "seconds": round(secs, 1),
                 "inputs_per_s": round(done / secs, 1) if secs else 0, "failures": self.failures,
                 "rss_before": before["rss"], "rss_after": after["rss"], "fds_before": before["fds"],
-                "fds_after": after["fds"], **self.extra()}
+                "fds_after": after["fds"], "stopped_early": STOP.is_set(), **self.extra()}
 
 
 def surface_te(cleanup: list) -> Run:
@@ -250,6 +255,7 @@ def _merge(name: str, parts: list[dict], secs: float) -> dict:
     out: dict[str, Any] = {"surface": name, "inputs": sum(r["inputs"] for r in parts), "seconds": round(secs, 1),
                            "failures": [f for r in parts for f in r["failures"]]}
     out["inputs_per_s"] = round(out["inputs"] / secs, 1) if secs else 0
+    out["stopped_early"] = any(r.get("stopped_early") for r in parts)
     worst = max(parts, key=lambda r: (r["rss_after"] - r["rss_before"], r["fds_after"] - r["fds_before"]))
     out.update({k: worst[k] for k in ("rss_before", "rss_after", "fds_before", "fds_after")})
     for key in ("kinds", "statuses", "served"):
@@ -285,10 +291,19 @@ def run_jobs(a: argparse.Namespace, argv: list[str]) -> int:
         procs, start = [], a.start
         for n in share:
             procs.append(subprocess.Popen([sys.executable, __file__, *keep, "--surface", name, "--inputs", str(n),
-                                           "--start", str(start), "--json", "--quiet"], stdout=subprocess.PIPE))
+                                           "--start", str(start), "--json", *(["--quiet"] if a.quiet else [])],
+                                          stdout=subprocess.PIPE))  # each job's progress lines pass through
             start += n
         if not a.quiet:
             print(f"[{name}] {a.inputs} inputs in {a.jobs} jobs ...", file=sys.stderr, flush=True)
+
+        def forward(signum: int, _frame: Any) -> None:
+            STOP.set()
+            for pr in procs:
+                pr.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
         parts = []
         for pr in procs:
             stdout, _ = pr.communicate()
@@ -312,7 +327,7 @@ def report(out: list[dict], as_json: bool) -> None:
     for r in out:
         print(f"{r['surface']:<10} {r['inputs']:>9} {r['inputs_per_s']:>9.0f} {len(r['failures']):>8} "
               f"{r['rss_before'] / 2**20:>9.1f}/{r['rss_after'] / 2**20:<9.1f} "
-              f"{r['fds_before']:>8}/{r['fds_after']:<8}")
+              f"{r['fds_before']:>8}/{r['fds_after']:<8}" + ("  (stopped early)" if r.get("stopped_early") else ""))
         for f in r["failures"]:
             print(f"   input {f['input']}: {f['error']}")
         extra = {k: v for k, v in r.items() if k in ("kinds", "statuses", "served")}
@@ -339,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.jobs > 1:
         return run_jobs(a, argv or sys.argv[1:])
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stop at the next input and still report
+        signal.signal(sig, lambda *_: STOP.set())
     TIMEOUT[0] = a.timeout
     from mooncake_core.utils.log import setup_logging
 
