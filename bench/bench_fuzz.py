@@ -38,6 +38,7 @@ from fuzz.conftest import start_te_target  # noqa: E402
 from fuzz.surfaces import (EvilPeer, FuzzFailure, HttpFuzzer, MasterRpcFuzzer, TeWireFuzzer,  # noqa: E402
                            json_body, metadata_routes, proxy_routes, rand_bytes, rand_json_value)
 from mooncake_core.utils.proc import close_piped, spawn_until, stop_process  # noqa: E402
+from mooncake_core.utils.progress import Progress  # noqa: E402
 
 SURFACES = ("te", "master", "metadata", "proxy", "handshake", "params")
 TIMEOUT = [10.0]  # --timeout: how long a server may take to answer one input before it is a hang
@@ -66,8 +67,10 @@ class Run:
 
     def go(self, n: int, seed: int, start: int, every: int, quiet: bool) -> dict:
         before = proc_stats(self.pid)
-        t0 = last = time.monotonic()
+        t0 = time.monotonic()
         done = 0
+        what = f"  [{self.name}]" if start == 0 else f"  [{self.name} from {start}]"
+        prog = Progress(what, n, unit="inputs", every_s=2.0, enabled=not quiet)
         for i in range(start, start + n):
             try:
                 self.one(random.Random(seed * 1_000_003 + i))
@@ -78,20 +81,19 @@ class Run:
                 if len(self.failures) >= 5:
                     break
             done += 1
+            prog.extra["failures"] = len(self.failures)
+            prog.add()
             if done % every == 0:
                 try:
                     self.check()
                 except (AssertionError, Exception) as e:  # noqa: BLE001 - the report names it
                     self.failures.append({"input": i, "error": f"liveness: {type(e).__name__}: {e}"[:500]})
                     break
-            if not quiet and time.monotonic() - last > 10:
-                last = time.monotonic()
-                print(f"  [{self.name}] {done}/{n} inputs, {done / (last - t0):.0f}/s, "
-                      f"{len(self.failures)} failures", file=sys.stderr, flush=True)
         try:
             self.check()
         except (AssertionError, Exception) as e:  # noqa: BLE001
             self.failures.append({"input": "end", "error": f"liveness: {type(e).__name__}: {e}"[:500]})
+        prog.finish()
         secs = time.monotonic() - t0
         after = proc_stats(self.pid)
         return {"surface": self.name, "inputs": done, "seconds": round(secs, 1),
@@ -285,7 +287,8 @@ def run_jobs(a: argparse.Namespace, argv: list[str]) -> int:
         procs, start = [], a.start
         for n in share:
             procs.append(subprocess.Popen([sys.executable, __file__, *keep, "--surface", name, "--inputs", str(n),
-                                           "--start", str(start), "--json", "--quiet"], stdout=subprocess.PIPE))
+                                           "--start", str(start), "--json", *(["--quiet"] if a.quiet else [])],
+                                          stdout=subprocess.PIPE))
             start += n
         if not a.quiet:
             print(f"[{name}] {a.inputs} inputs in {a.jobs} jobs ...", file=sys.stderr, flush=True)
