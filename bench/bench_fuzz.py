@@ -40,6 +40,7 @@ from fuzz.conftest import start_te_target  # noqa: E402
 from fuzz.surfaces import (EvilPeer, FuzzFailure, HttpFuzzer, MasterRpcFuzzer, TeWireFuzzer,  # noqa: E402
                            json_body, metadata_routes, proxy_routes, rand_bytes, rand_json_value)
 from mooncake_core.utils.proc import close_piped, spawn_until, stop_process  # noqa: E402
+from mooncake_core.utils.progress import Progress  # noqa: E402
 
 SURFACES = ("te", "master", "metadata", "proxy", "handshake", "params")
 STOP = threading.Event()  # SIGTERM/SIGINT: finish the input in hand, then report what ran
@@ -69,8 +70,10 @@ class Run:
 
     def go(self, n: int, seed: int, start: int, every: int, quiet: bool) -> dict:
         before = proc_stats(self.pid)
-        t0 = last = time.monotonic()
+        t0 = time.monotonic()
         done = 0
+        what = f"  [{self.name}]" if start == 0 else f"  [{self.name} from {start}]"
+        prog = Progress(what, n, unit="inputs", every_s=2.0, enabled=not quiet)
         for i in range(start, start + n):
             if STOP.is_set():
                 break
@@ -83,20 +86,19 @@ class Run:
                 if len(self.failures) >= 5:
                     break
             done += 1
+            prog.extra["failures"] = len(self.failures)
+            prog.add()
             if done % every == 0:
                 try:
                     self.check()
                 except (AssertionError, Exception) as e:  # noqa: BLE001 - the report names it
                     self.failures.append({"input": i, "error": f"liveness: {type(e).__name__}: {e}"[:500]})
                     break
-            if not quiet and time.monotonic() - last > 10:
-                last = time.monotonic()
-                print(f"  [{self.name}] {done}/{n} inputs, {done / (last - t0):.0f}/s, "
-                      f"{len(self.failures)} failures", file=sys.stderr, flush=True)
         try:
             self.check()
         except (AssertionError, Exception) as e:  # noqa: BLE001
             self.failures.append({"input": "end", "error": f"liveness: {type(e).__name__}: {e}"[:500]})
+        prog.finish()
         secs = time.monotonic() - t0
         after = proc_stats(self.pid)
         return {"surface": self.name, "inputs": done, "seconds": round(secs, 1),

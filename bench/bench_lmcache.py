@@ -57,6 +57,7 @@ from lmcache_harness import LmcPeer, lmcache_python, peer_env, shim_pythonpath  
 
 from mooncake_core.utils.net import free_port, wait_for_port  # noqa: E402
 from mooncake_core.utils.proc import readline_timeout, stop_process  # noqa: E402
+from mooncake_core.utils.progress import Progress  # noqa: E402
 
 HOLDER = os.path.join(ROOT, "bench", "ref_mooncake_store.py")
 GB = 1e9
@@ -201,10 +202,13 @@ def run_interleaved(rows: list[Row], args: Any) -> list[dict]:
     for row in rows:
         row.warm_up(args)
     for step in ("store", "retrieve"):
+        prog = Progress(f"  {step}", args.requests * len(rows), unit="prompts")
         for i in range(args.requests):
             for k in range(len(rows)):
                 row = rows[(i + k) % len(rows)]
                 getattr(row, step)(i, args)
+                prog.add()
+        prog.finish()
     return [row.result(args) for row in rows]
 
 

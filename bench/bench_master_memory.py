@@ -16,10 +16,9 @@ import gc
 import time
 import tracemalloc
 
-from tqdm import tqdm
-
 from mooncake_core.store.master_state import MasterConfig, MasterState
 from mooncake_core.store.protocol import ReplicateConfigMsg
+from mooncake_core.utils.progress import Progress
 
 
 def main() -> None:
@@ -56,9 +55,12 @@ def main() -> None:
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     t0 = time.perf_counter()
-    for k in tqdm(keys, desc="put", unit="obj", mininterval=2.0):
+    prog = Progress("put", len(keys), unit="objects", every_s=2.0)
+    for k in keys:
         st.put_start("client0", k, args.size, cfg)
         st.put_end("client0", k)
+        prog.add()
+    prog.finish()
     dt = time.perf_counter() - t0
     master_bytes = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()

@@ -44,6 +44,7 @@ sys.path.insert(0, ROOT)
 from store_harness import measure_ours_and_ref, start_master, stop_all  # bench/ is on sys.path when run as a script
 
 from mooncake_core.utils.proc import readline_timeout
+from mooncake_core.utils.progress import Progress
 
 
 def _json_line(out: str) -> dict[str, Any]:
@@ -61,12 +62,33 @@ def run_fill(impl: str, python: str, master_cmd: list[str], args, logdir: str) -
                                   "--checkpoints", *map(str, args.checkpoints)],
                                  stdout=subprocess.PIPE, stderr=log, text=True)
             procs.append(p)
-            out, _ = p.communicate(timeout=args.timeout)
-        if p.returncode != 0:
+            result = _follow_fill(p, impl, args)
+            p.wait(timeout=30)
+        if p.returncode != 0 or result is None:
             raise RuntimeError(f"{impl} fill failed with {p.returncode} (logs in {logdir})")
-        return _json_line(out)
+        return result
     finally:
         stop_all(procs)
+
+
+def _follow_fill(p: subprocess.Popen, impl: str, args) -> dict[str, Any] | None:
+    """Read the fill worker's ``{"progress": n}`` lines into a progress line on stderr (once a
+    second at most) until its result line; None when it ends without one. The whole fill is
+    bounded by ``--timeout`` (the worker is killed past it)."""
+    total = args.checkpoints[-1] + args.probes  # the worker probes with fresh keys at each checkpoint
+    prog = Progress(f"[{impl}] fill", total, unit="objects")
+    deadline = time.monotonic() + args.timeout
+    while True:
+        line = readline_timeout(p, max(deadline - time.monotonic(), 0.1), what=f"{impl} fill")
+        if not line:
+            return None
+        msg = json.loads(line) if line.startswith("{") else {}
+        if "progress" in msg:
+            prog.add(int(msg["progress"]) - prog.done)
+        elif "fill" in msg:
+            prog.add(int(msg["fill"]["objects"]) - prog.done)
+            prog.finish()
+            return msg
 
 
 def run_clients(impl: str, python: str, master_cmd: list[str], args, logdir: str, n: int,

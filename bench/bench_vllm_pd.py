@@ -44,10 +44,7 @@ sys.path.insert(0, str(REPO / "tests"))  # checkout_shim, venvs (the harness's i
 from vllm_harness import (VllmServer, free_port, http_json, make_tiny_model, p2p_config,  # noqa: E402
                           start_all, vllm_python)
 
-try:
-    from tqdm import tqdm
-except ImportError:  # pragma: no cover
-    tqdm = None
+from mooncake_core.utils.progress import Progress  # noqa: E402
 
 
 def stream_request(url: str, prompt: list[int], max_tokens: int, timeout: float = 300.0) -> tuple[float, float, int]:
@@ -134,8 +131,13 @@ HANDOFF = {"builtin": "mooncake", "ours-conc": "mooncake-core"}  # the proxy's -
 
 def run_concurrent(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int) -> dict:
     """TTFT / E2E p50 with ``concurrency`` requests in flight (a closed loop over ``prompts``)."""
+    prog = Progress(f"  {concurrency} in flight", len(prompts), unit="requests")
+    res = []
     with ThreadPoolExecutor(concurrency) as ex:
-        res = list(ex.map(lambda p: stream_request(url, p, max_tokens), prompts))
+        for r in ex.map(lambda p: stream_request(url, p, max_tokens), prompts):
+            res.append(r)
+            prog.add()
+    prog.finish()
     bad = [n for _t, _e, n in res if n != max_tokens]
     return {"c_ttft_p50": statistics.median(t for t, _e, _n in res),
             "c_e2e_p50": statistics.median(e for _t, e, _n in res),
@@ -156,8 +158,8 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
         stream_request(url, [5] * 64, 2)  # warm-up (first request compiles / connects)
         ttfts, e2es = [], []
         error = ""
-        it = tqdm(prompts, desc=mode, unit="req") if tqdm else prompts
-        for p in it:
+        prog = Progress(f"[{mode}]", len(prompts), unit="requests")
+        for p in prompts:
             try:
                 t, e, n = stream_request(url, p, max_tokens)
                 if n != max_tokens:
@@ -168,6 +170,8 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
                 break
             ttfts.append(t)
             e2es.append(e)
+            prog.add()
+        prog.finish()
         if not ttfts:
             raise RuntimeError(error or "no request completed")
         out = {"ttft_p50": statistics.median(ttfts), "ttft_mean": statistics.fmean(ttfts),

@@ -7,7 +7,7 @@ project through ``mooncake_core.compat``). Roles:
           objects by ``put_batch`` of ``--batch`` fresh keys up to each ``--checkpoints`` count,
           and at every checkpoint times single ``put`` (fresh keys), ``get`` and ``is_exist``
           (p50/p99 over ``--probes`` calls) and reads the master's RSS (``--master-pid``).
-          Prints one JSON object.
+          Prints ``{"progress": stored}`` lines while filling, then one JSON object (the result).
   clients a client without memory that puts/gets ``--value``-byte objects for ``--seconds``
           (after a start barrier: the file ``--go`` appears) and prints its op count.
 
@@ -98,6 +98,7 @@ def fill(args) -> None:
     cpu_client = cpu_master = 0.0  # CPU seconds of the fill ops: robust to a loaded machine
     batch = args.batch
     vals = [val] * batch
+    told = 0.0  # progress lines for the parent (it prints done/total, rate, ETA): at most 2 a second
     for at in sorted(args.checkpoints):
         while stored < at:
             n = min(batch, at - stored)
@@ -111,6 +112,9 @@ def fill(args) -> None:
                 errors.append(f"put_batch at {stored}: {rc}")
                 break
             stored += n
+            if time.monotonic() - told >= 0.5:
+                told = time.monotonic()
+                print(json.dumps({"progress": stored}), flush=True)
         probe(at)
         stored += args.probes
     filled = stored - args.probes * len(args.checkpoints)

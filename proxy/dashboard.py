@@ -4,10 +4,15 @@ Every figure is derived from the proxy's own Prometheus registry, sampled at eac
 ``mooncake_core.dashboard.window.Window`` (requests/s over 5 s; TTFT/TBT percentiles, 429s and
 prefix-cache hit ratios over the last minute), plus the instances' health and the scheduler's
 load read at that moment -- the same series a Grafana board queries.
+
+Rates need two samples: a task on the proxy's event loop samples once a second from start-up
+(``SAMPLE_S``), so a page's first poll already has them instead of dashes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +30,7 @@ SPAN_S = 60.0
 REQ = "mooncake_proxy_requests_total"
 TTFT = "mooncake_proxy_ttft_seconds"
 TBT = "mooncake_proxy_tbt_seconds"
+SAMPLE_S = 1.0  # background sampling period (s)
 
 
 class ProxyDashboard:
@@ -33,11 +39,36 @@ class ProxyDashboard:
     def __init__(self, server: "ProxyServer") -> None:
         self.server = server
         self.window = Window(SPAN_S)
+        self._sampler: asyncio.Task[None] | None = None
 
     def register(self, app: web.Application) -> None:
         app.router.add_get(DASHBOARD_PATH, self._page)
         app.router.add_get(DASHBOARD_PATH + "/", self._page)
         app.router.add_get(DATA_PATH, self._data)
+        app.on_startup.append(self._start_sampler)
+        app.on_cleanup.append(self._stop_sampler)
+
+    async def _start_sampler(self, app: web.Application) -> None:
+        async def loop() -> None:
+            while True:
+                try:
+                    self.sample()
+                except Exception:  # noqa: BLE001 - a failed sample must not end the sampling
+                    pass
+                await asyncio.sleep(SAMPLE_S)
+        self._sampler = asyncio.get_running_loop().create_task(loop())
+
+    async def _stop_sampler(self, app: web.Application) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+            self._sampler = None
+
+    def sample(self) -> None:
+        """One sample of the registry (the load gauges refreshed first) into the window."""
+        self.server.refresh_load_gauges()
+        self.window.add(sample_from_families(time.monotonic(), self.server.metrics.registry.collect()))
 
     async def _page(self, request: web.Request) -> web.Response:
         return web.Response(body=page_html("proxy"), content_type="text/html", charset="utf-8",
@@ -48,9 +79,8 @@ class ProxyDashboard:
 
     def data(self) -> dict[str, Any]:
         srv = self.server
-        srv.refresh_load_gauges()
+        self.sample()
         w = self.window
-        w.add(sample_from_families(time.monotonic(), srv.metrics.registry.collect()))
         s = w.latest
         assert s is not None
         by_prefill = w.rates_by("mooncake_proxy_scheduler_decisions_total", "prefill", over_s=RATE_S)

@@ -29,13 +29,17 @@ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 |
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   echo "[install] apt-get install ${need_apt[*]}"
+  t=$SECONDS
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  echo "[install]   (apt-get: $((SECONDS - t)) s)"
 fi
 
 PY=${PYTHON:-python3}
 echo "[install] pip install -e .[test,torch,plot,fast,lint]"
+t=$SECONDS
 $PY -m pip install -q --disable-pip-version-check -e ".[test,torch,plot,fast,lint]"
+echo "[install]   (pip: $((SECONDS - t)) s)"
 if [ "$with_fw" = 1 ]; then
   # lmcache goes into the vLLM venv (after vllm); nixl last: it installs into the sglang and vllm venvs
   for fw in sglang vllm lmcache lmdeploy nixl; do

@@ -20,35 +20,20 @@ for a in "$@"; do
   esac
 done
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="${LMCACHE_VENV:-${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/vllm}}"
 VER="${LMCACHE_VERSION:-0.5.6}"
-LOCK="$(dirname "$VENV")/.$(basename "$VENV").lock"  # /work/venvs/.vllm.lock for the shared venv
-start=$(date +%s)
-
-VPY="$VENV/bin/python"
-if [ ! -x "$VPY" ]; then
-  echo "[install_lmcache] $VENV has no python: run scripts/install_vllm.sh first" >&2
-  exit 1
-fi
-mkdir -p "$(dirname "$LOCK")"
-# The machine's pip config lists local indexes that lack most packages; hide pip's noise about them.
-locked() { flock "$LOCK" "$@"; }
-pipi() { locked "$VPY" -m pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
+. "$REPO/scripts/_venv.sh"
+venv_init install_lmcache "${LMCACHE_VENV:-${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/vllm}}" require
 
 TORCH="$("$VPY" -c 'import importlib.metadata as m; print(m.version("torch").split("+")[0])' 2>/dev/null || echo 2.13.0)"
-if ! "$VPY" - "$VER" <<'EOF' >/dev/null 2>&1
-import sys, importlib.metadata as m
-assert m.version("lmcache") == sys.argv[1]
-EOF
-then
-  echo "[install_lmcache] pip install lmcache==$VER (torch pinned to $TORCH; about 1.9 GB download)"
+if ! have lmcache "$VER"; then
+  step "pip install lmcache==$VER (torch pinned to $TORCH; about 1.9 GB download)"
   pipi "lmcache==$VER" "torch==$TORCH"
 fi
 
 # LMCache's requirements bring these back; their PyPI builds break `import vllm` next to the CPU torch.
 for p in torchvision torchaudio torchcodec; do
   if "$VPY" -m pip show -q "$p" >/dev/null 2>&1; then
-    echo "[install_lmcache] uninstall $p"
+    step "uninstall $p"
     locked "$VPY" -m pip uninstall -y -q "$p"
   fi
 done
@@ -57,18 +42,18 @@ done
 # packages are then left over, required by nobody, and make `pip check` fail: drop them.
 for p in opentelemetry-exporter-otlp-common opentelemetry-exporter-http-transport; do
   if "$VPY" -m pip show "$p" 2>/dev/null | grep -qx "Required-by: *"; then
-    echo "[install_lmcache] uninstall $p (left over, required by nobody)"
+    step "uninstall $p (left over, required by nobody)"
     locked "$VPY" -m pip uninstall -y -q "$p"
   fi
 done
 
 # this repo (the native connector module LMCache loads by name) must be importable there
 if ! "$VPY" -c "import mooncake_connectors" >/dev/null 2>&1; then
-  echo "[install_lmcache] installing this repo (editable, no deps)"
+  step "installing this repo (editable, no deps)"
   pipi --no-deps -e "$REPO"
 fi
 
+step "import check"
 "$VPY" -c "import lmcache, lmcache.v1.cache_engine, vllm, mooncake_core; \
 print('[install_lmcache] lmcache', lmcache.__version__ if hasattr(lmcache, '__version__') else '?', 'OK')"
-end=$(date +%s)
-echo "[install_lmcache] done in $((end - start)) s"
+venv_done

@@ -27,36 +27,17 @@ for a in "$@"; do
   esac
 done
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="${LMDEPLOY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/lmdeploy}"
-PY="${PYTHON:-python3}"
 VER="${LMDEPLOY_VERSION:-0.18.0}"
-start=$(date +%s)
-
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[install_lmdeploy] creating venv $VENV"
-  mkdir -p "$(dirname "$VENV")"
-  "$PY" -m venv "$VENV"
-fi
-VPY="$VENV/bin/python"
-# The machine's pip config lists local indexes that lack most packages; hide pip's noise about them.
-# lmdeploy is installed with --no-deps on purpose, so pip's resolver lists its (CUDA) requirements
-# as missing after every later install; that list is expected and filtered out as well.
-pipi() { "$VPY" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
-  | { grep -v -e "^WARNING: Location" -e "^lmdeploy [0-9.]* requires " \
-              -e "^ERROR: pip's dependency resolver does not currently" \
-              -e "^This behaviour is the source of the following" || true; }; }
-have() { "$VPY" - "$1" "$2" >/dev/null 2>&1 <<'EOF'
-import sys, importlib.metadata as m
-assert m.version(sys.argv[1]).split("+")[0] == sys.argv[2]
-EOF
-}
+. "$REPO/scripts/_venv.sh"
+venv_init install_lmdeploy "${LMDEPLOY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/lmdeploy}"
+PIP_NODEPS_PKG=lmdeploy  # installed with --no-deps on purpose: pip's list of its missing (CUDA) requirements is noise
 
 if ! have torch 2.13.0; then
-  echo "[install_lmdeploy] pip install torch==2.13.0 (CPU; local wheel when present)"
+  step "pip install torch==2.13.0 (CPU; local wheel when present)"
   pipi torch==2.13.0
 fi
 if ! have lmdeploy "$VER"; then
-  echo "[install_lmdeploy] pip install --no-deps lmdeploy==$VER"
+  step "pip install --no-deps lmdeploy==$VER"
   pipi --no-deps "lmdeploy==$VER"
 fi
 
@@ -66,18 +47,19 @@ LIGHT=(numpy fastapi uvicorn "pydantic>2.0.0" mmengine-lite shortuuid pyzmq "ope
        "transformers>=4.56.0,!=5.0.*,!=5.1.*,!=5.2.*,!=5.3.*,!=5.4.*,!=5.5.0,!=5.7.*,!=5.8.*,!=5.9.*"
        fire aiohttp requests prometheus-client pillow safetensors einops cloudpickle partial_json_parser
        pybase64 protobuf psutil)
-echo "[install_lmdeploy] pip install the light packages LMDeploy's serving modules import (torch pinned)"
+step "pip install the light packages LMDeploy's serving modules import (torch pinned)"
 pipi "torch==2.13.0" "${LIGHT[@]}"
 # The model agent (imported by the executors) imports xgrammar; its triton requirement is GPU-only.
 if ! have xgrammar 0.2.9; then
-  echo "[install_lmdeploy] pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.11"
+  step "pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.11"
   pipi --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.11
 fi
 
-echo "[install_lmdeploy] installing this repo (editable, no deps) + its runtime deps"
+step "installing this repo (editable, no deps) + its runtime deps"
 pipi numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers
 pipi --no-deps -e "$REPO"
 
+step "import check"
 "$VPY" - <<'EOF'
 import importlib
 import lmdeploy.pytorch.engine  # first: lmdeploy.pytorch.disagg.conn.engine_conn imports it circularly
@@ -92,5 +74,4 @@ import lmdeploy
 from mooncake_connectors.lmdeploy import backend_class
 print("[install_lmdeploy] lmdeploy", lmdeploy.__version__, "OK; Mooncake ->", backend_class().__name__)
 EOF
-end=$(date +%s)
-echo "[install_lmdeploy] done in $((end - start)) s; venv size $(du -sh "$VENV" | cut -f1)"
+venv_done

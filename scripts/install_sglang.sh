@@ -19,44 +19,25 @@
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,18p' "$0"; exit 0 ;; esac
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="${SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/sglang}"
-PY="${PYTHON:-python3}"
 VER="${SGLANG_VERSION:-0.5.23}"
-start=$(date +%s)
-
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[install_sglang] creating venv $VENV"
-  mkdir -p "$(dirname "$VENV")"
-  "$PY" -m venv "$VENV"
-fi
-VPY="$VENV/bin/python"
-# The machine's pip config lists local indexes that lack most packages; hide pip's noise about them.
-# sglang is installed with --no-deps on purpose, so pip's resolver lists its (CUDA) requirements
-# as missing after every later install; that list is expected and filtered out as well.
-pipi() { "$VPY" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
-  | { grep -v -e "^WARNING: Location" -e "^sglang [0-9.]* requires " \
-              -e "^ERROR: pip's dependency resolver does not currently" \
-              -e "^This behaviour is the source of the following" || true; }; }
-have() { "$VPY" - "$1" "$2" >/dev/null 2>&1 <<'EOF'
-import sys, importlib.metadata as m
-assert m.version(sys.argv[1]) == sys.argv[2]
-EOF
-}
+. "$REPO/scripts/_venv.sh"
+venv_init install_sglang "${SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/sglang}"
+PIP_NODEPS_PKG=sglang  # installed with --no-deps on purpose: pip's list of its missing (CUDA) requirements is noise
 
 # torch/torchvision are pinned for every later pip call so that no requirement upgrades them.
 CONSTRAINTS="$VENV/mooncake-sglang-constraints.txt"
 printf 'torch==2.14.1\ntorchvision==0.29.1\n' > "$CONSTRAINTS"
 
 if ! have torch 2.14.1 || ! have torchvision 0.29.1; then
-  echo "[install_sglang] pip install torch==2.14.1 torchvision==0.29.1 (local wheels when present)"
+  step "pip install torch==2.14.1 torchvision==0.29.1 (local wheels when present)"
   pipi torch==2.14.1 torchvision==0.29.1
 fi
 if ! "$VPY" -c "import triton, sys; sys.exit(0 if triton.__version__.startswith('3.8') else 1)" >/dev/null 2>&1; then
-  echo "[install_sglang] pip install triton~=3.8.0"
+  step "pip install triton~=3.8.0"
   pipi -c "$CONSTRAINTS" "triton~=3.8.0"
 fi
 if ! have sglang "$VER"; then
-  echo "[install_sglang] pip install --no-deps sglang==$VER"
+  step "pip install --no-deps sglang==$VER"
   pipi --no-deps "sglang==$VER"
 fi
 
@@ -114,26 +95,27 @@ fi
 STAMP="$VENV/.mooncake-sglang-reqs.sha"
 SUM="$(sha256sum "$REQS" | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$SUM" ]; then
-  echo "[install_sglang] pip install -r $(basename "$REQS") (torch pinned)"
+  step "pip install -r $(basename "$REQS") (torch pinned)"
   pipi -c "$CONSTRAINTS" -r "$REQS"
   echo "$SUM" > "$STAMP"
 fi
 if ! have sglang-router 0.3.2; then
-  echo "[install_sglang] pip install sglang-router==0.3.2"
+  step "pip install sglang-router==0.3.2"
   pipi -c "$CONSTRAINTS" "sglang-router==0.3.2"
 fi
 
 if [ "${SGLANG_WITH_NIXL:-0}" = "1" ] && ! "$VPY" -c "import nixl._api" >/dev/null 2>&1; then
   # the `nixl` meta package would pull the CUDA 12 build; torch here is the CUDA 13 build
-  echo "[install_sglang] pip install nixl-cu13 + nixl (--no-deps)"
+  step "pip install nixl-cu13 + nixl (--no-deps)"
   pipi -c "$CONSTRAINTS" nixl-cu13==1.5.1
   pipi --no-deps nixl==1.5.1
 fi
 
-echo "[install_sglang] installing this repo (editable, no deps) + its runtime deps"
+step "installing this repo (editable, no deps) + its runtime deps"
 pipi -c "$CONSTRAINTS" numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers regex pluggy
 pipi --no-deps -e "$REPO"
 
+step "import check"
 "$VPY" -W ignore - <<'EOF'
 import importlib.metadata as m
 import sglang, mooncake_core, mooncake_connectors.sglang  # noqa: F401
@@ -141,5 +123,4 @@ import sglang.srt.disaggregation.mooncake.conn  # noqa: F401  (imports without a
 eps = [e.name for e in m.entry_points(group="sglang.srt.plugins")]
 print("[install_sglang] sglang", m.version("sglang"), "torch", m.version("torch"), "plugins", eps, "OK")
 EOF
-end=$(date +%s)
-echo "[install_sglang] done in $((end - start)) s; venv size $(du -sh "$VENV" | cut -f1)"
+venv_done

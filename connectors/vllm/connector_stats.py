@@ -68,12 +68,24 @@ P2P_COUNTERS: Counters = {
     S.PULLED_BLOCKS: ("kv_pulled_blocks", "KV blocks this decode read from prefill instances."),
     S.LEASES_EXPIRED: ("kv_leases_expired", "Requests whose KV blocks this prefill freed when the lease "
                                             "expired, without a decode's confirmation."),
+    # scheduler side
+    S.REMOTE_REQUESTS: ("kv_remote_requests", "Requests this decode's scheduler set to load their KV from a "
+                                              "prefill."),
+    S.REMOTE_BLOCKS: ("kv_remote_blocks", "KV blocks this decode's scheduler allocated for loads from prefills."),
+    S.REMOTE_LOCAL_HITS: ("kv_remote_local_hits", "Requests with a remote prefill that this decode had fully "
+                                                  "cached (the prefill was released, nothing read)."),
+    S.HANDOFF_REQUESTS: ("kv_handoff_requests", "Finished requests whose KV blocks this prefill's scheduler held "
+                                                "for a decode."),
+    S.HANDOFF_BLOCKS: ("kv_handoff_blocks", "KV blocks this prefill's scheduler held for decodes."),
 }
 P2P_HISTOGRAMS: Histograms = {
     S.PULL_SECONDS: ("kv_pull_seconds", "Time to read one request's KV from the prefill (decode side).",
                      SECONDS_BUCKETS),
     S.HOLD_SECONDS: ("kv_hold_seconds", "Time a prefill held a finished request's KV blocks until the decode "
                                         "released them.", HOLD_BUCKETS),
+    S.REMOTE_WAIT_SECONDS: ("kv_remote_wait_seconds", "Time a decode request waited for its KV (scheduler view: "
+                                                      "blocks allocated until the worker reported them received).",
+                            HOLD_BUCKETS),
 }
 STORE_COUNTERS: Counters = {
     S.LOOKUP_HIT_BLOCKS: ("store_hit_blocks", "KV blocks found in the Mooncake Store (leading prefix) by "

@@ -249,7 +249,9 @@ class MooncakeCoreConnector(StatsHook, KVConnectorBase_V1):
             self._worker.shutdown()
 
     def stats_recorder(self) -> S.StatsRecorder | None:
-        return self._worker.stats if self._worker is not None else None  # the scheduler side records nothing
+        # vLLM 0.32's Scheduler.update_from_output asks the scheduler-side connector too
+        # (vllm/v1/core/sched/scheduler.py: "Scheduler-side KV connector stats") and aggregates
+        return self._worker.stats if self._worker is not None else self._sched.stats if self._sched else None
 
 
 # =====================================================================================  scheduler
@@ -265,7 +267,8 @@ class _Scheduler:
         self._send: dict[str, SendReq] = {}
         self._releases: list[tuple[str, str]] = []
         self._cancels: list[str] = []
-        self._loading: set[str] = set()  # decode requests handed to the worker, not yet reported received
+        self._loading: dict[str, float] = {}  # decode requests handed to the worker, not yet received: since
+        self.stats = S.StatsRecorder()  # what the scheduler decided (requests, blocks, waits): vLLM's stats hook
 
     def set_handshake(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
         hs = metadata.get(0)
@@ -330,11 +333,15 @@ class _Scheduler:
         if who is not None:
             if num_external_tokens > 0:
                 hashed = sum(1 for b in blocks.blocks[0] if b.block_hash is not None)
-                self._recv.append(RecvReq(request.request_id, rp, blocks.get_unhashed_block_ids(), hashed,
+                ids = blocks.get_unhashed_block_ids()
+                self._recv.append(RecvReq(request.request_id, rp, ids, hashed,
                                           pending, hashed * self.block_size + num_external_tokens))
-                self._loading.add(request.request_id)
+                self._loading[request.request_id] = time.monotonic()
+                self.stats.add(S.REMOTE_REQUESTS)
+                self.stats.add(S.REMOTE_BLOCKS, len(ids))
             else:  # full local prefix hit (or lease gone): tell the prefill to free its blocks
                 self._releases.append((who.segment, who.transfer_id))
+                self.stats.add(S.REMOTE_LOCAL_HITS)
         params["do_remote_prefill"] = False  # exactly one transfer per request
 
     def build_connector_meta(self) -> MooncakeConnectorMetadata:
@@ -344,7 +351,11 @@ class _Scheduler:
         return meta
 
     def update_connector_output(self, output: Any) -> None:
-        self._loading.difference_update(output.finished_recving or ())
+        now = time.monotonic()
+        for rid in output.finished_recving or ():
+            t0 = self._loading.pop(rid, None)
+            if t0 is not None:
+                self.stats.observe(S.REMOTE_WAIT_SECONDS, now - t0)
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         from vllm.v1.request import RequestStatus
@@ -353,7 +364,7 @@ class _Scheduler:
         if request.request_id in self._loading:
             # Aborted while its KV loads: keep the blocks (a read may be writing them) until the
             # worker reports the request received; it drops a read not yet started.
-            self._loading.discard(request.request_id)
+            del self._loading[request.request_id]
             self._cancels.append(request.request_id)
             return True, None
         if wants_remote_prefill(params):
@@ -389,6 +400,8 @@ class _Scheduler:
         out = rp.to_params()
         # concurrent hand-off: the worker sends these to the decode that asks for ``tid``
         self._send[request.request_id] = SendReq(tid, expiry, out if chosen else None)
+        self.stats.add(S.HANDOFF_REQUESTS)
+        self.stats.add(S.HANDOFF_BLOCKS, len(block_ids))
         return True, out
 
 

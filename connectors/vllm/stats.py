@@ -24,6 +24,13 @@ HOLD_SECONDS = "hold_seconds"      # prefill: blocks held for a decode, until re
 LEASES_EXPIRED = "leases_expired"  # prefill: blocks freed by the lease, no decode confirmed
 #: decode: why a request's KV did not arrive (then ``kv_load_failure_policy`` applies)
 P2P_FAILURES = ("start", "read", "lease", "no_ready", "bad_ready", "unreachable")
+# scheduler side of the P2P connector (vLLM's scheduler calls get_kv_connector_stats too)
+REMOTE_REQUESTS = "remote_requests"          # decode: requests scheduled to load their KV from a prefill
+REMOTE_BLOCKS = "remote_blocks"              # decode: blocks allocated for those loads
+REMOTE_LOCAL_HITS = "remote_local_hits"      # decode: remote-prefill requests fully cached here (released)
+REMOTE_WAIT_SECONDS = "remote_wait_seconds"  # decode: blocks allocated -> worker reports the KV received
+HANDOFF_REQUESTS = "handoff_requests"        # prefill: finished requests whose blocks it holds for a decode
+HANDOFF_BLOCKS = "handoff_blocks"            # prefill: blocks promised to decodes
 
 # ---------------------------------------------------------------- MooncakeCoreStoreConnector
 LOOKUP_HIT_BLOCKS = "lookup_hit_blocks"    # scheduler: blocks the store had (leading prefix)

@@ -152,6 +152,11 @@ BOARDS: dict[str, tuple[str, str, str, list[tuple[str, list[tuple[str, str, list
             ("Prefill: KV held for the decode", "s", [(pq(q, V + "kv_hold_seconds_bucket"), f"p{int(q * 100)}")
                                                       for q in (0.5, 0.99)]),
             ("Prefill: leases expired", "ops", [(rate(V + "kv_leases_expired_total", "instance"), "{{instance}}")]),
+            ("Scheduler: hand-offs", "ops", [(rate(V + "kv_remote_requests_total"), "decode: remote prefills"),
+                                             (rate(V + "kv_remote_local_hits_total"), "decode: fully cached here"),
+                                             (rate(V + "kv_handoff_requests_total"), "prefill: held for a decode")]),
+            ("Scheduler: decode wait for KV", "s", [(pq(q, V + "kv_remote_wait_seconds_bucket"), f"p{int(q * 100)}")
+                                                    for q in (0.5, 0.99)]),
         ]),
         ("Store (MooncakeCoreStoreConnector)", [
             ("Store hit ratio (blocks)", "percentunit", [

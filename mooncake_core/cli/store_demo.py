@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 from mooncake_core.utils.net import free_port, wait_for_port
 from mooncake_core.utils.proc import stop_process
@@ -37,6 +37,23 @@ def _timed(rounds: int, round_fn: Callable[[int], tuple[bool, float, float]]) ->
             ok = False
             break
     return ok, Rounds(tuple(puts)), Rounds(tuple(gets))
+
+
+T = TypeVar("T")
+
+
+def _timed_round(put: Callable[[], int], get: Callable[[], T], check: Callable[[T], bool],
+                 cleanup: Callable[[], object] | None = None) -> tuple[bool, float, float]:
+    """One round for ``_timed``: ``put()`` (-> rc) then ``get()``, each timed alone; ``check`` of
+    what the get returned and ``cleanup`` (dropping a later round's fresh keys) run untimed."""
+    t0 = time.perf_counter()
+    rc = put()
+    t1 = time.perf_counter()
+    got = get()
+    t2 = time.perf_counter()
+    if cleanup is not None:
+        cleanup()
+    return rc == 0 and check(got), t1 - t0, t2 - t1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,14 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def single(i: int) -> tuple[bool, float, float]:
             key, v = ("demo/hello", value) if i == 0 else (f"demo/round/{i}", rng.bytes(size))
-            t0 = time.perf_counter()
-            rc = store.put(key, v)
-            t1 = time.perf_counter()
-            got = store.get(key)
-            t2 = time.perf_counter()
-            if i:
-                store.remove(key, force=True)
-            return rc == 0 and got == v, t1 - t0, t2 - t1
+            return _timed_round(lambda: store.put(key, v), lambda: store.get(key), lambda got: got == v,
+                                (lambda: store.remove(key, force=True)) if i else None)
         ok, tp, tg = _timed(args.rounds, single)
         check(ok, f"put/get {format_size(size)}: put {tp.rate(size)}, get {tg.rate(size)}")
         check(store.is_exist("demo/hello") == 1 and store.get_size("demo/hello") == size,
@@ -129,14 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         def batch(r: int) -> tuple[bool, float, float]:
             ks = keys if r == 0 else [f"demo/round/{r}/{i}" for i in range(args.count)]
             vals = [rng.bytes(size) for _ in ks]
-            t0 = time.perf_counter()
-            rc = store.put_batch(ks, vals)
-            t1 = time.perf_counter()
-            got_all = store.get_batch(ks)
-            t2 = time.perf_counter()
-            if r:
-                store.batch_remove(ks, force=True)
-            return rc == 0 and got_all == vals, t1 - t0, t2 - t1
+            return _timed_round(lambda: store.put_batch(ks, vals), lambda: store.get_batch(ks),
+                                lambda got: got == vals, (lambda: store.batch_remove(ks, force=True)) if r else None)
         ok, tp, tg = _timed(args.rounds, batch)
         check(ok, f"put_batch/get_batch {len(keys)} x {format_size(size)}: put {tp.rate(total)}, "
                   f"get {tg.rate(total)}")
@@ -150,14 +155,10 @@ def main(argv: list[str] | None = None) -> int:
             key = "demo/zero-copy" if i == 0 else f"demo/round/zc/{i}"
             src[:] = np.frombuffer(rng.bytes(size), dtype=np.uint8)
             dst[:] = 0
-            t0 = time.perf_counter()
-            rc = store.put_from(key, int(src.ctypes.data), src.nbytes)
-            t1 = time.perf_counter()
-            n = store.get_into(key, int(dst.ctypes.data), dst.nbytes)
-            t2 = time.perf_counter()
-            if i:
-                store.remove(key, force=True)
-            return rc == 0 and n == size and bool(np.array_equal(src, dst)), t1 - t0, t2 - t1
+            return _timed_round(lambda: store.put_from(key, int(src.ctypes.data), src.nbytes),
+                                lambda: store.get_into(key, int(dst.ctypes.data), dst.nbytes),
+                                lambda n: n == size and bool(np.array_equal(src, dst)),
+                                (lambda: store.remove(key, force=True)) if i else None)
         ok, tp, tg = _timed(args.rounds, zero_copy)
         check(ok, f"put_from/get_into {format_size(size)}: put {tp.rate(size)}, get {tg.rate(size)}")
         store.unregister_buffer(int(src.ctypes.data))

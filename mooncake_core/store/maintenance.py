@@ -23,6 +23,7 @@ from mooncake_core.store.protocol import HeartbeatReply, OffloadTask
 from mooncake_core.store.types import ReplicateConfig
 from sortedcontainers import SortedDict
 from mooncake_core.utils.log import get_logger
+from mooncake_core.utils.progress import Progress, log_sink
 
 if TYPE_CHECKING:
     from mooncake_core.store.internals import StoreInternals
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["Maintenance", "heartbeat_interval_s"]
 
 log = get_logger("mooncake.store.client")
+
+#: seconds between the progress lines of a long offload sweep or re-mount check
+PROGRESS_S = 2.0
 
 
 def heartbeat_interval_s() -> float:
@@ -136,7 +140,11 @@ class Maintenance:
         report = []
         versions: list[int] = []
         stale = []
-        for e in core.owned.newest_first():
+        entries = core.owned.newest_first()
+        check = Progress("re-mount: checking owned objects", len(entries), unit="objects", every_s=PROGRESS_S,
+                         sink=log_sink(log))
+        for e in entries:
+            check.add()
             r = e.replica
             lo, hi = r.addr, r.addr + r.size
             i = taken.bisect_left(hi) - 1  # the reported range starting last before hi
@@ -171,21 +179,37 @@ class Maintenance:
                 q.put(t)
 
     def _offload_loop(self, q: queue.Queue[OffloadTask | None]) -> None:
+        # a sweep: the tasks from the first after an idle queue until it idles again; one that
+        # lasts logs its progress every PROGRESS_S (done/queued, objects/s, ETA, bytes, failed)
+        sweep: Progress | None = None
         while True:
-            task = q.get()
+            try:  # a sweep ends once no task came for two heartbeats (tasks come with heartbeat replies)
+                task = q.get(timeout=max(PROGRESS_S, 2 * heartbeat_interval_s())) if sweep is not None else q.get()
+            except queue.Empty:
+                if sweep is not None and sweep.reports:
+                    sweep.finish()
+                sweep = None
+                continue
             if task is None:
                 return
+            if sweep is None:
+                sweep = Progress("SSD offload sweep", unit="objects", every_s=PROGRESS_S, sink=log_sink(log))
+            written = 0
             try:
                 if self.core.ready:
-                    self._run_offload(task)
+                    written = self._run_offload(task)
             except MooncakeError as e:
                 log.warning("offload of %r: %s", task.key, e)
             except Exception:
                 log.exception("offload of %r failed", task.key)
             finally:
                 self._offload_pending.discard(task.key)
+            sweep.total = sweep.done + 1 + q.qsize()
+            sweep.add(1, bytes=written, failed=0 if written else 1)
 
-    def _run_offload(self, task: OffloadTask) -> None:
+    def _run_offload(self, task: OffloadTask) -> int:
+        """Write one object's file and tell the master; returns the bytes written (0: failed)."""
+
         core = self.core
         key, replica = task.key, task.replica
         seg = core.segment
@@ -206,6 +230,7 @@ class Maintenance:
         else:
             core.master.offload_failed(core.client_id, key)
         core.owned.discard([key])
+        return replica.size if ok else 0
 
     # ------------------------------------------------------------------ promotion on hit
     def promote(self, key: str, data: bytes) -> None:

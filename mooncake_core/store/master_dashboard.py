@@ -10,6 +10,11 @@ does not slow the RPC loop.
 Transfer Engine figures: a master moves no bytes itself; with ``--dashboard_te_metrics`` it
 scrapes the given engines' /metrics endpoints (bounded by a short timeout each) and shows bytes/s
 per transport.
+
+Rates need two samples. ``start()`` samples once a second in the background from the master's
+start on (one registry walk and one scrape per TE endpoint a second), so a page's *first* poll
+already shows rates over the last seconds instead of dashes; polls add samples too (throttled by
+the window), so a master without the sampler still works from its second poll on.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ if TYPE_CHECKING:
 RATE_S = 5.0
 SPAN_S = 60.0
 TE_SCRAPE_TIMEOUT_S = 0.5
+#: seconds between two background samples (``MasterDashboard.start``)
+SAMPLE_S = 1.0
 
 
 def _host_of(segment: str) -> str:
@@ -66,6 +73,48 @@ class MasterDashboard:
         self.te_errors: dict[str, str] = {}
         self._scrape = scrape
         self._lock = threading.Lock()  # pages poll from several HTTP threads
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, interval_s: float = SAMPLE_S) -> "MasterDashboard":
+        """Sample every ``interval_s`` in a daemon thread until ``close`` (see the module text)."""
+        def loop() -> None:
+            while True:
+                try:
+                    self.sample()
+                except Exception:  # noqa: BLE001 - a failed sample must not end the sampling
+                    pass
+                if self._stop.wait(interval_s):
+                    return
+        self._thread = threading.Thread(target=loop, name="mooncake-dashboard-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def sample(self) -> None:
+        """One sample of the registry and of each TE endpoint into their windows."""
+        with self._lock:
+            self._sample(self.clock())
+
+    def _sample(self, now: float) -> None:
+        reg = self.server.registry
+        if reg is not None:
+            self.window.add(sample_from_families(now, reg.collect()))
+        for ep in self.te_endpoints:
+            w = self.te_windows[ep]
+            if w.latest is not None and now - w.latest.t < w.min_step_s:
+                continue  # sampled just now: no second scrape
+            try:
+                text = self._scrape(te_metrics_url(ep), TE_SCRAPE_TIMEOUT_S)
+                w.add(sample_from_text(now, text))
+                self.te_errors.pop(ep, None)
+            except (OSError, ValueError) as e:
+                self.te_errors[ep] = f"{type(e).__name__}: {e}"
 
     def data(self) -> dict[str, Any]:
         with self._lock:
@@ -74,9 +123,7 @@ class MasterDashboard:
     def _data(self) -> dict[str, Any]:
         srv, st = self.server, self.server.state
         now = self.clock()
-        reg = srv.registry
-        if reg is not None:
-            self.window.add(sample_from_families(now, reg.collect()))
+        self._sample(now)
         with srv.lock:
             mono = st.clock()
             segments = [{"name": s.name, "owner": s.client_id, "host": _host_of(s.name), "capacity": s.size,
@@ -128,18 +175,12 @@ class MasterDashboard:
                 "keys": w.value_series("mooncake_master_keys"),
                 "used_bytes": w.value_series("mooncake_master_used_bytes"),
             },
-            **self._te(now),
+            **self._te(),
         }
 
-    def _te(self, now: float) -> dict[str, Any]:
+    def _te(self) -> dict[str, Any]:
         rows: list[dict[str, Any]] = []
         for ep in self.te_endpoints:
-            try:
-                text = self._scrape(te_metrics_url(ep), TE_SCRAPE_TIMEOUT_S)
-                self.te_windows[ep].add(sample_from_text(now, text))
-                self.te_errors.pop(ep, None)
-            except (OSError, ValueError) as e:
-                self.te_errors[ep] = f"{type(e).__name__}: {e}"
             w = self.te_windows[ep]
             latest = w.latest
             if latest is None:

@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             mhost = v["metrics_address"] or "0.0.0.0"
             dash = MasterDashboard(server, ha_enabled=v["enable_ha"],
-                                   te_endpoints=v["dashboard_te_metrics"].split(","))
+                                   te_endpoints=v["dashboard_te_metrics"].split(",")).start()
             mport = start_metrics_server(v["metrics_port"], host=mhost, registry=registry,
                                          routes=routes(dash))
             log.info("metrics listening (read-only, no authentication); dashboard at /dashboard",

@@ -108,3 +108,14 @@ def test_master_data_endpoint_serves_json(master: Master) -> None:
     assert d["service"] == "master" and d["ha"] == {"enabled": False, "leader": True, "epoch": d["ha"]["epoch"]}
     assert d["segments"] == [] and d["summary"]["keys"] == 0
     assert d["te"] == [] and "Connection refused" in d["te_note"]  # no engine there yet: said, not hidden
+
+
+def test_first_poll_already_has_rates(master: Master) -> None:
+    """The master samples its registry once a second from start-up, so the very first poll of
+    data.json (nobody polled before) carries rates, not nulls the page would show as dashes."""
+    time.sleep(1.5)
+    with urllib.request.urlopen(f"http://127.0.0.1:{master.metrics_port}/dashboard/data.json", timeout=5) as r:
+        d = json.loads(r.read())
+    s = d["summary"]
+    assert s["put_rate"] == 0.0 and s["get_rate"] == 0.0, s
+    assert len(d["series"]["put_rate"]) >= 1

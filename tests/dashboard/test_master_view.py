@@ -3,6 +3,8 @@ port (no sockets): segment rows, objects per segment, rates from the window, TE 
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from mooncake_core.store.master_dashboard import MasterDashboard, _host_of, te_metrics_url
@@ -59,3 +61,36 @@ def test_segments_objects_rates_and_te_rows() -> None:
 def test_helpers() -> None:
     assert _host_of("[::1]:5000") == "::1" and _host_of("h:1") == "h" and _host_of("plain") == "plain"
     assert te_metrics_url("h:1") == "http://h:1/metrics" and te_metrics_url("https://x/metrics") == "https://x/metrics"
+
+
+def test_background_samples_give_rates_on_the_first_poll() -> None:
+    """The sampler (``start``) keeps the window filled before any page asks: the first
+    ``data()`` of a page already has rates (here 3 puts in the 1.5 s since the last sample)."""
+    clock = Clock()
+    state = MasterState(clock=clock)
+    server = MasterServer(state, "127.0.0.1", 0, registry=CollectorRegistry())
+    dash = MasterDashboard(server, clock=clock)
+    state.mount_segment("c1", "10.0.0.5:12345", 0x1000, 1 << 20)
+    dash.sample()  # what the background thread does once a second
+    for i in range(3):
+        state.put_start("c1", f"k{i}", 1000)
+        state.put_end("c1", f"k{i}")
+    clock.t += 1.5
+    d = dash.data()  # the first poll
+    assert d["summary"]["put_rate"] == 2.0 and d["summary"]["get_rate"] == 0.0
+    assert len(d["series"]["put_rate"]) == 1
+
+
+def test_sampler_thread_samples_until_closed() -> None:
+    server = MasterServer(MasterState(), "127.0.0.1", 0, registry=CollectorRegistry())
+    dash = MasterDashboard(server).start(interval_s=0.6)
+    try:
+        deadline = time.monotonic() + 10
+        while len(dash.window) < 2:
+            assert time.monotonic() < deadline, "the sampler took no second sample"
+            time.sleep(0.05)
+    finally:
+        dash.close()
+    n = len(dash.window)
+    time.sleep(0.8)
+    assert len(dash.window) == n and dash._thread is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -65,3 +66,15 @@ def test_page_is_self_contained() -> None:
         assert f'data-service="{svc}"' in html
     with pytest.raises(ValueError, match="unknown service"):
         page_html("nope")
+
+
+def test_proxy_first_poll_already_has_rates(spawn: Any) -> None:  # noqa: F811
+    """Sampled once a second from start-up: the first poll of data.json has requests/s."""
+    _pre, pport = spawn(["-m", "mooncake_proxy.fake_engine", "--name", "P"], "fake_engine")
+    _dec, dport = spawn(["-m", "mooncake_proxy.fake_engine", "--name", "D"], "fake_engine")
+    _proxy, port = spawn(["-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", "0",
+                          "--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(pport),
+                          "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(dport)], "mooncake_proxy")
+    time.sleep(1.5)
+    d = httpx.get(f"http://127.0.0.1:{port}/dashboard/data.json", timeout=5).json()
+    assert d["summary"]["req_rate"] == 0.0, d["summary"]

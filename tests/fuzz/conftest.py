@@ -12,11 +12,12 @@ import random
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, ClassVar, Iterator
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from line_peer import LinePeer, spawn_line_peer  # tests/ is on sys.path (rootdir conftest)
 
 from mooncake_core.utils.proc import close_piped
 
@@ -49,7 +50,8 @@ def fuzz(one: Callable[[random.Random], object], check: Callable[[int], None] | 
 
 
 @dataclass
-class TeTarget:
+class TeTarget(LinePeer):
+    what: ClassVar[str] = "te_target"
     proc: subprocess.Popen
     segment: str
     rpc_port: int
@@ -60,30 +62,14 @@ class TeTarget:
     def initial(self) -> bytes:
         return np.random.default_rng(self.seed).integers(0, 256, self.size, dtype=np.uint8).tobytes()
 
-    def cmd(self, line: str) -> str:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        out = self.proc.stdout.readline()
-        if not out:
-            raise AssertionError(f"te_target died (rc={self.proc.poll()}) while running {line!r}")
-        return out.strip()
-
     def check(self) -> dict:
         return json.loads(self.cmd("check"))
 
 
 def start_te_target(python_exe: str = sys.executable, size: int = 256 << 10, seed: int = 5,
                     env: dict | None = None) -> TeTarget:
-    proc = subprocess.Popen([python_exe, os.path.join(HERE, "te_target.py"), "--size", str(size),
-                             "--seed", str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
-    line = proc.stdout.readline() if proc.stdout else ""
-    if not line:
-        raise RuntimeError(f"te_target failed to start (rc={proc.wait()})")
-    d = json.loads(line)
-    if "error" in d:
-        raise RuntimeError(f"te_target: {d['error']}")
+    proc, d = spawn_line_peer([python_exe, os.path.join(HERE, "te_target.py"), "--size", str(size),
+                               "--seed", str(seed)], TeTarget.what, env={**os.environ, **(env or {})})
     return TeTarget(proc, d["segment"], d["rpc_port"], d["base"], d["size"], seed)
 
 

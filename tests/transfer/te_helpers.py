@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, ClassVar
 
 import numpy as np
+from line_peer import LinePeer, spawn_line_peer  # tests/ is on sys.path (rootdir conftest)
 
 from mooncake_core.utils.proc import close_piped
 
@@ -23,9 +23,10 @@ PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "te_peer.py")
 
 
 @dataclass
-class Peer:
+class Peer(LinePeer):
     """A running te_peer.py process (see its docstring for the commands)."""
 
+    what: ClassVar[str] = "peer"
     proc: subprocess.Popen
     segment: str
     addr: int
@@ -33,15 +34,6 @@ class Peer:
     pid: int
     rpc_port: int
     seed: int
-
-    def cmd(self, line: str) -> str:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        out = self.proc.stdout.readline()
-        if not out:
-            raise RuntimeError(f"peer exited (rc={self.proc.poll()}) while running {line!r}")
-        return out.strip()
 
     def sha(self, off: int, length: int) -> str:
         return self.cmd(f"sha {off} {length}")
@@ -56,16 +48,6 @@ class Peer:
 def spawn_peer(python_exe: str, metadata: str, *, size: int = 1 << 20, seed: int = 7, hostname: str = "127.0.0.1",
                env: dict | None = None, wrap: list[str] | None = None, stderr: IO | None = None) -> Peer:
     """Start te_peer.py and wait for its ready line (RuntimeError naming why it did not start)."""
-    proc = subprocess.Popen([*(wrap or []), python_exe, PEER, "--metadata", metadata, "--size", str(size),
-                             "--seed", str(seed), "--hostname", hostname],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.kill()
-        raise RuntimeError(f"peer failed to start (rc={proc.wait()})")
-    info = json.loads(line)
-    if "error" in info:
-        proc.kill()
-        raise RuntimeError(f"peer failed to initialize: {info['error']}")
+    proc, info = spawn_line_peer([*(wrap or []), python_exe, PEER, "--metadata", metadata, "--size", str(size),
+                                  "--seed", str(seed), "--hostname", hostname], Peer.what, env=env, stderr=stderr)
     return Peer(proc, info["segment"], info["addr"], info["size"], info["pid"], info["rpc_port"], seed)

@@ -185,9 +185,10 @@ MC = "vllm:mooncake_core_"
 
 
 def test_connector_figures_reach_vllm_metrics(multi_pair):
-    """Both connectors' figures (vLLM's KV connector stats hook -> the server's own /metrics) after
-    one P2P hand-off and one store load equal the blocks that moved; no failure is counted; and the
-    Grafana board of the vLLM connectors asks only for series the servers export."""
+    """Both connectors' figures (vLLM's KV connector stats hook -> the server's own /metrics, from
+    the workers and the schedulers) after one P2P hand-off and one store load equal the blocks
+    that moved; no failure is counted; and the Grafana board of the vLLM connectors asks only for
+    series the servers export."""
     p, d = multi_pair["p"], multi_pair["d"]
     d0, p0 = http_text(d.url + "/metrics"), http_text(p.url + "/metrics")
 
@@ -203,6 +204,13 @@ def test_connector_figures_reach_vllm_metrics(multi_pair):
     assert grew(d, d0, "kv_pulled_bytes_total") == 6 * per_block
     assert grew(d, d0, "kv_pull_seconds_count") == 1
     assert 0 < grew(d, d0, "kv_pull_seconds_sum") < 60
+    # the scheduler sides: the decode's scheduler set one request to load 6 blocks and saw it
+    # arrive; the prefill's scheduler held that request's blocks for it
+    assert grew(d, d0, "kv_remote_requests_total") == 1 and grew(d, d0, "kv_remote_blocks_total") == 6
+    assert grew(d, d0, "kv_remote_local_hits_total") == 0
+    wait_until(lambda: grew(d, d0, "kv_remote_wait_seconds_count") == 1, 30, "the decode's KV wait histogram")
+    assert grew(d, d0, "kv_pull_seconds_sum") <= grew(d, d0, "kv_remote_wait_seconds_sum") < 60
+    assert grew(p, p0, "kv_handoff_requests_total") == 1 and grew(p, p0, "kv_handoff_blocks_total") == 6
 
     # the prefill looked its fresh prompt up in the store (5 full blocks, none there), saved them,
     # and held its blocks for the decode until the decode's confirmation

@@ -1,0 +1,68 @@
+# Shared by scripts/install_{vllm,lmcache,lmdeploy,sglang}.sh (sourced, not run): the framework
+# venv, pip with the machine's noise filtered, version checks, and step lines with their timing.
+#
+#   venv_init TAG VENV [create|require]   sets TAG, VENV, VPY, LOCK; creates the venv (create, with
+#                                         $PYTHON or python3) or fails naming install_vllm.sh (require)
+#   step "what"                           '[TAG] what' (and how long the step before took)
+#   pipi ARGS...                          pip install -q under `flock $LOCK` (venvs are shared by
+#                                         several checkouts); PIP_NODEPS_PKG=<pkg> also hides pip's
+#                                         list of that --no-deps package's missing requirements
+#   locked CMD...                         CMD under the same lock (pip uninstall)
+#   have PKG VERSION                      the venv has PKG at VERSION (a local +suffix ignored)
+#   venv_done                             the last step's time, the total and the venv size
+# shellcheck shell=bash
+
+venv_init() {
+  TAG="$1"; VENV="$2"
+  VPY="$VENV/bin/python"
+  LOCK="$(dirname "$VENV")/.$(basename "$VENV").lock"  # /work/venvs/.vllm.lock for a shared venv
+  _venv_t0=$SECONDS; _step_t0=""; _step_what=""
+  mkdir -p "$(dirname "$VENV")"
+  if [ ! -x "$VPY" ]; then
+    if [ "${3:-create}" = require ]; then
+      echo "[$TAG] $VENV has no python: run scripts/install_vllm.sh first" >&2
+      exit 1
+    fi
+    step "creating venv $VENV"
+    "${PYTHON:-python3}" -m venv "$VENV"
+  fi
+}
+
+_step_end() {
+  if [ -n "$_step_t0" ]; then
+    echo "[$TAG]   ($_step_what: $((SECONDS - _step_t0)) s)"
+  fi
+}
+
+step() {
+  _step_end
+  _step_what="$1"; _step_t0=$SECONDS
+  echo "[$TAG] $1"
+}
+
+locked() { flock "$LOCK" "$@"; }
+
+# The machine's pip config lists local indexes that lack most packages; hide pip's noise about them.
+# A package installed with --no-deps on purpose makes pip's resolver list its (CUDA) requirements as
+# missing after every later install; that list is expected and hidden as well.
+pipi() {
+  local pat=(-e "^WARNING: Location")
+  if [ -n "${PIP_NODEPS_PKG:-}" ]; then
+    pat+=(-e "^$PIP_NODEPS_PKG [0-9.]* requires " -e "^ERROR: pip's dependency resolver does not currently"
+          -e "^This behaviour is the source of the following")
+  fi
+  locked "$VPY" -m pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "${pat[@]}" || true; }
+}
+
+have() {
+  "$VPY" - "$1" "$2" >/dev/null 2>&1 <<'EOF'
+import sys, importlib.metadata as m
+assert m.version(sys.argv[1]).split("+")[0] == sys.argv[2]
+EOF
+}
+
+venv_done() {
+  _step_end
+  _step_t0=""
+  echo "[$TAG] done in $((SECONDS - _venv_t0)) s; venv size $(du -sh "$VENV" | cut -f1)"
+}
