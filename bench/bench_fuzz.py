@@ -38,7 +38,8 @@ import numpy as np  # noqa: E402
 
 from fuzz.conftest import start_te_target  # noqa: E402
 from fuzz.surfaces import (EvilPeer, FuzzFailure, HttpFuzzer, MasterRpcFuzzer, TeWireFuzzer,  # noqa: E402
-                           json_body, metadata_routes, proxy_routes, rand_bytes, rand_json_value)
+                           json_body, metadata_routes, proxy_health_503, proxy_routes, rand_bytes,
+                           rand_json_value)
 from mooncake_core.utils.proc import close_piped, spawn_until, stop_process  # noqa: E402
 from mooncake_core.utils.progress import Progress  # noqa: E402
 
@@ -181,7 +182,8 @@ def surface_proxy(cleanup: list) -> Run:
                   "127.0.0.1", "--prefiller-ports", str(ports[0]), "--decoder-hosts", "127.0.0.1",
                   "--decoder-ports", str(ports[1]), "--admin-key", "K", "--policy", "conductor"], "mooncake_proxy")
     url = f"http://127.0.0.1:{port}"
-    fz = HttpFuzzer("127.0.0.1", port, proxy_routes(), json_body, timeout=TIMEOUT[0])
+    fz = HttpFuzzer("127.0.0.1", port, proxy_routes(), json_body, timeout=TIMEOUT[0],
+                    documented_5xx=proxy_health_503)
 
     def check() -> None:
         assert all(p.poll() is None for p in procs), "a process died"
@@ -189,7 +191,8 @@ def surface_proxy(cleanup: list) -> Run:
                        timeout=10)
         assert r.status_code == 200, r.text[:300]
 
-    return Run("proxy", fz.one, check, procs[-1].pid, lambda: {"statuses": dict(fz.statuses)})
+    return Run("proxy", fz.one, check, procs[-1].pid,
+               lambda: {"statuses": dict(fz.statuses), "kinds": dict(fz.kinds)})
 
 
 def surface_handshake(cleanup: list) -> Run:

@@ -488,10 +488,14 @@ class HttpFuzzer:
 
     def __init__(self, host: str, port: int, routes: list[tuple[str, str]],
                  body_gen: Callable[[random.Random], bytes], *, timeout: float = 10.0,
-                 grace: float = 1.0, allowed_5xx: tuple[int, ...] = ()) -> None:
+                 grace: float = 1.0, allowed_5xx: tuple[int, ...] = (),
+                 documented_5xx: Callable[[bytes, bytes], bool] | None = None) -> None:
         self.host, self.port, self.routes, self.body_gen = host, port, routes, body_gen
         self.timeout, self.grace = timeout, grace
         self.allowed_5xx = allowed_5xx
+        #: (request, response) -> True for a 5xx the service documents as a correct answer
+        #: (the proxy's /health says 503 + why when it cannot serve); counted, not a failure
+        self.documented_5xx = documented_5xx
         self.kinds: Counter[str] = Counter()
         self.statuses: Counter[int] = Counter()
 
@@ -568,7 +572,9 @@ class HttpFuzzer:
             except (IndexError, ValueError):
                 raise FuzzFailure(f"unparseable status line {bytes(resp[:80])!r}") from None
             self.statuses[status] += 1
-            if status >= 500 and status not in self.allowed_5xx:
+            if status >= 500 and self.documented_5xx is not None and self.documented_5xx(data, bytes(resp)):
+                self.kinds["documented-5xx"] += 1
+            elif status >= 500 and status not in self.allowed_5xx:
                 raise FuzzFailure(f"HTTP {status} for {data[:200]!r}: {bytes(resp[:400])!r}")
         else:
             self.statuses[0] += 1  # closed without an HTTP answer
@@ -584,6 +590,21 @@ def proxy_routes() -> list[tuple[str, str]]:
     return [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/generate"),
             ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/healthcheck"), ("GET", "/metrics"),
             ("GET", "/admin/instances"), ("POST", "/admin/instances"), ("DELETE", "/admin/instances")]
+
+
+def proxy_health_503(request: bytes, response: bytes) -> bool:
+    """The proxy's /health (and /healthcheck) answers 503 with ``can_serve: false`` and its
+    reasons while no instance of a role answers its probes -- the documented answer (a load
+    balancer must see it), which a machine loaded enough to delay the engines' probes past
+    their timeout does produce. Any other 5xx stays a failure."""
+    line = request.split(b"\r\n", 1)[0]
+    if not (line.startswith(b"GET /health") and response.startswith(b"HTTP/1.1 503")):
+        return False
+    try:
+        body = json.loads(response.split(b"\r\n\r\n", 1)[1])
+    except (IndexError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("can_serve") is False and bool(body.get("reasons"))
 
 
 def json_body(rng: random.Random) -> bytes:

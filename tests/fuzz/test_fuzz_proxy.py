@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from fuzz.conftest import fuzz
-from fuzz.surfaces import HttpFuzzer, json_body, proxy_routes
+from fuzz.surfaces import HttpFuzzer, json_body, proxy_health_503, proxy_routes
 from mooncake_core.utils.proc import spawn_until, stop_process
 
 pytestmark = pytest.mark.integration
@@ -54,7 +54,37 @@ def _live(url: str, procs, n: int) -> None:
 def test_proxy_http_survives_fuzzing(proxy_url) -> None:
     url, procs = proxy_url
     port = int(url.rsplit(":", 1)[1])
-    fz = HttpFuzzer("127.0.0.1", port, proxy_routes(), json_body)
+    fz = HttpFuzzer("127.0.0.1", port, proxy_routes(), json_body, documented_5xx=proxy_health_503)
     fuzz(fz.one, lambda n: _live(url, procs, n))
     assert fz.statuses, "no HTTP answer was ever parsed"
     assert any(200 <= s < 300 for s in fz.statuses) and any(400 <= s < 500 for s in fz.statuses)
+
+
+def test_health_503_is_the_documented_answer_only_when_it_says_why(python_exe) -> None:
+    """The fuzz oracle's one allowed 5xx: a real proxy whose engines do not answer says 503 on
+    /health with can_serve false and its reasons; the same status without that body is not."""
+    import socket
+
+    with socket.socket() as s1, socket.socket() as s2:  # two ports nobody listens on
+        s1.bind(("127.0.0.1", 0))
+        s2.bind(("127.0.0.1", 0))
+        dead = [str(s1.getsockname()[1]), str(s2.getsockname()[1])]
+    proc, m = spawn_until([python_exe, "-u", "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", "0",
+                           "--prefiller-hosts", "127.0.0.1", "--prefiller-ports", dead[0],
+                           "--decoder-hosts", "127.0.0.1", "--decoder-ports", dead[1]],
+                          r"mooncake_proxy listening on http://[^:]+:(\d+)", 30,
+                          env={**os.environ, "MC_LOG_LEVEL": "ERROR"}, what="mooncake_proxy")
+    try:
+        req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", int(m.group(1))), timeout=10) as s:
+            s.sendall(req)
+            resp = b""
+            while chunk := s.recv(65536):
+                resp += chunk
+        assert resp.startswith(b"HTTP/1.1 503"), resp[:200]
+        assert proxy_health_503(req, resp)
+        head = resp.split(b"\r\n\r\n", 1)[0]
+        assert not proxy_health_503(req, head + b"\r\n\r\n{}")  # 503 without the why
+        assert not proxy_health_503(b"POST /v1/completions HTTP/1.1\r\n\r\n", resp)  # another route
+    finally:
+        stop_process(proc, 5)
