@@ -52,12 +52,14 @@ def _fmt(v: float) -> str:
 
 
 def _ticks(lo: float, hi: float, log: bool) -> list[float]:
-    if log:
-        out = [10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
+    if log:  # powers of ten; with 1-2-5 between them when the range spans under 3 decades
+        decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+        mult = (1, 2, 5) if math.log10(hi / lo) < 3 else (1,)
+        out = [m * 10.0 ** e for e in decades for m in mult]
         return [t for t in out if lo <= t <= hi] or [lo, hi]
     span = hi - lo
     step = 10 ** math.floor(math.log10(span)) if span > 0 else 1.0
-    for m in (1, 2, 5, 10):
+    for m in (0.1, 0.2, 0.5, 1, 2, 5, 10):
         if span / (step * m) <= 6:
             step *= m
             break
