@@ -134,7 +134,7 @@ def fit_prefill_profile(url: str, out: Path, kv_bytes_per_token: int) -> tuple[P
 
 class Proxy:
     def __init__(self, py: str, policy: str, prefills: list[VllmServer], decode: VllmServer, model: Path,
-                 events: dict[str, str], master: str, profile: Path, log: Path) -> None:
+                 events: dict[str, str], master: str, profile: Path, log: Path, timeout: float) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [py, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
@@ -146,7 +146,7 @@ class Proxy:
         self._log = open(log, "wb")
         env = {**os.environ, "PYTHONPATH": shim_pythonpath()}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + timeout  # loads transformers: minutes on a busy box
         while True:
             try:
                 if http_json(self.url + "/health", timeout=5).get("can_serve", True):
@@ -184,7 +184,8 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         reset_prefix_cache(s, timeout=120)
     with MasterClient(master) as c:
         c.remove_by_regex("^mc-vllm-kv/", True)
-    proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{policy}.log")
+    proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{policy}.log",
+                  a.startup_timeout)
     try:
         before = prefix_counters(prefills)
         results: list[Result] = []
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=12, help="attention heads (head size hidden/heads: 64)")
     ap.add_argument("--layers", type=int, default=6, help="decoder layers")
     ap.add_argument("--kv-cache-bytes", type=int, default=128 << 20, help="KV cache per vLLM instance (bytes)")
-    ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the vLLM servers")
+    ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the vLLM servers (and each proxy)")
     ap.add_argument("--request-timeout", type=float, default=600.0, help="per-request timeout of the replay (s)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompt text")
     ap.add_argument("--logs", type=Path, default=None, help="directory for server logs (default: a temp dir)")
