@@ -110,6 +110,16 @@ def multi_config(role: str, store_extra: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def distinct_ports(n: int) -> list[int]:
+    """``n`` different free ports (two free_port() calls may return the same one, and vLLM binds
+    with SO_REUSEPORT: two servers on one port would both look healthy)."""
+    out: list[int] = []
+    while len(out) < n:
+        if (port := free_port()) not in out:
+            out.append(port)
+    return out
+
+
 def wait_all(servers: list[VllmServer], timeout: float) -> None:
     for s in servers:
         s.wait_healthy(timeout)
@@ -290,20 +300,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"window: {len(reqs)} requests, ideal prefix reuse {100 * ideal_hit_ratio(reqs):.0f}% of blocks, "
           f"speed x{speed:.1f} (over {a.duration:.0f} s); load average {os.getloadavg()[0]:.1f}; logs {logs}", flush=True)
     model = make_model(py, logs / "model", a.hidden, a.heads, a.layers)
-    mport, hport, mmetrics = free_port(), free_port(), free_port()
+    mport, hport, mmetrics, ev0, ev1, http0, http1, http_d = distinct_ports(8)
     master = MasterProc([f"--port={mport}", "--rpc_address=127.0.0.1", f"--metrics_port={mmetrics}",
                          "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
                          f"--http_metadata_server_port={hport}"], mport, mmetrics, str(logs / "master.log"))
     store_extra = {"master_server_address": master.addr, "metadata_server": f"http://127.0.0.1:{hport}/metadata",
                    "global_segment_size": "256MB", "local_buffer_size": "64MB", "local_hostname": "127.0.0.1"}
     common = ["--kv-cache-memory-bytes", a.kv_cache_bytes, "--max-model-len", 2048]
-    ev_ports = [free_port(), free_port()]
-    prefills = [VllmServer(py, model, free_port(), i, logs / f"prefill{i}.log", multi_config("kv_producer", store_extra),
+    ev_ports = [ev0, ev1]
+    prefills = [VllmServer(py, model, (http0, http1)[i], i, logs / f"prefill{i}.log", multi_config("kv_producer", store_extra),
                            env={"VLLM_SERVER_DEV_MODE": "1"},
                            args=[*common, "--kv-events-config", json.dumps(
                                {"enable_kv_cache_events": True, "publisher": "zmq",
                                 "endpoint": f"tcp://*:{ev_ports[i]}"})]) for i in range(2)]
-    decode = VllmServer(py, model, free_port(), 1, logs / "decode.log", multi_config("kv_consumer", store_extra),
+    decode = VllmServer(py, model, http_d, 1, logs / "decode.log", multi_config("kv_consumer", store_extra),
                         env={"VLLM_SERVER_DEV_MODE": "1"}, args=common)
     servers = [*prefills, decode]
     rows: list[dict[str, Any]] = []
