@@ -3,7 +3,11 @@
 ``GET /admin/instances``; ``POST /admin/instances {"role", "url"[, "bootstrap_port"]}`` (the new
 instance is probed at once; it enters rotation when its /health answers, which the answer's
 ``state`` shows);
-``DELETE /admin/instances?id=ROLE@URL`` or ``?role=...&url=...``. With ``--admin-key K`` every call
+``DELETE /admin/instances?id=ROLE@URL`` or ``?role=...&url=...``;
+``POST /admin/prefix[?route=/v1/chat/completions]`` with a request body answers what the scheduler
+sees for that prompt: its tokens and full blocks, and how many leading blocks each prefill
+instance (and the store) holds in the proxy's index -- to check the index against an engine's
+cache, or to see why a prompt went where it went. With ``--admin-key K`` every call
 needs ``Authorization: Bearer K`` or ``X-Admin-Key: K``; without the flag the deployment's
 ``MOONCAKE_AUTH_TOKEN`` is the key (see ``mooncake_core.auth``).
 """
@@ -11,6 +15,7 @@ needs ``Authorization: Bearer K`` or ``X-Admin-Key: K``; without the flag the de
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -31,8 +36,10 @@ class AdminApi:
 
     def __init__(self, registry: Registry, add: Callable[[str, str, int | None], Instance],
                  remove: Callable[[str], Instance], probe_now: Callable[[Instance], Awaitable[None]],
-                 admin_key: str | None) -> None:
+                 admin_key: str | None,
+                 prefix_view: Callable[[dict[str, Any], str], dict[str, Any]] | None = None) -> None:
         self.registry = registry
+        self._prefix_view = prefix_view
         self._add = add
         self._remove = remove
         self._probe_now = probe_now
@@ -42,6 +49,8 @@ class AdminApi:
         app.router.add_get("/admin/instances", self.list)
         app.router.add_post("/admin/instances", self.add)
         app.router.add_delete("/admin/instances", self.remove)
+        if self._prefix_view is not None:
+            app.router.add_post("/admin/prefix", self.prefix)
 
     def _refused(self, request: web.Request) -> web.Response | None:
         """None when the request carries the admin key (or none is set), else the 401 answer."""
@@ -91,3 +100,16 @@ class AdminApi:
         except KeyError as e:
             return error_response(404, f"admin remove instance: {e.args[0]}", "not_found_error")
         return web.json_response({"removed": inst.to_json()})
+
+    async def prefix(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        assert self._prefix_view is not None
+        route = request.query.get("route", "/v1/completions")
+        try:
+            data = _dec.decode(await request.read())
+            if not isinstance(data, dict):
+                raise ValueError("body must be a JSON object: a completion or chat request")
+            return web.json_response(self._prefix_view(data, route))
+        except (ValueError, TypeError, msgspec.DecodeError) as e:  # BadRequest is a ValueError
+            return error_response(400, f"admin prefix: {e}", "invalid_request_error")

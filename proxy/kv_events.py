@@ -104,8 +104,11 @@ class KvEventApplier:
             parent = _field(ev, "parent_block_hash", off + 1)
             tokens = _field(ev, "token_ids", off + 2) or []
             bsize = _field(ev, "block_size", off + 3)
+            extra = _field(ev, "extra_keys", off + 7)
+            if _field(ev, "lora_id", off + 4) is not None or _field(ev, "lora_name", off + 6) is not None:
+                extra = [("lora",)] * len(hashes)  # an adapter's KV: never a base-model prompt's
             self._stored([self._key(h) for h in hashes], None if parent is None else self._key(parent),
-                         tokens, bsize)
+                         tokens, bsize, extra if isinstance(extra, list) else None)
         elif tag == "BlockRemoved":
             hashes = _field(ev, "block_hashes", off) or []
             ours = [o for h in hashes if (o := self._ours.pop(self._key(h), None)) is not None]
@@ -119,7 +122,11 @@ class KvEventApplier:
         else:
             self.stats.skipped += 1
 
-    def _stored(self, hashes: list[Hashable], parent: Hashable | None, tokens: list[int], bsize: Any) -> None:
+    def _stored(self, hashes: list[Hashable], parent: Hashable | None, tokens: list[int], bsize: Any,
+                extra_keys: list[Any] | None = None) -> None:
+        """Map stored blocks to our keys. A block with extra keys (a cache salt, multimodal
+        inputs, a LoRA adapter) is not keyed by its tokens alone, so no plain prompt of ours
+        can match it: it and the rest of its chain are skipped (children find no parent)."""
         if bsize != self.block_size:
             if not self._warned:
                 log.warning("KV events block_size differs from --block-size; stored blocks ignored",
@@ -139,7 +146,8 @@ class KvEventApplier:
         bs = self.block_size
         for i, h in enumerate(hashes):
             block = tokens[i * bs:(i + 1) * bs]
-            if len(block) < bs:
+            if len(block) < bs or (extra_keys is not None and i < len(extra_keys) and extra_keys[i] is not None):
+                self.stats.skipped += len(hashes) - i
                 break
             prev = continue_chain(self.hasher, prev, block)
             self._ours[h] = prev

@@ -3,10 +3,18 @@
 Without a tokenizer the proxy hashes the prompt's UTF-8 bytes (``BlockHasher.hash_text``,
 ≈4 bytes/token); with ``--tokenizer`` it hashes real token ids so the prefix index matches the
 engine's blocks. Token-id prompts (``prompt: [1, 2, 3]``) are hashed as tokens either way.
+
+The token ids must be the ones the engine computes, or the keys never match its KV events or
+store keys: completions are tokenized with the special tokens (BOS), as vLLM's and SGLang's
+``/v1/completions`` do; chat messages go through the tokenizer's chat template (rendered to
+text, then tokenized without special tokens -- vLLM's ``/v1/chat/completions`` defaults),
+honouring the request's ``add_generation_prompt``, ``continue_final_message`` and
+``chat_template_kwargs``. A tokenizer without a chat template hashes the flattened messages.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -87,15 +95,38 @@ def max_output_tokens(body: dict[str, Any], default: int = 128) -> int:
     return default
 
 
-class PromptHasher:
-    """Computes block hashes with the scheduler's BlockHasher, optionally through a tokenizer."""
+#: Renders a chat request's messages to the engine's prompt token ids (see :func:`load_chat_tokenizer`).
+ChatTokenize = Callable[[list[dict[str, Any]], dict[str, Any]], Sequence[int]]
 
-    def __init__(self, hasher: Any, tokenize: Callable[[str], Sequence[int]] | None = None) -> None:
+
+def chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """Messages as a chat template expects them: content parts of type text joined by newlines
+    (vLLM's rendering for string-content templates); BadRequest on a malformed list."""
+    _chat_text(messages)  # validates
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "\n".join(c["text"] for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
+        out.append({**m, "content": content if content is not None else ""})
+    return out
+
+
+class PromptHasher:
+    """Computes block hashes with the scheduler's BlockHasher, optionally through a tokenizer
+    (and its chat template for ``/v1/chat/completions``)."""
+
+    def __init__(self, hasher: Any, tokenize: Callable[[str], Sequence[int]] | None = None,
+                 chat_tokenize: ChatTokenize | None = None) -> None:
         self.hasher = hasher
         self.tokenize = tokenize
+        self.chat_tokenize = chat_tokenize
         self.block_size = int(getattr(hasher, "block_size", 512))
 
     def info(self, body: dict[str, Any], route: str) -> PromptInfo:
+        if self.chat_tokenize is not None and route.endswith("/chat/completions"):
+            ids = self.chat_tokenize(chat_messages(body.get("messages")), body)
+            return PromptInfo(len(ids), list(self.hasher.hash_tokens(ids)), max_output_tokens(body))
         prompt = extract_prompt(body, route)
         if isinstance(prompt, list):
             tokens: Sequence[int] = prompt
@@ -111,15 +142,45 @@ class PromptHasher:
         return PromptInfo(n, list(hashes), max_output_tokens(body))
 
 
-def load_tokenizer(name: str, add_special_tokens: bool = False) -> Callable[[str], Sequence[int]]:
-    """A HuggingFace tokenizer's encode function; clear error when transformers is missing.
-
-    ``add_special_tokens=True`` tokenizes as vLLM's ``/v1/completions`` does (BOS included) --
-    needed when the block hashes must equal the engine's store keys (``--store-master``)."""
+@functools.lru_cache(maxsize=4)
+def _hf_tokenizer(name: str) -> Any:
     try:
         from transformers import AutoTokenizer  # type: ignore[import-not-found]
     except ImportError:
         raise SystemExit(f"--tokenizer {name}: the 'transformers' package is not installed "
                          "(pip install transformers), or omit --tokenizer to hash prompt text") from None
-    tok = AutoTokenizer.from_pretrained(name)
+    return AutoTokenizer.from_pretrained(name)
+
+
+def load_tokenizer(name: str, add_special_tokens: bool = True) -> Callable[[str], Sequence[int]]:
+    """A HuggingFace tokenizer's encode function; clear error when transformers is missing.
+
+    ``add_special_tokens=True`` (the default) tokenizes as vLLM's ``/v1/completions`` does (BOS
+    included), which the block hashes need to equal the engine's KV event and store keys."""
+    tok = _hf_tokenizer(name)
     return lambda text: tok.encode(text, add_special_tokens=add_special_tokens)
+
+
+def load_chat_tokenizer(name: str) -> ChatTokenize | None:
+    """The chat prompt's token ids as vLLM's ``/v1/chat/completions`` computes them: the chat
+    template rendered to text (``add_generation_prompt`` defaults to true), then tokenized
+    without special tokens (the template carries them). None when the tokenizer has no chat
+    template (the proxy then hashes the flattened messages)."""
+    tok = _hf_tokenizer(name)
+    if not getattr(tok, "chat_template", None):
+        return None
+
+    def chat_tokenize(messages: list[dict[str, Any]], body: dict[str, Any]) -> Sequence[int]:
+        cont = bool(body.get("continue_final_message", False))
+        kwargs = body.get("chat_template_kwargs")
+        try:
+            text = tok.apply_chat_template(
+                messages, tokenize=False, continue_final_message=cont,
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)) and not cont,
+                **(kwargs if isinstance(kwargs, dict) else {}))
+        except Exception as e:  # a template error is the client's input, not a proxy crash
+            raise BadRequest(f"'messages' could not be rendered with the chat template of {name}: {e}") from None
+        ids: Sequence[int] = tok.encode(text, add_special_tokens=bool(body.get("add_special_tokens", False)))
+        return ids
+
+    return chat_tokenize

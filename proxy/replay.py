@@ -161,7 +161,10 @@ def summarize(results: list[Result], wall: float) -> dict[str, Any]:
     }
 
 
-async def replay(requests: list[TraceRequest], cfg: ReplayConfig, progress: bool = True) -> dict[str, Any]:
+async def replay(requests: list[TraceRequest], cfg: ReplayConfig, progress: bool = True,
+                 results_out: list[Result] | None = None) -> dict[str, Any]:
+    """Send ``requests`` at their (scaled) timestamps; the summary, and each request's
+    :class:`Result` appended to ``results_out`` when given (e.g. for a TTFT CDF)."""
     builder = PromptBuilder(cfg.block_tokens, cfg.seed)
     path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
     url = cfg.url.rstrip("/") + path
@@ -203,6 +206,8 @@ async def replay(requests: list[TraceRequest], cfg: ReplayConfig, progress: bool
     if bar is not None:
         bar.close()
     results.sort(key=lambda r: r.index)
+    if results_out is not None:
+        results_out.extend(results)
     return summarize(results, wall)
 
 

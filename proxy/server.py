@@ -111,11 +111,12 @@ class ProxyServer:
         slo = sched.SloConfig(ttft_s=cfg.ttft_slo, tbt_s=cfg.tbt_slo, retry_after_s=cfg.retry_after,
                               prediction_horizon_s=cfg.prediction_horizon)
         self.scheduler = sched.make_scheduler(cfg.policy, self.cluster, cost, slo, seed=cfg.seed)
-        tokenize = None
-        if cfg.tokenizer:
-            from .prompt import load_tokenizer
+        tokenize = chat_tokenize = None
+        if cfg.tokenizer:  # the engine's token ids: BOS on completions, the chat template on chat
+            from .prompt import load_chat_tokenizer, load_tokenizer
 
-            tokenize = load_tokenizer(cfg.tokenizer, add_special_tokens=bool(cfg.store_master))
+            tokenize = load_tokenizer(cfg.tokenizer)
+            chat_tokenize = load_chat_tokenizer(cfg.tokenizer)
         self.store_view: Any = None
         if cfg.store_master:
             from .store_view import StoreBlockHasher, make_store_view
@@ -128,7 +129,7 @@ class ProxyServer:
             self.cluster.set_store_view(self.store_view)
         else:
             hasher = sched.BlockHasher(block_size=cfg.block_size)
-        self.hasher = PromptHasher(hasher, tokenize)
+        self.hasher = PromptHasher(hasher, tokenize, chat_tokenize)
         self.handoff: HandoffProtocol = make_handoff(cfg.handoff)
         self.registry = Registry()
         self.metrics = ProxyMetrics()
@@ -229,10 +230,23 @@ class ProxyServer:
         app.router.add_get("/metrics", self._metrics)
         ProxyDashboard(self).register(app)
         AdminApi(self.registry, self.add_instance, self.remove_instance, self._probe_now,
-                 self.cfg.admin_key).register(app)
+                 self.cfg.admin_key, self.prefix_view).register(app)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
+
+    def prefix_view(self, body: dict[str, Any], route: str) -> dict[str, Any]:
+        """What the scheduler sees for ``body`` (``POST /admin/prefix``): prompt tokens, full
+        blocks, and the leading blocks each prefill instance and the store hold in its index."""
+        pinfo = self.hasher.info(body, route)
+        hashes = pinfo.block_hashes
+        out: dict[str, Any] = {
+            "prompt_tokens": pinfo.prompt_tokens, "blocks": len(hashes), "block_size": self.hasher.block_size,
+            "instances": {i.instance_id: self.cluster.prefix_hit_blocks(i.instance_id, hashes)
+                          for i in self.registry.all("prefill")}}
+        if self.cluster.store_enabled:
+            out["store"] = self.cluster.store_hit_blocks(hashes)
+        return out
 
     async def _probe_now(self, inst: Instance) -> None:
         """Probe a just-added instance (bounded by --health-timeout), so the admin answer says

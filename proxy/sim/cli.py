@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only compute the prefix hit ratio of one global LRU of --cache-blocks blocks (fast)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--plot", metavar="DIR", default=None,
-                   help="write PNG charts to DIR: TTFT CDF per policy, and hit ratio vs cache capacity")
+                   help="write charts to DIR: TTFT CDF per policy, and hit ratio vs cache capacity (PNG with "
+                        "matplotlib, else SVG)")
     p.add_argument("--curve", default=DEFAULT_CURVE,
                    help="capacities (blocks, 0 = unlimited) for the hit-ratio-vs-capacity chart")
     p.add_argument("--requests-out", metavar="FILE", default=None,

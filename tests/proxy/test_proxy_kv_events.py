@@ -63,14 +63,18 @@ def test_continue_chain_matches_block_hasher() -> None:
         assert keys == h.hash_tokens(toks)
 
 
+def _one_instance() -> tuple[ClusterState, KvEventApplier, list[int], list[int]]:
+    """A cluster with prefill "p", its applier (block size 4), 12 random tokens and their keys."""
+    cluster = ClusterState(block_size=4)
+    cluster.add_instance(InstanceInfo("p", "prefill"))
+    hasher = BlockHasher(block_size=4)
+    toks = [random.randrange(50_000) for _ in range(12)]
+    return cluster, KvEventApplier(cluster, hasher, "p"), toks, hasher.hash_tokens(toks)
+
+
 def test_applier_store_remove_clear_both_encodings() -> None:
     for array_form in (False, True):
-        cluster = ClusterState(block_size=4)
-        cluster.add_instance(InstanceInfo("p", "prefill"))
-        hasher = BlockHasher(block_size=4)
-        ap = KvEventApplier(cluster, hasher, "p")
-        toks = [random.randrange(50_000) for _ in range(12)]
-        keys = hasher.hash_tokens(toks)
+        cluster, ap, toks, keys = _one_instance()
         events = [BlockStored([b"a" * 32, b"b" * 32], None, toks[:8], 4),
                   BlockStored([b"c" * 32], b"b" * 32, toks[8:], 4)]
         batch = (KVEventBatchArray(1.0, events) if array_form else KVEventBatch(1.0, events))
@@ -85,6 +89,24 @@ def test_applier_store_remove_clear_both_encodings() -> None:
         assert cluster.prefix_hit_blocks("p", keys) == 0 and ap.stats.skipped == 1
     with pytest.raises(ValueError, match="KVEventBatch"):
         ap.apply_payload(msgspec.msgpack.encode("nope"))
+
+
+def test_applier_skips_salted_and_adapter_blocks() -> None:
+    """Blocks keyed by more than their tokens (cache salt, LoRA) match no plain prompt: they and
+    their children stay out of the index instead of posing as the plain prefix."""
+    cluster, ap, toks, keys = _one_instance()
+    salted = {"type": "BlockStored", "block_hashes": [b"s1", b"s2"], "parent_block_hash": None,
+              "token_ids": toks[:8], "block_size": 4, "extra_keys": [["salt"], None]}
+    child = {"type": "BlockStored", "block_hashes": [b"s3"], "parent_block_hash": b"s2",
+             "token_ids": toks[8:], "block_size": 4}
+    lora = {"type": "BlockStored", "block_hashes": [b"l1"], "parent_block_hash": None,
+            "token_ids": toks[:4], "block_size": 4, "lora_id": 3}
+    ap.apply_payload(msgspec.msgpack.encode([1.0, [salted, child, lora]]))
+    assert cluster.prefix_hit_blocks("p", keys) == 0 and ap.stats.skipped == 4
+    plain = {"type": "BlockStored", "block_hashes": [b"a1", b"a2"], "parent_block_hash": None,
+             "token_ids": toks[:8], "block_size": 4, "extra_keys": [None, None]}
+    ap.apply_payload(msgspec.msgpack.encode([2.0, [plain]]))
+    assert cluster.prefix_hit_blocks("p", keys) == 2
 
 
 def test_parse_config_errors(tmp_path) -> None:
@@ -152,6 +174,13 @@ async def test_proxy_follows_kv_events_over_zmq(make_env) -> None:
         async with env.session.get(env.url + "/metrics") as r:
             text = await r.text()
         assert f'mooncake_proxy_kv_events_total{{instance="{iid}",type="cleared"}} 1.0' in text
+        # the admin view of the index: prefill0 holds the prompt's 3 blocks, prefill1 none
+        async with env.session.post(env.url + "/admin/prefix", json={"prompt": toks + [7]}) as r:
+            view = await r.json()
+        assert view["blocks"] == 3 and view["prompt_tokens"] == 13 and view["block_size"] == 4
+        assert view["instances"] == {iid: 3, f"prefill@{env.prefill_urls[1]}": 0}
+        async with env.session.post(env.url + "/admin/prefix", json={"prompt": 5}) as r:
+            assert r.status == 400 and "prompt" in (await r.text())
     finally:
         pub.close(0)
         ctx.term()

@@ -105,6 +105,29 @@ def test_prompt_extraction() -> None:
         max_output_tokens({"max_tokens": -1})
 
 
+def test_chat_prompts_hash_through_the_chat_tokenizer() -> None:
+    """With a chat tokenizer, chat bodies are hashed from its token ids (content parts joined as
+    vLLM renders string-content templates); completions still use the plain tokenizer."""
+    from mooncake_proxy.prompt import PromptHasher, chat_messages
+    from mooncake_proxy.scheduling import BlockHasher
+
+    seen: list = []
+
+    def chat(msgs, body):
+        seen.append((msgs, body.get("add_generation_prompt", True)))
+        return [len(m["content"]) for m in msgs] * 4
+
+    ph = PromptHasher(BlockHasher(block_size=2), lambda t: [1] * len(t), chat)
+    body = {"messages": [{"role": "system", "content": "ab"},
+                         {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "yz"}]}]}
+    info = ph.info(body, "/v1/chat/completions")
+    assert seen[0][0][1]["content"] == "x\nyz" and info.prompt_tokens == 8
+    assert info.block_hashes == BlockHasher(block_size=2).hash_tokens([2, 4] * 4)
+    assert ph.info({"prompt": "abcd"}, "/v1/completions").prompt_tokens == 4
+    with pytest.raises(BadRequest, match="messages"):
+        chat_messages([{"role": "user"}, "nope"])
+
+
 def test_flags_vllm_style_and_sglang_style() -> None:
     a = build_parser().parse_args(["--prefiller-hosts", "a", "b", "--prefiller-ports", "8100",
                                    "--decoder-hosts", "c", "--decoder-ports", "8200",

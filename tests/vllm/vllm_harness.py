@@ -93,6 +93,7 @@ class VllmServer:
     log_path: Path
     kv_config: dict | None = None
     env: dict = field(default_factory=dict)
+    args: list = field(default_factory=list)  # extra vLLM flags (e.g. --kv-events-config)
     proc: subprocess.Popen | None = None
 
     @property
@@ -106,6 +107,7 @@ class VllmServer:
                "--port", str(self.port), "--max-num-seqs", "16"]
         if self.kv_config is not None:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_config)]
+        cmd += [str(a) for a in self.args]
         env = dict(os.environ)
         env.update({"VLLM_CPU_OMP_THREADS_BIND": str(self.cpu), "VLLM_LOGGING_LEVEL": "INFO",
                     "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",

@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""The paper's scheduling comparison on live engines: 2 prefill + 1 decode vLLM (CPU) instances,
+our proxy, one conversation-trace window replayed once per policy.
+
+    python bench/bench_live_scheduling.py                        # conductor cache_aware load_balance random
+    python bench/bench_live_scheduling.py --requests 24 --policies conductor load_balance   # quicker
+
+Setup (all real processes): a ``mooncake_master`` (store + HTTP metadata); three vLLM servers
+running ``MultiConnector`` [``MooncakeCoreConnector`` (P2P hand-off), ``MooncakeCoreStoreConnector``
+(saves every prompt's blocks, loads prefixes the store holds)], prefills ``kv_producer`` on core 0
+and 1, the decode ``kv_consumer``; a random-weight Llama big enough that prefill dominates a
+request on this CPU (default hidden 768, 12 heads x 64, 6 layers, fp32: ~0.5 s per 500-token
+prefill on an idle core); our proxy in the vLLM venv with the engines' tokenizer, their KV events
+(``--kv-events-config``), the store's key events (``--store-master``) and a cost profile fitted
+from the prefill's measured times (``fit_profile``: 8 salted prefills of 64..768 tokens).
+
+Workload: ``mooncake_replay`` of a window of the conversation trace. A plain time window of the
+trace reuses few blocks (its conversations return minutes later), so the window is the requests
+(first ``--span`` of the trace, at most ``--max-blocks`` 512-token blocks) of the ``--groups``
+most frequent conversations (keyed by ``hash_ids[1]``, the block after the shared system prompt),
+the first ``--requests`` of them, time-scaled so the window lasts ``--duration`` s; prompts follow
+``hash_ids`` (``--block-tokens`` words per trace block), outputs are capped at ``--max-tokens``.
+
+Per policy (the engines' prefix caches and the store are emptied, the proxy restarted): TTFT
+mean/p90, TPOT p90 (TBT), requests completed, and the prefill instances' own prefix-cache
+counters: tokens hit locally, loaded by a connector (store), recomputed. Ratios are against
+load_balance in the same run. Heavy: ~3 x 2.5 GB RAM, minutes per policy on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "vllm"))
+sys.path.insert(0, str(REPO / "tests"))  # checkout_shim, venvs, master_proc (the harness's imports)
+
+from checkout_shim import shim_pythonpath  # noqa: E402
+from master_proc import MasterProc  # noqa: E402
+from vllm_harness import (VllmServer, free_port, http_json, http_text, metric, p2p_config,  # noqa: E402
+                          reset_prefix_cache, vllm_python)
+
+from mooncake_core.store.master_client import MasterClient  # noqa: E402
+from mooncake_proxy.replay import ReplayConfig, Result, replay  # noqa: E402
+from mooncake_proxy.scheduling import CostModel  # noqa: E402
+from mooncake_proxy.trace_prompts import TraceRequest, parse_trace_lines  # noqa: E402
+
+POLICIES = ["conductor", "cache_aware", "load_balance", "random"]
+BLOCK = 32  # the engines' --block-size (the harness's)
+
+
+def default_trace() -> Path:
+    for d in (REPO.parent / "shared" / "traces", Path("/work/shared/traces")):
+        if (d / "conversation_trace.jsonl").exists():
+            return d / "conversation_trace.jsonl"
+    return Path("conversation_trace.jsonl")
+
+
+def select_window(reqs: list[TraceRequest], span: int, max_blocks: int, groups: int, n: int) -> list[TraceRequest]:
+    """The first ``n`` requests of the ``groups`` most frequent conversations in ``reqs[:span]``."""
+    pool = [r for r in reqs[:span] if 1 < len(r.hash_ids) <= max_blocks]
+    count = collections.Counter(r.hash_ids[1] for r in pool)
+    top = {h for h, _ in count.most_common(groups)}
+    return [r for r in pool if r.hash_ids[1] in top][:n]
+
+
+def scale_time(reqs: list[TraceRequest], duration: float) -> float:
+    """Replay speed that makes the window last ``duration`` seconds."""
+    span_s = (reqs[-1].timestamp_ms - reqs[0].timestamp_ms) / 1000.0
+    return max(span_s / duration, 1e-3) if span_s > 0 else 1.0
+
+
+def ideal_hit_ratio(reqs: list[TraceRequest]) -> float:
+    seen: set[int] = set()
+    hit = tot = 0
+    for r in reqs:
+        for h in r.hash_ids:
+            tot += 1
+            hit += h in seen
+            seen.add(h)
+    return hit / tot if tot else 0.0
+
+
+def make_model(py: str, out: Path, hidden: int, heads: int, layers: int) -> Path:
+    if not (out / "config.json").exists():
+        subprocess.run([py, str(REPO / "scripts" / "make_tiny_model.py"), str(out), "--hidden", str(hidden),
+                        "--heads", str(heads), "--layers", str(layers)], check=True, capture_output=True, timeout=600)
+    return out
+
+
+def multi_config(role: str, store_extra: dict[str, Any]) -> dict[str, Any]:
+    store = {"kv_connector": "MooncakeCoreStoreConnector", "kv_role": "kv_both", "kv_connector_extra_config": store_extra}
+    cfg: dict[str, Any] = {"kv_connector": "MultiConnector", "kv_role": role,
+                           "kv_connector_extra_config": {"connectors": [p2p_config(role), store]}}
+    if role == "kv_consumer":
+        cfg["kv_load_failure_policy"] = "recompute"
+    return cfg
+
+
+def distinct_ports(n: int) -> list[int]:
+    """``n`` different free ports (two free_port() calls may return the same one, and vLLM binds
+    with SO_REUSEPORT: two servers on one port would both look healthy)."""
+    out: list[int] = []
+    while len(out) < n:
+        if (port := free_port()) not in out:
+            out.append(port)
+    return out
+
+
+def wait_all(servers: list[VllmServer], timeout: float) -> None:
+    for s in servers:
+        s.wait_healthy(timeout)
+
+
+def fit_prefill_profile(url: str, out: Path, kv_bytes_per_token: int) -> tuple[Path, list[dict[str, Any]]]:
+    """Time salted prefills (no cache reuse) of a few sizes on one prefill; fit the cost model.
+    Block size and KV bytes per token are the engines'; the transfer bandwidth is set to ~1 GB/s
+    (loopback TCP, not measured here); decode keeps the default profile's coefficients."""
+    samples = []
+    for n in (64, 256, 512, 768, 64, 256, 512, 768):
+        prompt = [3 + (i * 7919) % 290 for i in range(n)]  # ids inside the tiny vocabulary
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0, "cache_salt": uuid.uuid4().hex}
+        t0 = time.perf_counter()
+        http_json(url + "/v1/completions", body, timeout=300)
+        samples.append({"kind": "prefill", "new_tokens": n, "cached_tokens": 0, "seconds": time.perf_counter() - t0})
+    model = dataclasses.replace(CostModel.fit(samples), name="live-fitted", block_size=BLOCK,
+                                bytes_per_token=kv_bytes_per_token, bandwidth_bytes_per_s=1e9)
+    model.save(str(out))
+    return out, samples
+
+
+class Proxy:
+    def __init__(self, py: str, policy: str, prefills: list[VllmServer], decode: VllmServer, model: Path,
+                 events: dict[str, str], master: str, profile: Path, log: Path, timeout: float) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [py, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
+               "--block-size", str(BLOCK), "--tokenizer", str(model), "--health-interval", "2",
+               "--kv-events-config", json.dumps(events), "--store-master", master,
+               "--store-model-tag", f"{model}|torch.float32", "--profile", str(profile), "--decode", decode.url]
+        for p in prefills:
+            cmd += ["--prefill", p.url]
+        self._log = open(log, "wb")
+        env = {**os.environ, "PYTHONPATH": shim_pythonpath()}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout  # loads transformers: minutes on a busy box
+        while True:
+            try:
+                if http_json(self.url + "/health", timeout=5).get("can_serve", True):
+                    return
+            except Exception:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"proxy ({policy}) did not come up; see {log}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._log.close()
+
+
+def prefix_counters(servers: list[VllmServer]) -> dict[str, float]:
+    out = {"queries": 0.0, "local": 0.0, "external": 0.0}
+    for s in servers:
+        text = http_text(s.url + "/metrics")
+        out["queries"] += metric(text, "vllm:prefix_cache_queries_total")
+        out["local"] += metric(text, "vllm:prefix_cache_hits_total")
+        out["external"] += metric(text, "vllm:external_prefix_cache_hits_total")
+    return out
+
+
+def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmServer, model: Path,
+               events: dict[str, str], master: str, profile: Path, logs: Path, reqs: list[TraceRequest],
+               speed: float, a: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
+    for s in (*prefills, decode):
+        reset_prefix_cache(s, timeout=120)
+    with MasterClient(master) as c:
+        c.remove_by_regex("^mc-vllm-kv/", True)
+    proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{policy}.log",
+                  a.startup_timeout)
+    try:
+        before = prefix_counters(prefills)
+        results: list[Result] = []
+        cfg = ReplayConfig(url=proxy.url, speed=speed, model="tiny", block_tokens=a.block_tokens,
+                           max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed)
+        s = asyncio.run(replay(reqs, cfg, progress=not a.no_progress, results_out=results))
+        time.sleep(1.0)  # the last prefill's counters
+        after = prefix_counters(prefills)
+        decisions = collections.Counter()
+        for line in http_text(proxy.url + "/metrics").splitlines():
+            if line.startswith("mooncake_proxy_scheduler_decisions_total{") and 'prefill="' in line:
+                pid = line.split('prefill="', 1)[1].split('"', 1)[0]
+                decisions[f"p{[p.url for p in prefills].index(pid.split('@', 1)[1])}"] += float(line.rsplit(" ", 1)[1])
+    finally:
+        proxy.stop()
+    q = after["queries"] - before["queries"]
+    loc, ext = after["local"] - before["local"], after["external"] - before["external"]
+    row = {"policy": policy, "completed": s["completed"], "requests": s["requests"], "errors": s["errors"],
+           "ttft_mean": (s["ttft_s"] or {}).get("mean"), "ttft_p90": (s["ttft_s"] or {}).get("p90"),
+           "tbt_p90": (s["tpot_s"] or {}).get("p90"), "prompt_tokens": q,
+           "hit_local": loc / q if q else 0.0, "hit_store": ext / q if q else 0.0,
+           "recomputed": (q - loc - ext) / q if q else 0.0, "wall_s": s["wall_s"],
+           "prefill_split": dict(decisions)}
+    return row, results
+
+
+def fmt_table(rows: list[dict[str, Any]]) -> str:
+    base = next((r["ttft_mean"] for r in rows if r["policy"] == "load_balance" and r["ttft_mean"]), None)
+    lines = [f"{'policy':<13}{'done':>6}{'TTFT mean':>11}{'p90':>9}{'TBT p90':>9}{'local':>8}{'store':>8}"
+             f"{'recomp':>8}{'vs LB':>8}  prefill split"]
+    for r in rows:
+        def f(v: Any, scale: float = 1.0, pct: bool = False) -> str:
+            return "-" if v is None else (f"{100 * v:.0f}%" if pct else f"{v * scale:.2f}")
+        ratio = f"{r['ttft_mean'] / base:.2f}x" if base and r["ttft_mean"] else "-"
+        lines.append(f"{r['policy']:<13}{r['completed']:>3}/{r['requests']:<2}{f(r['ttft_mean']):>11}"
+                     f"{f(r['ttft_p90']):>9}{f(r['tbt_p90'], 1000):>9}{f(r['hit_local'], pct=True):>8}"
+                     f"{f(r['hit_store'], pct=True):>8}{f(r['recomputed'], pct=True):>8}{ratio:>8}  "
+                     f"{r['prefill_split']}")
+    return "\n".join(lines) + "\n(TTFT s, TBT ms; hit shares are of the prefills' prompt tokens, vLLM's counters)"
+
+
+def write_plot(path: Path, results: dict[str, list[Result]], reqs: list[TraceRequest], speed: float,
+               profile: Path, tokens_per_trace_token: float, max_tokens: int) -> None:
+    """Live TTFT CDF per policy next to the simulator's on the same window: 2P1D, the fitted
+    profile, input lengths and block size scaled to the live prompts' token counts."""
+    from mooncake_proxy.sim import SimConfig, simulate
+    from mooncake_proxy.sim.plot import ttft_cdf_panel
+    from mooncake_proxy.sim.trace import TraceRecord
+    from mooncake_proxy.svgplot import Panel, cdf_points, render_svg
+
+    series = {}
+    for p, res in results.items():
+        t = [r.ttft for r in res if r.ok and r.ttft]
+        if t:
+            series[f"{p} (mean {sum(t) / len(t):.2f}s)"] = cdf_points(t)
+    live = Panel("live (2P1D vLLM CPU)", series, "TTFT (s, log scale)", "fraction of requests", log_x=True)
+    k = tokens_per_trace_token
+    recs = [TraceRecord(timestamp=r.timestamp_ms, input_length=max(1, round(r.input_length * k)),
+                        output_length=min(r.output_length, max_tokens), hash_ids=list(r.hash_ids)) for r in reqs]
+    cost = CostModel.from_file(str(profile))
+    cfg = {"prefill": 2, "decode": 1, "speed": speed, "block_size": max(1, round(512 * k))}
+    sim = {p: simulate(recs, SimConfig(policy=p, **cfg), cost) for p in results}  # type: ignore[arg-type]
+    path.write_text(render_svg([live, ttft_cdf_panel(sim, "simulated (same window, fitted profile)")]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--trace", type=Path, default=default_trace(), help="conversation trace JSONL")
+    ap.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES, help="policies, run in this order")
+    ap.add_argument("--span", type=int, default=3000, help="trace requests the window's conversations are picked from")
+    ap.add_argument("--max-blocks", type=int, default=12, help="skip requests longer than this many 512-token blocks")
+    ap.add_argument("--groups", type=int, default=16, help="most frequent conversations kept")
+    ap.add_argument("--requests", type=int, default=40, help="requests replayed per policy")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds the window's arrivals are scaled to")
+    ap.add_argument("--block-tokens", type=int, default=16, help="prompt words per 512-token trace block")
+    ap.add_argument("--max-tokens", type=int, default=8, help="cap of the output tokens (trace output_length)")
+    ap.add_argument("--hidden", type=int, default=768, help="model hidden size")
+    ap.add_argument("--heads", type=int, default=12, help="attention heads (head size hidden/heads: 64)")
+    ap.add_argument("--layers", type=int, default=6, help="decoder layers")
+    ap.add_argument("--kv-cache-bytes", type=int, default=128 << 20, help="KV cache per vLLM instance (bytes)")
+    ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the vLLM servers (and each proxy)")
+    ap.add_argument("--request-timeout", type=float, default=600.0, help="per-request timeout of the replay (s)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the prompt text")
+    ap.add_argument("--logs", type=Path, default=None, help="directory for server logs (default: a temp dir)")
+    ap.add_argument("--plot", type=Path, default=None, metavar="FILE.svg",
+                    help="write the TTFT CDF per policy, live and simulated side by side (SVG, no matplotlib needed)")
+    ap.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    a = ap.parse_args(argv)
+    py = vllm_python()
+    if py is None:
+        print("bench_live_scheduling: the vLLM venv is missing (scripts/install_vllm.sh, or set VLLM_VENV)", file=sys.stderr)
+        return 2
+    with open(a.trace) as f:
+        reqs = select_window(list(parse_trace_lines(f, str(a.trace))), a.span, a.max_blocks, a.groups, a.requests)
+    if len(reqs) < 2:
+        print(f"bench_live_scheduling: only {len(reqs)} requests selected from {a.trace}", file=sys.stderr)
+        return 2
+    speed = scale_time(reqs, a.duration)
+    logs = a.logs or Path(tempfile.mkdtemp(prefix="bench-live-sched-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"window: {len(reqs)} requests, ideal prefix reuse {100 * ideal_hit_ratio(reqs):.0f}% of blocks, "
+          f"speed x{speed:.1f} (over {a.duration:.0f} s); load average {os.getloadavg()[0]:.1f}; logs {logs}", flush=True)
+    model = make_model(py, logs / "model", a.hidden, a.heads, a.layers)
+    mport, hport, mmetrics, ev0, ev1, http0, http1, http_d = distinct_ports(8)
+    master = MasterProc([f"--port={mport}", "--rpc_address=127.0.0.1", f"--metrics_port={mmetrics}",
+                         "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+                         f"--http_metadata_server_port={hport}"], mport, mmetrics, str(logs / "master.log"))
+    store_extra = {"master_server_address": master.addr, "metadata_server": f"http://127.0.0.1:{hport}/metadata",
+                   "global_segment_size": "256MB", "local_buffer_size": "64MB", "local_hostname": "127.0.0.1"}
+    common = ["--kv-cache-memory-bytes", a.kv_cache_bytes, "--max-model-len", 2048]
+    ev_ports = [ev0, ev1]
+    prefills = [VllmServer(py, model, (http0, http1)[i], i, logs / f"prefill{i}.log", multi_config("kv_producer", store_extra),
+                           env={"VLLM_SERVER_DEV_MODE": "1"},
+                           args=[*common, "--kv-events-config", json.dumps(
+                               {"enable_kv_cache_events": True, "publisher": "zmq",
+                                "endpoint": f"tcp://*:{ev_ports[i]}"})]) for i in range(2)]
+    decode = VllmServer(py, model, http_d, 1, logs / "decode.log", multi_config("kv_consumer", store_extra),
+                        env={"VLLM_SERVER_DEV_MODE": "1"}, args=common)
+    servers = [*prefills, decode]
+    rows: list[dict[str, Any]] = []
+    results: dict[str, list[Result]] = {}
+    try:
+        master.wait_ready()
+        t0 = time.monotonic()
+        for s in servers:
+            s.start()
+        wait_all(servers, a.startup_timeout)
+        print(f"3 vLLM servers healthy in {time.monotonic() - t0:.0f} s", flush=True)
+        kv_bytes = 2 * a.hidden * a.layers * 4  # K and V, fp32, every layer (heads = kv heads)
+        profile, samples = fit_prefill_profile(prefills[0].url, logs / "profile.json", kv_bytes)
+        print("prefill profile: " + ", ".join(f"{s['new_tokens']} tok {s['seconds']:.2f}s" for s in samples[4:]), flush=True)
+        events = {p.url: f"tcp://127.0.0.1:{port}" for p, port in zip(prefills, ev_ports)}
+        for pol in a.policies:
+            load = os.getloadavg()[0]
+            row, res = run_policy(pol, py, prefills, decode, model, events, master.addr, profile, logs, reqs, speed, a)
+            row["load_avg_start"] = round(load, 1)
+            rows.append(row)
+            results[pol] = res
+            print(f"{pol}: {row['completed']}/{row['requests']} done, TTFT mean {row['ttft_mean']}, "
+                  f"load avg {load:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+    finally:
+        for s in servers:
+            s.stop()
+        master.kill()
+    print(fmt_table(rows))
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if a.json:
+        a.json.write_text(json.dumps({"rows": rows, "speed": speed, "window": len(reqs)}, indent=1))
+    if a.plot:
+        live_tokens = statistics.mean(r["prompt_tokens"] for r in rows) / max(1, sum(q.input_length for q in reqs))
+        write_plot(a.plot, results, reqs, speed, profile, live_tokens, a.max_tokens)
+        print(f"wrote {a.plot}")
+    return 0 if rows and all(r["completed"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
