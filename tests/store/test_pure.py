@@ -146,32 +146,32 @@ def test_owned_index_drops_overlapped_entries() -> None:
     def r(addr: int, size: int) -> ReplicaDesc:
         return ReplicaDesc("seg", addr, size)
 
-    idx.add("a", r(1000, 100), b"fa")
-    idx.add("b", r(1100, 100), b"fb")  # adjacent, no overlap
-    idx.add("c", r(2000, 50), b"fc")
+    idx.add("a", r(1000, 100), 277)
+    idx.add("b", r(1100, 100), 717)  # adjacent, no overlap
+    idx.add("c", r(2000, 50), 163)
     assert len(idx) == 3
-    idx.add("d", r(1050, 100), b"fd")  # overlaps a and b: both were evicted meanwhile
+    idx.add("d", r(1050, 100), 662)  # overlaps a and b: both were evicted meanwhile
     assert [e.key for e in idx.newest_first()] == ["d", "c"]
-    idx.add("c", r(3000, 10), b"fc2")  # re-put of a key moves it
+    idx.add("c", r(3000, 10), 558)  # re-put of a key moves it
     assert [(e.key, e.replica.addr) for e in idx.newest_first()] == [("c", 3000), ("d", 1050)]
-    idx.add("e", r(2000, 10), b"fe")  # the old range of c is free again: no stale entry there
+    idx.add("e", r(2000, 10), 254)  # the old range of c is free again: no stale entry there
     assert len(idx) == 3
     idx.discard(["d", "missing"])
     idx.discard_entries(idx.entries(lambda k: k == "e"))
     assert [e.key for e in idx.newest_first()] == ["c"]
     # removal notices from the master: only entries not newer than the removal go
-    idx.add("v", r(7000, 10), b"fv", version=100)
+    idx.add("v", r(7000, 10), 51, version=100)
     idx.discard_removed([("v", 99)])
     assert "v" in {e.key for e in idx.newest_first()}
     idx.discard_removed([("v", 100), ("nope", 5)])
     assert "v" not in {e.key for e in idx.newest_first()}
-    idx.add("w", r(7100, 10), b"fw", version=50)
-    idx.add("z", r(7200, 10), b"fz", version=500)
+    idx.add("w", r(7100, 10), 690, version=50)
+    idx.add("z", r(7200, 10), 551, version=500)
     idx.discard_removed([], all_before=60)
     assert {"w", "z"} & {e.key for e in idx.newest_first()} == {"z"}
     # bounded: many objects cycling through the same small range keep one entry
     for i in range(1000):
-        idx.add(f"k{i}", r(5000 + (i % 3) * 10, 25), b"x")
+        idx.add(f"k{i}", r(5000 + (i % 3) * 10, 25), 7)
     assert len(idx) <= 4
     idx.clear()
     assert len(idx) == 0
@@ -211,7 +211,7 @@ def test_owned_index_matches_eager_overlap_rule() -> None:
             else:
                 k = f"k{rng.randrange(300)}"
                 addr, size = rng.randrange(0, 20000, 64), rng.choice([1, 64, 100, 640, 3000])
-                idx.add(k, ReplicaDesc("seg", addr, size), b"f")
+                idx.add(k, ReplicaDesc("seg", addr, size), 1)
                 seq += 1
                 model.pop(k, None)
                 for other, (a, n, _) in list(model.items()):
