@@ -104,13 +104,13 @@ def spans(parts: Sequence[tuple[int, int]], base: int, total: int) -> list[tuple
     return out
 
 
-#: 8-byte words sampled per object: ``FP_WORDS - 1`` at a fixed step from its first byte,
-#: and its last word (an object up to ~512 bytes is covered whole, a 1 KiB one every other word)
+#: 8-byte words sampled per object, spread evenly from its first to its last word (they
+#: overlap, covering every byte, for objects up to 504 bytes; a 1 KiB one every other word)
 FP_WORDS = 64
 #: fixed odd weights: the fingerprint is sum(word_k * w_k) + size * w_last (mod 2^64), so a
 #: change of any sampled word changes it (odd weights are invertible mod 2^64)
 _FP_W = np.random.default_rng(0x6D6F6F6E63616B65).integers(0, 1 << 62, FP_WORDS + 1, dtype=np.uint64) * 2 + 1
-_FP_K = np.arange(FP_WORDS - 1, dtype=np.int64)
+_FP_K = np.arange(FP_WORDS, dtype=np.int64)
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
@@ -153,18 +153,18 @@ def fingerprints(mem: Any, offs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     if len(buf) < 8 or int((offs + sizes).max()) > len(buf) or int(offs.min()) < 0:
         raise ValueError("fingerprints: an object lies outside the buffer")
     words = np.ndarray(shape=(len(buf) - 7,), dtype=np.uint64, buffer=buf, strides=(1,))
-    w = _FP_W[:FP_WORDS - 1]
+    w = _FP_W[:FP_WORDS]
     size0 = int(sizes[0])
     if n > 1 and bool((sizes == size0).all()) and bool((np.diff(offs) == size0).all()):
-        step = (size0 - 8) // (FP_WORDS - 1)
-        first = np.lib.stride_tricks.as_strided(words[int(offs[0]):], shape=(n, FP_WORDS - 1),
-                                                strides=(size0, step), writeable=False)
-        acc = (first * w).sum(axis=1, dtype=np.uint64)
+        # laid end to end: sample k of every object is one strided slice
+        start = int(offs[0])
+        acc = np.zeros(n, np.uint64)
+        for k, at in enumerate(((size0 - 8) * _FP_K // (FP_WORDS - 1)).tolist()):
+            acc += words[start + at:start + at + (n - 1) * size0 + 1:size0] * w[k]
     else:
-        steps = (sizes - 8) // (FP_WORDS - 1)
-        acc = (words[offs[:, None] + steps[:, None] * _FP_K[None, :]] * w).sum(axis=1, dtype=np.uint64)
-    last = words[offs + sizes - 8]
-    return acc + last * _FP_W[FP_WORDS - 1] + sizes.astype(np.uint64) * _FP_W[FP_WORDS]
+        pos = offs[:, None] + (sizes[:, None] - 8) * _FP_K[None, :] // (FP_WORDS - 1)
+        acc = (words[pos] * w).sum(axis=1, dtype=np.uint64)
+    return acc + sizes.astype(np.uint64) * _FP_W[FP_WORDS]
 
 
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14

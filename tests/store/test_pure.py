@@ -237,3 +237,29 @@ def test_bytes_addr_is_the_payload_address() -> None:
     for b in (b"", b"a", b"xyz" * 333, bytes(1 << 16), B(b"subclass")):
         assert bytes_addr(b) == (ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0)
         assert ctypes.string_at(bytes_addr(b), len(b)) == b
+
+
+def test_batch_fingerprints_match_single_ones_and_see_changes() -> None:
+    """The put path fingerprints a batch at once (a strided view when the objects are laid end
+    to end, a gather otherwise); a re-report checks one object at a time: all must agree, and a
+    changed byte must change the fingerprint (every byte of objects up to 504 bytes)."""
+    import os
+
+    import numpy as np
+
+    from mooncake_core.store.memory import bytes_addr, fingerprint, fingerprints
+
+    buf = bytearray(os.urandom(1 << 18))
+    frozen = bytes(buf)
+    offs, sizes = np.arange(0, 100 * 1024, 1024), np.full(100, 1024)
+    laid = fingerprints(buf, offs, sizes)
+    assert (fingerprints(buf, offs[::-1].copy(), sizes)[::-1] == laid).all()
+    assert int(laid[7]) == fingerprint(bytes_addr(frozen) + 7 * 1024, 1024)
+    for size in (1, 7, 8, 9, 100, 504, 5000):
+        one = fingerprints(buf, np.array([3]), np.array([size]))[0]
+        assert int(one) == fingerprint(bytes_addr(frozen) + 3, size), size
+        for j in (range(size) if size <= 504 else (0, 1, size - 2, size - 1)):  # big ones: sampled bytes
+            changed = bytearray(buf)
+            changed[3 + j] ^= 0x40
+            assert fingerprints(changed, np.array([3]), np.array([size]))[0] != one, (size, j)
+    assert fingerprints(buf, np.array([5]), np.array([0]))[0] == 0
