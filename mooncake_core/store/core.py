@@ -25,18 +25,21 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from mooncake_core import envs
 from mooncake_core.errors import MooncakeError
+from mooncake_core.store import batch_path
 from mooncake_core.store.codes import EXISTS, INTERNAL, INVALID, LEASE_EXPIRED, NOT_FOUND, OK, RPC_FAIL, TRANSFER_FAIL
 from mooncake_core.store.config import StoreConfig
 from mooncake_core.store.internals import EngineLike, Parts
 from mooncake_core.store.maintenance import Maintenance
 from mooncake_core.store.master_client import MasterClient
-from mooncake_core.store.memory import (PREFAULT_MIN, buffer_addr, fingerprint, fingerprint_of, memmove, new_bytes,
+from mooncake_core.store.memory import (PREFAULT_MIN, buffer_addr, fingerprint, fingerprints, memmove, new_bytes,
                                         populate_range, prefault_enabled, spans)
 from mooncake_core.store.offload import OffloadFiles, mem_view
 from mooncake_core.store.owned import OwnedIndex
-from mooncake_core.store.protocol import GetReply, ReplicaDesc
+from mooncake_core.store.protocol import GetReply, ReplicaDesc, ReplicateConfigMsg
 from mooncake_core.store.segment import StoreSegment
 from mooncake_core.store.types import ReplicateConfig
 from mooncake_core.store.validate import has_port, host_of
@@ -364,27 +367,40 @@ class StoreCore:
                     skip.add(seg_name)
                 raise MooncakeError(TRANSFER_FAIL, f"write of {sum(lens)} bytes to segment {seg_name} failed ({rc})")
 
-    def put_many(self, keys: list[str], srcs: list[Parts], cfg: ReplicateConfig, *, upsert: bool,
-                 op: str) -> list[int]:
+    def put_many(self, keys: list[str], srcs: list[Parts] | None, cfg: ReplicateConfig, *, upsert: bool,
+                 op: str, flat: tuple[list[int], list[int], list[Any] | None] | None = None) -> list[int]:
         """Core of every put: returns one code per key. ``srcs[i]`` = the (address, size)
-        parts whose concatenation is object i (one part for plain puts)."""
+        parts whose concatenation is object i; or ``flat`` = (addresses, sizes, the bytes
+        objects or None) when every object is one piece (``srcs`` may then be None): a batch
+        of those goes the array path (batch_path.put_flat)."""
         self.enter(op)
         try:
+            if flat is not None and len(keys) > 1:
+                got = batch_path.put_flat(self, keys, flat[0], flat[1], flat[2], self._placement(cfg),
+                                          upsert=upsert, op=op)
+                if got is not None:
+                    return got
+            if srcs is None:
+                assert flat is not None
+                srcs = [[(a, s)] for a, s in zip(flat[0], flat[1])]
             return self._put_many_locked(keys, srcs, cfg, upsert=upsert, op=op)
         finally:
             self.exit()
 
-    def _put_many_locked(self, keys: list[str], srcs: list[Parts], cfg: ReplicateConfig, *, upsert: bool,
-                         op: str) -> list[int]:
-        t0 = time.perf_counter()
+    def _placement(self, cfg: ReplicateConfig) -> ReplicateConfigMsg:
         msg = cfg.to_msg()
         if cfg.prefer_alloc_in_same_node and self.segment is not None \
                 and self.segment_name not in msg.preferred_segments:
             msg.preferred_segments.insert(0, self.segment_name)  # local first: a memcpy
+        return msg
+
+    def _put_many_locked(self, keys: list[str], srcs: list[Parts], cfg: ReplicateConfig, *, upsert: bool,
+                         op: str) -> list[int]:
+        t0 = time.perf_counter()
+        msg = self._placement(cfg)
         master = self.master
         n = len(keys)
         sizes = [parts[0][1] if len(parts) == 1 else sum(sz for _, sz in parts) for parts in srcs]
-        results = [OK] * n
         allocs: list[list[ReplicaDesc] | int]
         try:
             if n == 1:
@@ -399,6 +415,14 @@ class StoreCore:
                 allocs = list(master.batch_put_start(self.client_id, keys, sizes, msg))
         except MooncakeError as e:
             return [e.code] * n
+        return self.finish_puts(keys, srcs, sizes, allocs, upsert=upsert, op=op, t0=t0)
+
+    def finish_puts(self, keys: list[str], srcs: list[Parts], sizes: list[int], allocs: list[list[ReplicaDesc] | int],
+                    *, upsert: bool, op: str, t0: float) -> list[int]:
+        """The per-key rest of a put once the master placed it: write, then end/revoke."""
+        master = self.master
+        n = len(keys)
+        results = [OK] * n
         started: list[int] = []
         reps: dict[int, list[ReplicaDesc]] = {}
         for i, a in enumerate(allocs):
@@ -479,12 +503,15 @@ class StoreCore:
 
     def remember_owned_many(self, published: Sequence[tuple[str, Iterable[ReplicaDesc], Any]]) -> None:
         """``remember_owned`` of every ``(key, replicas, version)`` of a batch: one pass, one
-        lock, fingerprints from slices of one view of our segment."""
+        lock, fingerprints of all of them at once."""
         seg = self.segment
         if seg is None or not published:
             return
-        view, base, name = seg.view, seg.addr, self.segment_name
-        add: list[tuple[str, ReplicaDesc, bytes, int]] = []
+        name = self.segment_name
+        keys: list[str] = []
+        addrs: list[int] = []
+        sizes: list[int] = []
+        versions: list[int] = []
         gone: list[str] = []
         for key, replicas, version in published:
             if not isinstance(version, int) or version <= 0:
@@ -492,22 +519,28 @@ class StoreCore:
                 continue
             for rep in replicas:
                 if rep.segment_name == name:
-                    # fingerprint of the replica as written, taken from our own memory
-                    off, n = rep.addr - base, rep.size
-                    if not n:
-                        fp = b""
-                    elif view is not None and 0 <= off and off + n <= len(view):
-                        fp = fingerprint_of(view[off:off + n])
-                    else:
-                        fp = fingerprint(rep.addr, n)
-                    add.append((key, rep, fp, version))
+                    keys.append(key)
+                    addrs.append(rep.addr)
+                    sizes.append(rep.size)
+                    versions.append(version)
                     break
             else:
                 gone.append(key)
         if gone:
             self.owned.discard(gone)
-        if add:
-            self.owned.add_many(add)
+        if keys:
+            a, m = np.array(addrs, np.int64), np.array(sizes, np.int64)
+            self.owned.add_batch(name, keys, a, m, self._fingerprints(seg, a, m), np.array(versions, np.int64))
+
+    @staticmethod
+    def _fingerprints(seg: StoreSegment, addrs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Fingerprints of replicas as written, from our own memory (all at once over a view
+        of the segment; a range outside it, never expected, is read on its own)."""
+        view = seg.view
+        offs = addrs - seg.addr
+        if view is not None and bool(((offs >= 0) & (offs + sizes <= seg.size)).all()):
+            return fingerprints(view, offs, sizes)
+        return np.array([fingerprint(a, m) for a, m in zip(addrs.tolist(), sizes.tolist())], np.uint64)
 
     def forget(self, keys: Iterable[str]) -> None:
         self.owned.discard(keys)
@@ -555,6 +588,10 @@ class StoreCore:
         ``(bytes, size)``). Returns per-key bytes read or a negative code."""
         self.enter(op)
         try:
+            if len(keys) > 1:
+                got = batch_path.read_flat(self, keys, dests, op)
+                if got is not None:
+                    return got
             return self._read_batch_locked(keys, dests, op)
         finally:
             self.exit()
@@ -569,16 +606,21 @@ class StoreCore:
                 return [e.code]
         return list(master.batch_get_replica_list(keys))
 
-    def _read_batch_locked(self, keys: list[str], dests: list[Any], op: str, retry: bool = True) -> list[int]:
+    def _read_batch_locked(self, keys: list[str], dests: list[Any], op: str, retry: bool = True,
+                           fetched: tuple[float, list[GetReply | int]] | None = None) -> list[int]:
+        """``fetched``: (when the lease was asked for, the replies) already in hand."""
         t0 = time.perf_counter()
         fresh = [d is None for d in dests]
         n = len(keys)
         results: list[int] = [0] * n
-        t_req = time.monotonic()
-        try:
-            replies = self.fetch_replicas(keys)
-        except MooncakeError as e:
-            return [e.code] * n
+        if fetched is not None:
+            t_req, replies = fetched
+        else:
+            t_req = time.monotonic()
+            try:
+                replies = self.fetch_replicas(keys)
+            except MooncakeError as e:
+                return [e.code] * n
         remote: dict[str, list[tuple[int, Parts, int, list[ReplicaDesc]]]] = {}
         deadlines = [0.0] * n
         read_parts: list[Parts | None] = [None] * n

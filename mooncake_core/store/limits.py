@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mooncake_core.errors import MooncakeError
+from mooncake_core.store.packing import U64, unpack
+
 #: default of --max_batch_keys: far above what a connector batches (one request's KV blocks)
 DEFAULT_MAX_BATCH_KEYS = 1 << 20
 
@@ -37,7 +40,13 @@ class RequestLimits:
         limit = self.max_value_size
         if limit:
             size = getattr(req, "size", None)
-            sizes = [size] if isinstance(size, int) else (getattr(req, "sizes", None) or ())
+            packed = getattr(req, "sizes", None)
+            sizes: list[int] = [size] if isinstance(size, int) else []
+            if isinstance(packed, bytes):
+                try:
+                    sizes = unpack(U64, packed, None, "sizes")
+                except MooncakeError:
+                    sizes = []  # malformed: the handler refuses it by name
             for i, n in enumerate(sizes):
                 if n > limit:
                     key = keys[i] if keys is not None and i < len(keys) else getattr(req, "key", "?")

@@ -28,6 +28,7 @@ from typing import Any
 from mooncake_core import auth
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store import protocol as P
+from mooncake_core.store.packing import I64, U64, expand_gets, expand_placements, pack, unpack
 from mooncake_core.store.protocol import (
     GetReply, HeartbeatReply, MasterInfo, MountReply, ReplicaDesc, ReplicateConfigMsg,
 )
@@ -395,23 +396,41 @@ class MasterClient:
 
     def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int],
                         cfg: ReplicateConfigMsg | None = None) -> list[list[ReplicaDesc] | int]:
-        return self._call(P.BatchPutStartReq(client_id, list(keys), list(sizes), cfg or ReplicateConfigMsg()))
+        """put_start of every key: its replicas or its code (``batch_put_start_packed`` unpacked)."""
+        return expand_placements(self.batch_put_start_packed(client_id, keys, sizes, cfg), sizes)
 
     def batch_upsert_start(self, client_id: str, keys: list[str], sizes: list[int],
                            cfg: ReplicateConfigMsg | None = None) -> list[list[ReplicaDesc] | int]:
-        return self._call(P.BatchUpsertStartReq(client_id, list(keys), list(sizes), cfg or ReplicateConfigMsg()))
+        return expand_placements(self.batch_put_start_packed(client_id, keys, sizes, cfg, upsert=True), sizes)
+
+    def batch_put_start_packed(self, client_id: str, keys: list[str], sizes: list[int] | bytes,
+                               cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> P.Placements:
+        """One round trip for the whole batch; ``sizes`` as ints or already packed (``u64``)."""
+        blob = sizes if isinstance(sizes, bytes) else pack(U64, sizes)
+        req = P.BatchUpsertStartReq if upsert else P.BatchPutStartReq
+        return self._call(req(client_id, keys if isinstance(keys, list) else list(keys), blob,
+                              cfg or ReplicateConfigMsg()))
 
     def batch_put_end(self, client_id: str, keys: list[str]) -> list[int]:
-        return self._call(P.BatchPutEndReq(client_id, list(keys)))
+        """Per key the version (> 0), 0 (nothing published) or a code."""
+        return unpack(I64, self.batch_put_end_packed(client_id, keys), len(keys), "batch_put_end reply")
+
+    def batch_put_end_packed(self, client_id: str, keys: list[str]) -> bytes:
+        return self._call(P.BatchPutEndReq(client_id, keys if isinstance(keys, list) else list(keys)))
 
     def batch_put_revoke(self, client_id: str, keys: list[str]) -> list[int]:
-        return self._call(P.BatchPutRevokeReq(client_id, list(keys)))
+        return unpack(I64, self._call(P.BatchPutRevokeReq(client_id, list(keys))), len(keys),
+                      "batch_put_revoke reply")
 
     def get_replica_list(self, key: str) -> GetReply:
         return self._call(P.GetReplicaListReq(key))
 
     def batch_get_replica_list(self, keys: list[str]) -> list[GetReply | int]:
-        return self._call(P.BatchGetReplicaListReq(list(keys)))
+        return expand_gets(self.batch_get_packed(keys), len(keys))
+
+    def batch_get_packed(self, keys: list[str]) -> P.BatchGetReply:
+        """One lease grant for the whole batch, packed (see ``packing``)."""
+        return self._call(P.BatchGetReplicaListReq(keys if isinstance(keys, list) else list(keys)))
 
     def exist_key(self, key: str) -> bool:
         return self._call(P.ExistKeyReq(key))

@@ -32,11 +32,17 @@ from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store import protocol as P
 from mooncake_core.store.limits import RequestLimits
 from mooncake_core.store.master_state import MasterState
+from mooncake_core.store.packing import U64, unpack
 from mooncake_core.utils.busypoll import Poller
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import bind_listener
 
 log = get_logger("mooncake.store.master_server")
+
+
+def _sizes(r: Any) -> list[int]:
+    """The packed ``sizes`` of a batch put request (-600 when they do not match its keys)."""
+    return unpack(U64, r.sizes, len(r.keys), f"{type(r).__struct_config__.tag}: sizes")
 
 
 def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, Callable[[Any], Any]]:
@@ -50,8 +56,8 @@ def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, C
         P.UpsertStartReq: lambda r: st.put_start(r.client_id, r.key, r.size, r.cfg, upsert=True),
         P.PutEndReq: lambda r: st.put_end(r.client_id, r.key),
         P.PutRevokeReq: lambda r: st.put_revoke(r.client_id, r.key),
-        P.BatchPutStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, r.sizes, r.cfg),
-        P.BatchUpsertStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, r.sizes, r.cfg, upsert=True),
+        P.BatchPutStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg),
+        P.BatchUpsertStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg, upsert=True),
         P.BatchPutEndReq: lambda r: st.batch_put_end(r.client_id, r.keys),
         P.BatchPutRevokeReq: lambda r: st.batch_put_revoke(r.client_id, r.keys),
         P.GetReplicaListReq: lambda r: st.get_replica_list(r.key),

@@ -30,7 +30,8 @@ Rules implemented here (Mooncake semantics):
 * **Recovery** (new leader / restarted master): unknown clients get ``need_remount`` and
   re-report their complete objects (``report_objects``); reported ranges are re-marked used.
 
-The records it keeps (config, segments, objects, puts, clients) are in ``master_records``.
+The records it keeps (config, segments, objects, puts, clients) are in ``master_records``;
+eviction and the SSD tier are ``master_tier``'s, batches ``master_batch``'s (answered packed).
 """
 
 from __future__ import annotations
@@ -43,13 +44,14 @@ from typing import Any, Callable, Iterable
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.key_events import KeyEventKind, KeyEventLog, watch_reply
 from mooncake_core.store.protocol import (
-    GetReply, HeartbeatReply, KeyEventsReply, MountReply, OffloadTask, ReplicaDesc, ReplicateConfigMsg,
+    BatchGetReply, GetReply, HeartbeatReply, KeyEventsReply, MountReply, Placements, ReplicaDesc,
+    ReplicateConfigMsg,
 )
-from mooncake_core.store import master_reports
+from mooncake_core.store import master_batch, master_reports, master_tier
 from mooncake_core.store.master_absence import Absences
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE, ClientInfo,
-                                                 DiskReplica, Extra, MasterConfig, ObjectMeta, PendingPut, Rep,
-                                                 Segment, Stats, check_key, err, safe_rel_path)
+                                                 Extra, MasterConfig, ObjectMeta, PendingPut, Rep,
+                                                 Segment, Stats, check_key, err)
 from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 
@@ -365,8 +367,9 @@ class MasterState:
         cfg = cfg or ReplicateConfigMsg()
         self._check_cfg(cfg, key)
         now = self.clock()
-        return self._put_start_one(client_id, key, size, cfg, self._soft_ttl(cfg), now, upsert,
+        reps = self._put_start_one(client_id, key, size, cfg, self._soft_ttl(cfg), now, upsert,
                                    self._direct_target(cfg, now))
+        return [ReplicaDesc(seg.name, seg.base + off, size, "memory", "", "processing") for seg, off in reps]
 
     @staticmethod
     def _check_cfg(cfg: ReplicateConfigMsg, what: str) -> None:
@@ -390,8 +393,9 @@ class MasterState:
 
     def _put_start_one(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg,
                        soft_ttl: float | None, now: float, upsert: bool,
-                       direct: Segment | None = None) -> list[ReplicaDesc]:
-        """put_start of one key whose ``cfg`` was validated (once per batch). Every step is
+                       direct: Segment | None = None) -> list[Rep]:
+        """put_start of one key whose ``cfg`` was validated (once per batch): the replicas
+        allocated (recorded as an in-flight put). Every step is
         O(1) (dict lookups, the allocator's top block) or O(log free blocks) -- never a walk
         over the stored objects. ``direct``: see _direct_target."""
         if size.__class__ is not int or size <= 0:
@@ -425,7 +429,7 @@ class MasterState:
             reps = self._allocate(key, size, cfg, now)
         self.inflight[key] = PendingPut(client_id, self._sizes.get(size) or self._intern_size(size), reps, now,
                                         upsert, promote, bool(cfg.with_hard_pin), soft_ttl)
-        return [ReplicaDesc(seg.name, seg.base + off, size, "memory", "", "processing") for seg, off in reps]
+        return reps
 
     def upsert_start(self, client_id: str, key: str, size: int,
                      cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
@@ -561,45 +565,15 @@ class MasterState:
         return out
 
     def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int],
-                        cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> list[Any]:
-        """put_start of every key: its replicas, or its error code. The config is checked and
-        the clock read once per batch; each key then costs O(1) (see _put_start_one)."""
-        if len(keys) != len(sizes):
-            raise err(ErrorCode.INVALID_PARAMS, f"batch_put_start: {len(keys)} keys but {len(sizes)} sizes")
-        cfg = cfg or ReplicateConfigMsg()
-        try:
-            self._check_cfg(cfg, keys[0] if keys else "")
-        except MooncakeError as e:
-            return [e.code] * len(keys)
-        soft_ttl = self._soft_ttl(cfg)
-        now = self.clock()
-        direct = self._direct_target(cfg, now)
-        one = self._put_start_one
-        out: list[Any] = []
-        for k, size in zip(keys, sizes):
-            try:
-                if k.__class__ is not str or not k:
-                    check_key(k)
-                out.append(one(client_id, k, size, cfg, soft_ttl, now, upsert, direct))
-            except MooncakeError as e:
-                out.append(e.code)
-        return out
+                        cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> Placements:
+        """put_start of every key, packed (master_batch.put_starts)."""
+        return master_batch.put_starts(self, client_id, keys, sizes, cfg, upsert)
 
-    def batch_put_end(self, client_id: str, keys: list[str]) -> list[int]:
-        now = self.clock()
-        one = self._put_end_one
-        out: list[int] = []
-        for k in keys:
-            try:
-                if k.__class__ is not str or not k:
-                    check_key(k)
-                out.append(one(client_id, k, now))
-            except MooncakeError as e:
-                out.append(e.code)
-        return out
+    def batch_put_end(self, client_id: str, keys: list[str]) -> bytes:
+        return master_batch.put_ends(self, client_id, keys)
 
-    def batch_put_revoke(self, client_id: str, keys: list[str]) -> list[int]:
-        return self._batch(lambda k: self.put_revoke(client_id, k), keys)
+    def batch_put_revoke(self, client_id: str, keys: list[str]) -> bytes:
+        return master_batch.put_revokes(self, client_id, keys)
 
     # ================================================================ reads
     def get_replica_list(self, key: str) -> GetReply:
@@ -611,23 +585,28 @@ class MasterState:
             raise err(ErrorCode.OBJECT_NOT_FOUND, f"get {key!r}: {why}")
         now = self.clock()
         ttl_ms = self.cfg.default_kv_lease_ttl_ms
-        deadline = now + ttl_ms / 1000.0
+        self.grant(key, meta, now, now + ttl_ms / 1000.0)
+        return GetReply(self._descs(meta), ttl_ms, self.epoch, self._confirm_after_ms)
+
+    def grant(self, key: str, meta: ObjectMeta, now: float, deadline: float) -> None:
+        """A read lease on ``meta`` until ``deadline``; the object becomes the most recently used."""
         if deadline > meta.lease:
             meta.lease = deadline
-        soft = meta.soft
-        if soft is not None and now + soft[1] > soft[0]:
-            soft[0] = now + soft[1]
+        extra = meta.extra
+        if extra is not None:
+            soft = extra.soft
+            if soft is not None and now + soft[1] > soft[0]:
+                soft[0] = now + soft[1]
+            if key in self.disk_lru:
+                del self.disk_lru[key]
+                self.disk_lru[key] = None
         # LRU: move to the most-recently-used end
         del self.objects[key]
         self.objects[key] = meta
-        if meta.extra is not None and key in self.disk_lru:
-            del self.disk_lru[key]
-            self.disk_lru[key] = None
         self.stats.hits += 1
-        return GetReply(self._descs(meta), ttl_ms, self.epoch, self._confirm_after_ms)
 
-    def batch_get_replica_list(self, keys: list[str]) -> list[Any]:
-        return self._batch(self.get_replica_list, keys)
+    def batch_get_replica_list(self, keys: list[str]) -> BatchGetReply:
+        return master_batch.get_replica_lists(self, keys)
 
     def exist_key(self, key: str) -> bool:
         return key in self.objects
@@ -690,148 +669,24 @@ class MasterState:
                 n += 1
         return n
 
-    # ================================================================ eviction
-    def _evictable(self, meta: ObjectMeta, key: str, now: float) -> bool:
-        return (meta.seg is not None and meta.lease <= now and not meta.hard
-                and key not in self.offloading)
-
+    # ================================================================ eviction, SSD tier (master_tier)
     def _evict(self, need: int, now: float) -> int:
-        """Evict LRU objects until ``max(need, eviction_ratio * capacity)`` bytes are freed
-        (or queued for offload). Returns the bytes freed immediately."""
-        target = max(need, int(self.cfg.eviction_ratio * self.capacity))
-        progress = 0
-        victims: list[tuple[str, ObjectMeta]] = []
-        soft: list[tuple[str, ObjectMeta]] = []
-        for key, meta in self.objects.items():  # oldest first: dict order is the LRU order
-            if progress >= target:
-                break
-            if not self._evictable(meta, key, now):
-                continue
-            sp = meta.soft
-            if sp is not None and sp[0] > now:
-                soft.append((key, meta))
-                continue
-            victims.append((key, meta))
-            progress += meta.size * meta.n_reps
-        if progress < target and self.cfg.allow_evict_soft_pinned_objects:
-            for key, meta in soft:  # soft-pinned objects go last
-                if progress >= target:
-                    break
-                victims.append((key, meta))
-                progress += meta.size * meta.n_reps
-        freed = 0
-        for key, meta in victims:
-            freed += self._evict_one(key, meta, now)[0]
-        return freed
+        return master_tier.evict(self, need, now)
 
     def offloading_bytes(self) -> int:
-        n = 0
-        for key in self.offloading:
-            meta = self.objects.get(key)
-            if meta is not None:
-                n += meta.size * meta.n_reps
-        return n
+        return master_tier.offloading_bytes(self)
 
-    def _evict_one(self, key: str, meta: ObjectMeta, now: float) -> tuple[int, int]:
-        """Evict one object's memory replicas. Returns (bytes freed, bytes queued for offload)."""
-        reps = meta.reps()
-        nbytes = meta.size * len(reps)
-        if self.cfg.enable_offload and meta.disk is None:
-            owner = self.clients.get(reps[0][0].client_id)
-            if owner is not None and self._disk_room(meta.size, now):
-                owner.tasks.append(OffloadTask(key, self._desc(reps[0], meta.size)))
-                self.offloading[key] = now
-                return 0, nbytes
-        for r in reps:
-            self._free(r, meta.size)
-        meta.set_reps([])
-        if meta.disk is None:
-            del self.objects[key]
-            self.key_events.publish("evict", key)
-        self.stats.evictions += 1
-        return nbytes, 0
-
-    # ================================================================ SSD tier
     def offload_done(self, client_id: str, key: str, path: str, size: int) -> None:
-        if not safe_rel_path(path):
-            raise err(ErrorCode.INVALID_PARAMS, f"offload_done {key!r}: path {path!r} must be relative "
-                       f"to root_fs_dir without '..'")
-        now = self.clock()
-        self.offloading.pop(key, None)
-        meta = self.objects.get(key)
-        if meta is None or meta.size != size:
-            self.pending_file_deletes.append((0, path))  # object gone meanwhile: drop the file
-            raise err(ErrorCode.OBJECT_NOT_FOUND, f"offload_done {key!r}: object no longer exists "
-                       f"(or size differs); the file will be deleted")
-        reps = meta.reps()
-        if meta.disk is None:
-            seg_name = reps[0][0].name if reps else ""
-            meta.set_disk(DiskReplica(seg_name, client_id, path, size))
-            self.disk_used += size
-            self.disk_lru[key] = None
-        elif meta.disk.path != path:
-            self.pending_file_deletes.append((0, path))
-        lease = meta.lease if meta.lease > now else 0
-        self._release(reps, meta.size, lease, now)
-        meta.set_reps([])
-        self.stats.offloads += 1
-        self._enforce_disk_quota(now)
+        master_tier.offload_done(self, client_id, key, path, size)
 
     def offload_failed(self, client_id: str, key: str) -> None:
-        """The owner could not write the file: evict the memory copy without a disk copy."""
-        now = self.clock()
-        self.offloading.pop(key, None)
-        meta = self.objects.get(key)
-        if meta is None or meta.seg is None or meta.lease > now or meta.hard:
-            return
-        for r in meta.reps():
-            self._free(r, meta.size)
-        meta.set_reps([])
-        if meta.disk is None:
-            del self.objects[key]
-            self.key_events.publish("evict", key)
-        self.stats.evictions += 1
-
-    def _offload_reserved(self) -> int:
-        """Disk bytes promised to offloads in flight (their files are being written now)."""
-        n = 0
-        for key in self.offloading:
-            meta = self.objects.get(key)
-            if meta is not None:
-                n += meta.size
-        return n
-
-    def _disk_room(self, size: int, now: float) -> bool:
-        """Make room for a ``size``-byte file *before* the owner writes it (least recently used
-        files are dropped first), so the tier never exceeds --quota_bytes even for a moment.
-        The original filled the disk because it never evicted (its issue #2475). False when the
-        file cannot fit: the object is then evicted without a disk copy."""
-        quota = self.cfg.disk_quota_bytes
-        if quota <= 0:
-            return True
-        if size > quota:
-            return False
-        self._enforce_disk_quota(now, incoming=size + self._offload_reserved())
-        return self.disk_used + self._offload_reserved() + size <= quota
+        master_tier.offload_failed(self, client_id, key)
 
     def _enforce_disk_quota(self, now: float, incoming: int = 0) -> None:
-        quota = self.cfg.disk_quota_bytes
-        if quota <= 0 or self.disk_used + incoming <= quota:
-            return
-        for key in list(self.disk_lru):
-            if self.disk_used + incoming <= quota:
-                break
-            meta = self.objects.get(key)
-            if meta is None or meta.disk is None:
-                self.disk_lru.pop(key, None)
-                continue
-            if meta.lease > now or meta.hard:
-                continue
-            self._drop_disk(key, meta, 0)
-            if meta.seg is None:
-                del self.objects[key]
-                self.key_events.publish("evict", key)
-            self.stats.disk_evictions += 1
+        master_tier.enforce_disk_quota(self, now, incoming)
+
+    def _offload_reserved(self) -> int:
+        return master_tier.offload_reserved(self)
 
     # ================================================================ periodic work
     def tick(self) -> None:

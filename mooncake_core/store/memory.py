@@ -3,7 +3,7 @@
 Why they exist: the store moves bytes between *addresses*, as the C++ client does, so any
 buffer-protocol object is a source or destination without a staging copy. ``new_bytes``
 fills a fresh ``bytes`` in place (what C extensions do); ``spans`` maps an object's bytes
-onto the caller's parts; ``fingerprint`` samples a range so a re-report after a master
+onto the caller's parts; ``fingerprints`` sample ranges so a re-report after a master
 change never publishes memory that was reused meanwhile; ``populate_range`` faults pages in
 with one syscall before a transfer writes there.
 """
@@ -11,7 +11,6 @@ with one syscall before a transfer writes there.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import mmap
 import sys
 from collections.abc import Sequence
@@ -22,8 +21,8 @@ import numpy as np
 from mooncake_core import envs
 from mooncake_core.store.offload import mem_view
 
-__all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "fingerprint", "fingerprint_of", "madvise_populate",
-           "memmove", "new_bytes", "populate_range", "prefault_enabled", "spans"]
+__all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "bytes_addrs", "fingerprint", "fingerprints",
+           "madvise_populate", "memmove", "new_bytes", "populate_range", "prefault_enabled", "spans"]
 
 memmove = ctypes.memmove
 _PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
@@ -53,6 +52,14 @@ def bytes_addr(b: bytes) -> int:
     if _BYTES_PAYLOAD is not None and b.__class__ is bytes:
         return id(b) + _BYTES_PAYLOAD
     return _bytes_addr_ctypes(b)
+
+
+def bytes_addrs(values: list[bytes]) -> list[int]:
+    """``bytes_addr`` of every bytes object of ``values`` (exact ``bytes`` only)."""
+    off = _BYTES_PAYLOAD
+    if off is None:
+        return [_bytes_addr_ctypes(b) for b in values]
+    return [i + off for i in map(id, values)]
 
 
 def new_bytes(size: int) -> tuple[bytes, int]:
@@ -97,29 +104,67 @@ def spans(parts: Sequence[tuple[int, int]], base: int, total: int) -> list[tuple
     return out
 
 
-def fingerprint(addr: int, size: int) -> bytes:
-    """Cheap sampled fingerprint of ``[addr, addr+size)``: 16 x 64-byte samples.
+#: 8-byte words sampled per object, spread evenly from its first to its last word (they
+#: overlap, covering every byte, for objects up to 504 bytes; a 1 KiB one every other word)
+FP_WORDS = 64
+#: fixed odd weights: the fingerprint is sum(word_k * w_k) + size * w_last (mod 2^64), so a
+#: change of any sampled word changes it (odd weights are invertible mod 2^64)
+_FP_W = np.random.default_rng(0x6D6F6F6E63616B65).integers(0, 1 << 62, FP_WORDS + 1, dtype=np.uint64) * 2 + 1
+_FP_K = np.arange(FP_WORDS, dtype=np.int64)
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def fingerprint(addr: int, size: int) -> int:
+    """Cheap sampled fingerprint of ``[addr, addr+size)`` (see ``fingerprints``).
 
     Recorded at put time and re-checked before re-reporting an object after a master
     restart, so that a range whose memory was meanwhile reused is never re-published.
     """
-    return fingerprint_of(mem_view(addr, size))
+    if size <= 0:
+        return 0
+    return int(fingerprints(mem_view(addr, size), np.zeros(1, np.int64), np.array([size], np.int64))[0])
 
 
-def fingerprint_of(view: memoryview) -> bytes:
-    """``fingerprint`` of the bytes of ``view`` (a byte view). Taking a slice of a view of the
-    whole segment is what makes this cheap for small objects: a ctypes view per object cost
-    more than hashing its kilobyte."""
-    size = len(view)
-    h = hashlib.blake2b(size.to_bytes(8, "little"), digest_size=16)
-    if size <= 1024:
-        h.update(view)
-        return h.digest()
-    step = (size - 64) // 15
-    for i in range(16):
-        off = min(i * step, size - 64)
-        h.update(view[off:off + 64])
-    return h.digest()
+def fingerprints(mem: Any, offs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Fingerprints (``uint64``) of the objects ``[offs[i], offs[i] + sizes[i])`` of the byte
+    buffer ``mem``, all at once: ``FP_WORDS`` unaligned 8-byte words per object (see
+    ``FP_WORDS``), weighted and summed. Why not a hash per object: a batch of 1,000 small puts
+    spent more CPU hashing (blake2b, ~3 us per KiB object in CPython) than writing. Objects
+    of one size laid end to end (a batch put) are read through one strided view, others by a
+    numpy gather; both give the same values. Objects under 8 bytes are zero-padded, empty
+    ones fingerprint as 0."""
+    n = len(offs)
+    out = np.zeros(n, np.uint64)
+    if not n:
+        return out
+    offs = np.asarray(offs, np.int64)
+    sizes = np.asarray(sizes, np.int64)
+    buf = np.frombuffer(mem, np.uint8)
+    if int(sizes.min()) < 8:
+        for i in np.flatnonzero(sizes < 8).tolist():
+            o, m = int(offs[i]), int(sizes[i])
+            if m > 0:
+                word = int.from_bytes(bytes(buf[o:o + m]), "little")
+                out[i] = (word * int(_FP_W[0]) + m * int(_FP_W[-1])) & _MASK64
+        big = np.flatnonzero(sizes >= 8)
+        if len(big):
+            out[big] = fingerprints(mem, offs[big], sizes[big])
+        return out
+    if len(buf) < 8 or int((offs + sizes).max()) > len(buf) or int(offs.min()) < 0:
+        raise ValueError("fingerprints: an object lies outside the buffer")
+    words = np.ndarray(shape=(len(buf) - 7,), dtype=np.uint64, buffer=buf, strides=(1,))
+    w = _FP_W[:FP_WORDS]
+    size0 = int(sizes[0])
+    if n > 1 and bool((sizes == size0).all()) and bool((np.diff(offs) == size0).all()):
+        # laid end to end: sample k of every object is one strided slice
+        start = int(offs[0])
+        acc = np.zeros(n, np.uint64)
+        for k, at in enumerate(((size0 - 8) * _FP_K // (FP_WORDS - 1)).tolist()):
+            acc += words[start + at:start + at + (n - 1) * size0 + 1:size0] * w[k]
+    else:
+        pos = offs[:, None] + (sizes[:, None] - 8) * _FP_K[None, :] // (FP_WORDS - 1)
+        acc = (words[pos] * w).sum(axis=1, dtype=np.uint64)
+    return acc + sizes.astype(np.uint64) * _FP_W[FP_WORDS]
 
 
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14

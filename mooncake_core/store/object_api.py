@@ -14,7 +14,7 @@ from typing import Any
 from mooncake_core.errors import MooncakeError
 from mooncake_core.store.codes import EXIST_ERROR, INTERNAL, INVALID, NOT_FOUND, OK
 from mooncake_core.store.internals import StoreInternals
-from mooncake_core.store.memory import buffer_addr, bytes_addr
+from mooncake_core.store.memory import buffer_addr, bytes_addr, bytes_addrs
 from mooncake_core.store.owned import OwnedEntry
 from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.store.types import ReplicateConfig
@@ -87,12 +87,18 @@ class ObjectApi:
         cfg = check_config(config, op)
         if not keys:
             return []
-        bufs = [(bytes_addr(v), len(v), v) if v.__class__ is bytes else buffer_addr(v, f"{op}: values[{i}]")
-                for i, v in enumerate(values)]
+        flat: tuple[list[int], list[int], list[Any] | None]
+        if set(map(type, values)) == {bytes}:  # the common case: no per-value Python work
+            flat = (bytes_addrs(list(values)), list(map(len, values)), list(values))
+            keep: Any = values
+        else:
+            bufs = [(bytes_addr(v), len(v), v) if v.__class__ is bytes else buffer_addr(v, f"{op}: values[{i}]")
+                    for i, v in enumerate(values)]
+            flat, keep = ([a for a, _, _ in bufs], [s for _, s, _ in bufs], None), bufs
         if upsert:
             self.core.forget(keys)
-        return self.core.call_list(lambda: self.core.put_many(keys, [[(a, s)] for a, s, _ in bufs], cfg, upsert=upsert,
-                                                      op=op), len(keys), bufs)
+        return self.core.call_list(lambda: self.core.put_many(keys, None, cfg, upsert=upsert, op=op, flat=flat),
+                                   len(keys), keep)
 
     def get(self, key: str) -> bytes:
         key = check_key(key, "get")
@@ -200,8 +206,9 @@ class ObjectApi:
             return []
         if upsert:
             self.core.forget(keys)
-        parts = [[ps] for ps in zip(ptrs, sizes)]
-        return self.core.call_list(lambda: self.core.put_many(keys, parts, cfg, upsert=upsert, op=op), len(keys))
+        flat = (list(ptrs), list(sizes), None)
+        return self.core.call_list(lambda: self.core.put_many(keys, None, cfg, upsert=upsert, op=op, flat=flat),
+                                   len(keys))
 
     def batch_get_into(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[int]:
         keys = check_keys(keys, "batch_get_into")

@@ -38,7 +38,9 @@ from typing import Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 2  # 2: lease epochs (GetReply.epoch/confirm_after_ms, MountSegmentReq.prev_epoch)
+#: 2: lease epochs (GetReply.epoch/confirm_after_ms, MountSegmentReq.prev_epoch);
+#: 3: packed batch messages (sizes, codes and replica placements as arrays: see packing.py)
+PROTOCOL_VERSION = 3
 #: frames larger than this are refused (and the connection closed: it cannot be resynced)
 MAX_FRAME = 256 << 20
 
@@ -150,6 +152,37 @@ class GetReply(msgspec.Struct, array_like=True):
     confirm_after_ms: int = 0
 
 
+class Placements(msgspec.Struct, array_like=True):
+    """Answer to batch_put_start / batch_upsert_start, packed (layouts in ``packing``): per
+    key a code (``i32``, 0 = placed) and its replica count (``u8``); per replica, in key
+    order, an index (``u32``) into ``segments`` and its absolute address (``u64``). The
+    replicas' sizes are the request's; their status is "processing"."""
+
+    codes: bytes
+    counts: bytes
+    segments: list[str]
+    seg: bytes
+    addrs: bytes
+
+
+class BatchGetReply(msgspec.Struct, array_like=True):
+    """Answer to batch_get_replica_list, packed like ``Placements``: per key a code (0 =
+    found, else -704 ...), its size (``u64``) and its complete memory replicas; disk
+    replicas (rare) as ``(key index, replica)``. One lease, epoch and confirmation rule for
+    the whole batch (see GetReply)."""
+
+    codes: bytes
+    sizes: bytes
+    counts: bytes
+    segments: list[str]
+    seg: bytes
+    addrs: bytes
+    disk: list[tuple[int, ReplicaDesc]]
+    lease_ttl_ms: int
+    epoch: int = 0
+    confirm_after_ms: int = 0
+
+
 class MountReply(msgspec.Struct, array_like=True):
     """Answer to mount_segment: what the client needs to know about the master's setup."""
 
@@ -251,25 +284,31 @@ class PutRevokeReq(_Req, tag="put_revoke"):
 
 
 class BatchPutStartReq(_Req, tag="batch_put_start"):
+    """``sizes``: one ``u64`` per key (packed, see ``packing``). Answer: ``Placements``."""
+
     client_id: str
     keys: list[str]
-    sizes: list[int]
+    sizes: bytes
     cfg: ReplicateConfigMsg
 
 
 class BatchUpsertStartReq(_Req, tag="batch_upsert_start"):
     client_id: str
     keys: list[str]
-    sizes: list[int]
+    sizes: bytes
     cfg: ReplicateConfigMsg
 
 
 class BatchPutEndReq(_Req, tag="batch_put_end"):
+    """Answer: one ``i64`` per key -- the version (> 0), 0 (nothing published) or a code."""
+
     client_id: str
     keys: list[str]
 
 
 class BatchPutRevokeReq(_Req, tag="batch_put_revoke"):
+    """Answer: one ``i64`` per key, 0 or a code."""
+
     client_id: str
     keys: list[str]
 
@@ -357,12 +396,12 @@ RESULT_TYPES: dict[type, object] = {
     UpsertStartReq: list[ReplicaDesc],
     PutEndReq: int,
     PutRevokeReq: None,
-    BatchPutStartReq: list[Union[list[ReplicaDesc], int]],
-    BatchUpsertStartReq: list[Union[list[ReplicaDesc], int]],
-    BatchPutEndReq: list[int],
-    BatchPutRevokeReq: list[int],
+    BatchPutStartReq: Placements,
+    BatchUpsertStartReq: Placements,
+    BatchPutEndReq: bytes,
+    BatchPutRevokeReq: bytes,
     GetReplicaListReq: GetReply,
-    BatchGetReplicaListReq: list[Union[GetReply, int]],
+    BatchGetReplicaListReq: BatchGetReply,
     ExistKeyReq: bool,
     BatchExistKeyReq: list[bool],
     GetSizeReq: int,
@@ -387,6 +426,7 @@ __all__ = [
     "PROTOCOL_VERSION", "MAX_FRAME", "HEADER_SIZE", "REPLY_HEADER_SIZE", "LEN_SIZE", "pack_header",
     "unpack_header", "pack_status", "unpack_status", "unpack_len", "request_frame", "reply_frame",
     "parse_reply", "ReplicaDesc", "ReplicateConfigMsg", "OffloadTask", "HeartbeatReply",
-    "GetReply", "MountReply", "MasterInfo", "KeyEventsReply", "Request", "RESULT_TYPES", "request_encoder",
+    "GetReply", "Placements", "BatchGetReply",
+    "MountReply", "MasterInfo", "KeyEventsReply", "Request", "RESULT_TYPES", "request_encoder",
     "request_decoder", "result_encoder", "result_decoders",
 ] + [t.__name__ for t in RESULT_TYPES]

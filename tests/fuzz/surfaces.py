@@ -465,7 +465,7 @@ class MasterRpcFuzzer(_Driver):
 
     def _version(self, rng: random.Random) -> None:
         rid = rng.getrandbits(64)
-        ver = rng.choice([0, 1, 3, 65535])
+        ver = rng.choice([v for v in (0, 1, 2, 3, 4, 65535) if v != SP.PROTOCOL_VERSION])
         self._sock().sendall(SP.request_frame(rid, self._body(rng), version=ver))
         status = self._read_reply(rid, f"version {ver}")
         if status == 0:

@@ -51,3 +51,14 @@ def client_factory() -> Iterator[Any]:
     for c in made:
         c.close()
 
+
+
+@pytest.fixture
+def cluster(master_factory, worker_factory, client_factory):
+    """(master, worker with a 16 MiB segment, pool-only client, client with its own 16 MiB
+    segment): every data path -- own-segment copy, transfer engine, cross-process reads."""
+    m = master_factory(default_kv_lease_ttl=1500)
+    w = worker_factory(m, 16 << 20)
+    c = client_factory(m)
+    d = client_factory(m, segment=16 << 20)
+    return m, w, c, d

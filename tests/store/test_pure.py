@@ -146,32 +146,32 @@ def test_owned_index_drops_overlapped_entries() -> None:
     def r(addr: int, size: int) -> ReplicaDesc:
         return ReplicaDesc("seg", addr, size)
 
-    idx.add("a", r(1000, 100), b"fa")
-    idx.add("b", r(1100, 100), b"fb")  # adjacent, no overlap
-    idx.add("c", r(2000, 50), b"fc")
+    idx.add("a", r(1000, 100), 277)
+    idx.add("b", r(1100, 100), 717)  # adjacent, no overlap
+    idx.add("c", r(2000, 50), 163)
     assert len(idx) == 3
-    idx.add("d", r(1050, 100), b"fd")  # overlaps a and b: both were evicted meanwhile
+    idx.add("d", r(1050, 100), 662)  # overlaps a and b: both were evicted meanwhile
     assert [e.key for e in idx.newest_first()] == ["d", "c"]
-    idx.add("c", r(3000, 10), b"fc2")  # re-put of a key moves it
+    idx.add("c", r(3000, 10), 558)  # re-put of a key moves it
     assert [(e.key, e.replica.addr) for e in idx.newest_first()] == [("c", 3000), ("d", 1050)]
-    idx.add("e", r(2000, 10), b"fe")  # the old range of c is free again: no stale entry there
+    idx.add("e", r(2000, 10), 254)  # the old range of c is free again: no stale entry there
     assert len(idx) == 3
     idx.discard(["d", "missing"])
     idx.discard_entries(idx.entries(lambda k: k == "e"))
     assert [e.key for e in idx.newest_first()] == ["c"]
     # removal notices from the master: only entries not newer than the removal go
-    idx.add("v", r(7000, 10), b"fv", version=100)
+    idx.add("v", r(7000, 10), 51, version=100)
     idx.discard_removed([("v", 99)])
     assert "v" in {e.key for e in idx.newest_first()}
     idx.discard_removed([("v", 100), ("nope", 5)])
     assert "v" not in {e.key for e in idx.newest_first()}
-    idx.add("w", r(7100, 10), b"fw", version=50)
-    idx.add("z", r(7200, 10), b"fz", version=500)
+    idx.add("w", r(7100, 10), 690, version=50)
+    idx.add("z", r(7200, 10), 551, version=500)
     idx.discard_removed([], all_before=60)
     assert {"w", "z"} & {e.key for e in idx.newest_first()} == {"z"}
     # bounded: many objects cycling through the same small range keep one entry
     for i in range(1000):
-        idx.add(f"k{i}", r(5000 + (i % 3) * 10, 25), b"x")
+        idx.add(f"k{i}", r(5000 + (i % 3) * 10, 25), 7)
     assert len(idx) <= 4
     idx.clear()
     assert len(idx) == 0
@@ -211,7 +211,7 @@ def test_owned_index_matches_eager_overlap_rule() -> None:
             else:
                 k = f"k{rng.randrange(300)}"
                 addr, size = rng.randrange(0, 20000, 64), rng.choice([1, 64, 100, 640, 3000])
-                idx.add(k, ReplicaDesc("seg", addr, size), b"f")
+                idx.add(k, ReplicaDesc("seg", addr, size), 1)
                 seq += 1
                 model.pop(k, None)
                 for other, (a, n, _) in list(model.items()):
@@ -237,3 +237,29 @@ def test_bytes_addr_is_the_payload_address() -> None:
     for b in (b"", b"a", b"xyz" * 333, bytes(1 << 16), B(b"subclass")):
         assert bytes_addr(b) == (ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0)
         assert ctypes.string_at(bytes_addr(b), len(b)) == b
+
+
+def test_batch_fingerprints_match_single_ones_and_see_changes() -> None:
+    """The put path fingerprints a batch at once (a strided view when the objects are laid end
+    to end, a gather otherwise); a re-report checks one object at a time: all must agree, and a
+    changed byte must change the fingerprint (every byte of objects up to 504 bytes)."""
+    import os
+
+    import numpy as np
+
+    from mooncake_core.store.memory import bytes_addr, fingerprint, fingerprints
+
+    buf = bytearray(os.urandom(1 << 18))
+    frozen = bytes(buf)
+    offs, sizes = np.arange(0, 100 * 1024, 1024), np.full(100, 1024)
+    laid = fingerprints(buf, offs, sizes)
+    assert (fingerprints(buf, offs[::-1].copy(), sizes)[::-1] == laid).all()
+    assert int(laid[7]) == fingerprint(bytes_addr(frozen) + 7 * 1024, 1024)
+    for size in (1, 7, 8, 9, 100, 504, 5000):
+        one = fingerprints(buf, np.array([3]), np.array([size]))[0]
+        assert int(one) == fingerprint(bytes_addr(frozen) + 3, size), size
+        for j in (range(size) if size <= 504 else (0, 1, size - 2, size - 1)):  # big ones: sampled bytes
+            changed = bytearray(buf)
+            changed[3 + j] ^= 0x40
+            assert fingerprints(changed, np.array([3]), np.array([size]))[0] != one, (size, j)
+    assert fingerprints(buf, np.array([5]), np.array([0]))[0] == 0

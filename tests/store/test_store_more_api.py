@@ -117,16 +117,6 @@ class Buf:
         return self.arr[off:off + n].tobytes()
 
 
-@pytest.fixture
-def cluster(master_factory, worker_factory, client_factory):
-    """(master, worker with a segment, pool-only client, client with its own segment)."""
-    m = master_factory(default_kv_lease_ttl=1500)
-    w = worker_factory(m, 16 * MiB)
-    c = client_factory(m)
-    d = client_factory(m, segment=16 * MiB)
-    return m, w, c, d
-
-
 # ============================================================================ tensors
 @pytest.mark.integration
 @pytest.mark.timeout(120)

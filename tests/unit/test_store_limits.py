@@ -6,6 +6,7 @@ import pytest
 
 from mooncake_core.store import protocol as P
 from mooncake_core.store.limits import RequestLimits
+from mooncake_core.store.packing import U64, pack
 
 CFG = P.ReplicateConfigMsg()
 
@@ -13,7 +14,7 @@ CFG = P.ReplicateConfigMsg()
 def test_within_limits() -> None:
     lim = RequestLimits(max_batch_keys=3, max_value_size=100)
     for req in (P.PingReq(), P.PutStartReq("c", "k", 100, CFG), P.BatchExistKeyReq(["a", "b", "c"]),
-                P.BatchPutStartReq("c", ["a", "b"], [1, 100], CFG), P.GetReplicaListReq("k")):
+                P.BatchPutStartReq("c", ["a", "b"], pack(U64, [1, 100]), CFG), P.GetReplicaListReq("k")):
         assert lim.check(req) is None
 
 
@@ -26,7 +27,7 @@ def test_value_too_big_names_key_and_limit() -> None:
     lim = RequestLimits(max_value_size=100)
     msg = lim.check(P.UpsertStartReq("c", "big", 101, CFG))
     assert msg and "'big'" in msg and "101 bytes" in msg and "--max_value_size" in msg
-    msg = lim.check(P.BatchPutStartReq("c", ["a", "b"], [1, 500], CFG))
+    msg = lim.check(P.BatchPutStartReq("c", ["a", "b"], pack(U64, [1, 500]), CFG))
     assert msg and "'b'" in msg and "500 bytes" in msg
     assert RequestLimits().check(P.PutStartReq("c", "k", 1 << 50, CFG)) is None  # 0 = no size limit
 
