@@ -34,9 +34,12 @@ from vllm_harness import (VllmServer, completion, free_port, http_text, metric, 
 HERE = str(Path(__file__).resolve().parent)  # corrupting_connector.py, loaded by the decodes
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-#: The prefill's lease: generous, a TP 2 step on a loaded 2-core box can take seconds (this file
-#: tests no lease expiry; tests/vllm/test_vllm_p2p_e2e.py does).
-LEASE_S = 60.0
+#: The prefill's lease and the concurrent decode's wait for ``ready``: generous. Five TP worker
+#: processes share 2 cores here; with other work on the box a TP 2 step took seconds and a
+#: prefill answer a minute to reach the decode. This file tests no expiry
+#: (tests/vllm/test_vllm_p2p_e2e.py does).
+LEASE_S = 120.0
+PREFILL_WAIT_S = 300.0
 #: Three servers (five TP worker processes) starting at once: ~1-2 min on a quiet 2-core box,
 #: much more when other work shares it.
 STARTUP_S = 600.0
@@ -68,7 +71,7 @@ def tp_servers(vllm_py, tiny_model, tmp_path_factory):
     args2, env2 = tp_args(2)
     # both decodes run the production connector subclassed with the negative control
     dec_env = {"PYTHONPATH": os.pathsep.join([shim_pythonpath(), HERE])}
-    dec_cfg = dict(p2p_config("kv_consumer"), kv_load_failure_policy="recompute",
+    dec_cfg = dict(p2p_config("kv_consumer", prefill_wait_s=PREFILL_WAIT_S), kv_load_failure_policy="recompute",
                    kv_connector="CorruptingMooncakeConnector", kv_connector_module_path="corrupting_connector")
     p = VllmServer(vllm_py, tiny_model, free_port(), 0, logs / "prefill-tp2.log",
                    p2p_config("kv_producer", kv_lease_s=LEASE_S), env=env2, args=args2)
