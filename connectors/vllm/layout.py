@@ -96,21 +96,27 @@ def coalesce(pairs: list[tuple[int, int]]) -> list[Run]:
     return runs
 
 
-def plan(local_slabs: list[Slab], remote_slabs: list[Slab], runs: list[Run]) -> tuple[list[int], list[int], list[int]]:
+def plan(local_slabs: list[Slab], remote_slabs: list[Slab], runs: list[Run], part: int = 0,
+         parts: int = 1) -> tuple[list[int], list[int], list[int]]:
     """(local_addrs, remote_addrs, lengths) moving every run in every slab.
 
     A run becomes one request per slab when blocks are packed (stride == block_bytes) on both
-    sides; otherwise one request per block."""
+    sides; otherwise one request per block. ``parts > 1`` (tensor parallelism, prefill TP =
+    parts x decode TP): each remote block fills slice ``part`` of ``parts`` equal slices of the
+    local block (its KV heads), one request per block."""
     if len(local_slabs) != len(remote_slabs):
         raise ValueError(f"KV layouts differ: {len(local_slabs)} slabs here, {len(remote_slabs)} on the peer")
+    if not 0 <= part < parts:
+        raise ValueError(f"slice {part} of {parts} does not exist")
     la: list[int] = []
     ra: list[int] = []
     ln: list[int] = []
     for i, (ls, rs) in enumerate(zip(local_slabs, remote_slabs)):
-        if ls.block_bytes != rs.block_bytes:
+        if ls.block_bytes != parts * rs.block_bytes:
             raise ValueError(f"KV layouts differ in slab {i}: {ls.block_bytes} bytes per block here, "
-                             f"{rs.block_bytes} on the peer (same model, dtype and block size on both?)")
-        packed = ls.stride == ls.block_bytes and rs.stride == rs.block_bytes
+                             f"{rs.block_bytes} on the peer" + (f" (x {parts} slices)" if parts > 1 else "")
+                             + " (same model, dtype and block size on both?)")
+        packed = parts == 1 and ls.stride == ls.block_bytes and rs.stride == rs.block_bytes
         for r in runs:
             if r.local + r.count > ls.num_blocks or r.remote + r.count > rs.num_blocks:
                 raise ValueError(f"run {r} exceeds slab {i} (local {ls.num_blocks} blocks, "
@@ -121,10 +127,19 @@ def plan(local_slabs: list[Slab], remote_slabs: list[Slab], runs: list[Run]) -> 
                 ln.append(r.count * ls.block_bytes)
             else:
                 for k in range(r.count):
-                    la.append(ls.addr(r.local + k))
+                    la.append(ls.addr(r.local + k) + part * rs.block_bytes)
                     ra.append(rs.addr(r.remote + k))
-                    ln.append(ls.block_bytes)
+                    ln.append(rs.block_bytes)
     return la, ra, ln
+
+
+def heads_outer(shape: tuple[int, ...], num_blocks: int, kv_heads: int) -> bool:
+    """True when a block of this KV tensor is ``[kv_heads, ...]`` (each head's slice one byte range),
+    e.g. vLLM's CPU layout ``(num_blocks, kv_heads, block_size, 2*head_size)``; one head is trivially so."""
+    if kv_heads <= 1:
+        return True
+    bd = next((i for i in range(min(2, len(shape))) if shape[i] == num_blocks), None)
+    return bd is not None and len(shape) > bd + 1 and shape[bd + 1] == kv_heads
 
 
 def remote_slabs_from_regions(regions: list[tuple[int, int]], block_bytes: int, num_slabs: int,

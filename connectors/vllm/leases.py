@@ -68,35 +68,38 @@ class Rendezvous:
     Either may come first: the decode usually asks while the prefill still computes (its
     request was sent at the same time), but a slow decode asks after the prefill has finished.
     When both are known, ``want``/``offer`` return ``(decode segment, params)`` to send in a
-    ``ready`` notification, once. Unpaired entries are dropped at their expiry (a decode that
+    ``ready`` notification, once per decode segment. Under tensor parallelism every decode rank
+    asks the prefill's rank 0 (the one segment the proxy knows), so an offer answers several
+    wants and stays until its expiry (the lease): a rank's ``done`` must not hide it from a
+    sibling rank that asks later. Unpaired entries are dropped at their expiry (a decode that
     never asks is covered by the send lease; a want for a prefill that never finishes is noise).
     """
 
-    _wants: dict[str, tuple[str, float]] = field(default_factory=dict)  # tid -> (decode segment, expiry)
-    _offers: dict[str, tuple[dict, float]] = field(default_factory=dict)  # tid -> (params, expiry)
+    _wants: dict[str, tuple[list[str], float]] = field(default_factory=dict)  # tid -> (decode segments, expiry)
+    _offers: dict[str, tuple[dict, float, set[str]]] = field(default_factory=dict)  # tid -> (params, expiry, answered)
 
     def want(self, transfer_id: str, decode_segment: str, expiry: float) -> tuple[str, dict] | None:
-        offer = self._offers.pop(transfer_id, None)
+        offer = self._offers.get(transfer_id)
         if offer is not None:
+            if decode_segment in offer[2]:
+                return None  # a repeated want is not answered twice
+            offer[2].add(decode_segment)
             return decode_segment, offer[0]
-        self._wants[transfer_id] = (decode_segment, expiry)
+        segs, _ = self._wants.get(transfer_id, ([], expiry))
+        if decode_segment not in segs:
+            segs.append(decode_segment)
+        self._wants[transfer_id] = (segs, max(expiry, self._wants.get(transfer_id, (segs, expiry))[1]))
         return None
 
-    def offer(self, transfer_id: str, params: dict, expiry: float) -> tuple[str, dict] | None:
-        w = self._wants.pop(transfer_id, None)
-        if w is not None:
-            return w[0], params
-        self._offers[transfer_id] = (params, expiry)
-        return None
-
-    def forget(self, transfer_id: str) -> None:
-        """The blocks were freed (confirmed or lease expired): nothing left to offer."""
-        self._offers.pop(transfer_id, None)
-        self._wants.pop(transfer_id, None)
+    def offer(self, transfer_id: str, params: dict, expiry: float) -> list[tuple[str, dict]]:
+        segs, _ = self._wants.pop(transfer_id, ([], 0.0))
+        self._offers[transfer_id] = (params, expiry, set(segs))
+        return [(seg, params) for seg in segs]
 
     def expire(self, now: float) -> None:
         self._wants = {t: w for t, w in self._wants.items() if w[1] > now}
         self._offers = {t: o for t, o in self._offers.items() if o[1] > now}
 
     def pending(self) -> int:
+        """Wants not yet answered plus offers not yet expired."""
         return len(self._wants) + len(self._offers)

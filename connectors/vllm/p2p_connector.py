@@ -52,7 +52,15 @@ worker), ``metadata_server`` (default ``P2PHANDSHAKE``: no metadata service need
 ``sync_load_max_bytes`` (default 4 MiB: a request's KV up to this size is read inside the step
 that starts it and reported received by that same step; 0 makes every read asynchronous),
 ``prefill_wait_s`` (default 120: concurrent hand-off, how long a decode waits for ``ready``).
-Tensor parallelism: 1 only. (The tests' negative control -- received KV overwritten with noise --
+Tensor parallelism (``tensor_parallel_size`` N on either side): every worker registers its own
+KV slice (its KV heads) with its own Transfer Engine segment and reports it in the handshake
+(``MooncakeHandshake``, keyed by TP rank); the prefill's params list every rank's segment
+(``mooncake_segments``, rank order). Decode rank r reads from the prefill rank(s) holding its
+heads (``tp.rank_plan``): the same rank when both TPs match; with prefill TP = k x decode TP
+(e.g. 2 -> 1) the k prefill ranks' blocks fill the k head slices of each local block. vLLM
+frees a prefill's blocks once every prefill rank reported them sent and runs a decode request
+once every decode rank reported it received (``KVOutputAggregator``). Decode TP > prefill TP
+is refused (the decode computes the prompt). (The tests' negative control -- received KV overwritten with noise --
 is a subclass in ``tests/vllm/corrupting_connector.py``; this connector has no test switch.)
 """
 
@@ -75,12 +83,13 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from mooncake_core import envs
 from mooncake_connectors.vllm import stats as S
 from mooncake_connectors.vllm.connector_stats import P2P_PROM, StatsHook
-from mooncake_connectors.vllm.layout import (Slab, coalesce, pair_blocks, plan, remote_slabs_from_regions,
-                                             slabs_of)
+from mooncake_connectors.vllm.layout import (Slab, coalesce, heads_outer, pair_blocks, plan,
+                                             remote_slabs_from_regions, slabs_of)
 from mooncake_connectors.vllm.leases import Rendezvous, SendTracker
 from mooncake_connectors.vllm.params import (MSG_DONE, MSG_FAILED, MSG_READY, MSG_RELEASE, MSG_WANT, ParamsError,
                                              PendingPrefill, RemotePrefill, chosen_transfer_id, is_pending,
                                              new_transfer_id, parse_pending, wants_remote_decode, wants_remote_prefill)
+from mooncake_connectors.vllm.tp import KVShard, RankPlan, TPMismatch, notify_targets, rank_hostname, rank_plan
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -111,14 +120,35 @@ def _extra(vllm_config: "VllmConfig", key: str, default: Any) -> Any:
     return vllm_config.kv_transfer_config.get_from_extra_config(key, default)
 
 
+def _tp_rank() -> int:
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+    return get_tensor_model_parallel_rank()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
 # =====================================================================================  messages
 @dataclass
 class MooncakeHandshake(KVConnectorHandshakeMetadata):
-    """Worker -> scheduler, once at start: where this worker's KV lives."""
+    """Worker -> scheduler, once at start: where this worker's KV lives (one per TP rank)."""
 
     segment: str
     block_bytes: int
     num_slabs: int
+    tp_rank: int = 0
+    tp_size: int = 1
+    kv_heads: int = 0  # KV heads on this rank
+    heads_outer: bool = True  # a block is [kv_heads, ...] (tp.KVShard)
+
+    def shard(self) -> KVShard:
+        return KVShard(self.tp_size, self.block_bytes, self.num_slabs, self.kv_heads, self.heads_outer)
 
 
 @dataclass
@@ -153,8 +183,9 @@ class MooncakeConnectorMetadata(KVConnectorMetadata):
 
     reqs_to_recv: list[RecvReq] = field(default_factory=list)
     reqs_to_send: dict[str, SendReq] = field(default_factory=dict)
-    # decode: (prefill segment, transfer id) whose blocks it will not read (local hit / abort)
-    releases: list[tuple[str, str]] = field(default_factory=list)
+    # decode: (prefill segments, prefill TP (0: only rank 0's known), transfer id) whose blocks
+    # it will not read (local hit / abort); each rank tells its own prefill ranks (tp.notify_targets)
+    releases: list[tuple[tuple[str, ...], int, str]] = field(default_factory=list)
     # decode: requests aborted while their KV was loading (their blocks stay until reported)
     cancels: list[str] = field(default_factory=list)
 
@@ -170,9 +201,6 @@ class MooncakeCoreConnector(StatsHook, KVConnectorBase_V1):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: "KVCacheConfig | None" = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        tp = vllm_config.parallel_config.tensor_parallel_size
-        if tp != 1:
-            raise ValueError(f"MooncakeCoreConnector supports tensor_parallel_size 1 only (got {tp})")
         self.engine_id: str = vllm_config.kv_transfer_config.engine_id or "mooncake"
         if role == KVConnectorRole.SCHEDULER:
             self._sched: _Scheduler | None = _Scheduler(vllm_config, self.engine_id)
@@ -262,21 +290,32 @@ class _Scheduler:
         self.engine_id = engine_id
         self.block_size = vllm_config.cache_config.block_size
         self.lease_s = float(_extra(vllm_config, "kv_lease_s", 30.0))
-        self.hs: MooncakeHandshake | None = None
+        self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.hs: MooncakeHandshake | None = None  # rank 0's
+        self.segments: tuple[str, ...] = ()  # every rank's, in rank order
         self._recv: list[RecvReq] = []
         self._send: dict[str, SendReq] = {}
-        self._releases: list[tuple[str, str]] = []
+        self._releases: list[tuple[tuple[str, ...], int, str]] = []
         self._cancels: list[str] = []
         self._loading: dict[str, float] = {}  # decode requests handed to the worker, not yet received: since
         self.stats = S.StatsRecorder()  # what the scheduler decided (requests, blocks, waits): vLLM's stats hook
 
     def set_handshake(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
-        hs = metadata.get(0)
-        if not isinstance(hs, MooncakeHandshake):
-            raise ValueError(f"MooncakeCoreConnector: expected worker handshake metadata for rank 0, got {metadata!r}")
-        self.hs = hs
-        logger.info("MooncakeCoreConnector scheduler: worker segment=%s block_bytes=%d slabs=%d",
-                    hs.segment, hs.block_bytes, hs.num_slabs)
+        ranks = []
+        for r in range(self.tp_size):
+            hs = metadata.get(r)
+            if not isinstance(hs, MooncakeHandshake):
+                raise ValueError(f"MooncakeCoreConnector: expected worker handshake metadata for TP rank {r} of "
+                                 f"{self.tp_size}, got {metadata!r}")
+            ranks.append(hs)
+        if len({(h.block_bytes, h.num_slabs, h.kv_heads) for h in ranks}) != 1:
+            raise ValueError(f"MooncakeCoreConnector: TP ranks report different KV layouts: {ranks!r}")
+        if len({h.segment for h in ranks}) != len(ranks):
+            raise ValueError(f"MooncakeCoreConnector: TP ranks share a Transfer Engine segment name: {ranks!r}")
+        self.hs = ranks[0]
+        self.segments = tuple(h.segment for h in ranks)
+        logger.info("MooncakeCoreConnector scheduler: worker segments=%s block_bytes=%d slabs=%d kv_heads/rank=%d",
+                    ",".join(self.segments), self.hs.block_bytes, self.hs.num_slabs, self.hs.kv_heads)
 
     def _parse(self, request: "Request") -> RemotePrefill | None:
         try:
@@ -289,11 +328,15 @@ class _Scheduler:
             logger.error("MooncakeCoreConnector: request %s: prefill block size %d != decode block size %d; "
                          "computing locally", request.request_id, rp.block_size, self.block_size)
             return None
-        if self.hs is not None and (rp.block_bytes, rp.num_slabs) != (self.hs.block_bytes, self.hs.num_slabs):
-            logger.error("MooncakeCoreConnector: request %s: prefill KV layout (%d bytes/block, %d slabs) differs "
-                         "from this decode's (%d, %d); computing locally", request.request_id, rp.block_bytes,
-                         rp.num_slabs, self.hs.block_bytes, self.hs.num_slabs)
-            return None
+        if self.hs is not None:
+            try:
+                for r in range(self.tp_size):
+                    rank_plan(r, self.hs.shard(), remote_shard(rp))
+            except TPMismatch as e:
+                logger.error("MooncakeCoreConnector: request %s: prefill KV layout (TP %d, %d bytes/block/rank, %d "
+                             "slabs) does not fit this decode's: %s; computing locally", request.request_id,
+                             rp.tp_size, rp.block_bytes, rp.num_slabs, e)
+                return None
         return rp
 
     def _parse_pending(self, request: "Request") -> PendingPrefill | None:
@@ -340,7 +383,7 @@ class _Scheduler:
                 self.stats.add(S.REMOTE_REQUESTS)
                 self.stats.add(S.REMOTE_BLOCKS, len(ids))
             else:  # full local prefix hit (or lease gone): tell the prefill to free its blocks
-                self._releases.append((who.segment, who.transfer_id))
+                self._releases.append(_release_of(who))
                 self.stats.add(S.REMOTE_LOCAL_HITS)
         params["do_remote_prefill"] = False  # exactly one transfer per request
 
@@ -371,7 +414,7 @@ class _Scheduler:
             # Decode request finished (aborted) before its blocks were allocated: release the prefill.
             try:
                 who = parse_pending(params) if is_pending(params) else RemotePrefill.from_params(params)
-                self._releases.append((who.segment, who.transfer_id))
+                self._releases.append(_release_of(who))
             except ParamsError:
                 pass
             params["do_remote_prefill"] = False
@@ -396,7 +439,8 @@ class _Scheduler:
         rp = RemotePrefill(transfer_id=tid, segment=self.hs.segment, engine_id=self.engine_id,
                            request_id=request.request_id, block_ids=list(block_ids),
                            num_tokens=request.num_computed_tokens, block_size=self.block_size,
-                           block_bytes=self.hs.block_bytes, num_slabs=self.hs.num_slabs, lease_expiry_unix=expiry)
+                           block_bytes=self.hs.block_bytes, num_slabs=self.hs.num_slabs, lease_expiry_unix=expiry,
+                           segments=self.segments, kv_heads=self.hs.kv_heads)
         out = rp.to_params()
         # concurrent hand-off: the worker sends these to the decode that asks for ``tid``
         self._send[request.request_id] = SendReq(tid, expiry, out if chosen else None)
@@ -405,14 +449,40 @@ class _Scheduler:
         return True, out
 
 
+def remote_shard(rp: RemotePrefill) -> KVShard:
+    """The prefill's per-rank KV layout its params describe (its blocks are head-outer: only
+    the decode's layout matters for slicing)."""
+    return KVShard(rp.tp_size, rp.block_bytes, rp.num_slabs, rp.kv_heads)
+
+
+def _release_of(who: RemotePrefill | PendingPrefill) -> tuple[tuple[str, ...], int, str]:
+    if isinstance(who, RemotePrefill):
+        return who.segments, who.tp_size, who.transfer_id
+    return (who.segment,), 0, who.transfer_id  # concurrent hand-off: only the prefill's rank 0 is known
+
+
 # =====================================================================================  worker
 @dataclass
 class _Pull:
+    """One request's reads: one Transfer Engine batch per prefill rank read from (0: done in step)."""
+
     req: RecvReq
-    batch_id: int
+    batch_ids: list[int]
     nbytes: int
     nblocks: int
     started: float
+    notify: list[str]  # prefill segments to confirm to
+    codes: dict[int, int] = field(default_factory=dict)  # batch id -> final status
+
+    def status(self, check: Any) -> int:
+        """0 while any batch runs, then 1 if all completed, else the first failure's code."""
+        for bid in self.batch_ids:
+            if bid not in self.codes:
+                code = check(bid)
+                if code == 0:
+                    return 0
+                self.codes[bid] = code
+        return next((c for c in self.codes.values() if c != 1), 1)
 
 
 class _Worker:
@@ -425,8 +495,13 @@ class _Worker:
         self.engine_id = engine_id
         self.num_blocks = kv_cache_config.num_blocks if kv_cache_config is not None else None
         self.te = TransferEngine()
+        self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.tp_rank = _tp_rank() if self.tp_size > 1 else 0
+        self.kv_heads = vllm_config.model_config.get_num_kv_heads(vllm_config.parallel_config)
+        self._heads_outer = True
         host = _extra(vllm_config, "local_hostname", envs.MOONCAKE_LOCAL_HOSTNAME or "127.0.0.1")
         meta = _extra(vllm_config, "metadata_server", "P2PHANDSHAKE")
+        host = rank_hostname(host, self.tp_rank, str(meta).strip().upper() == "P2PHANDSHAKE", _free_port)
         proto = _extra(vllm_config, "protocol", "tcp")
         rc = self.te.initialize(host, meta, proto, _extra(vllm_config, "device_name", ""))
         if rc != 0:
@@ -448,14 +523,14 @@ class _Worker:
         self.lease_s = float(_extra(vllm_config, "kv_lease_s", 30.0))
         self.prefill_wait_s = float(_extra(vllm_config, "prefill_wait_s", PREFILL_WAIT_S))
         self._rdv = Rendezvous()                           # prefill: wants <-> finished requests
-        self._tid_of: dict[str, str] = {}                  # prefill: held request id -> transfer id
         self._waiting: dict[str, tuple[RecvReq, float]] = {}  # decode: transfer id -> (req, deadline)
         self._cancelled: set[str] = set()                  # decode: aborted while an async read runs
         self._cancelled_now: list[str] = []                # decode: aborted before their read: report
         self._lock = threading.Lock()
         self._notifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooncake-kv-notify")
         self.stats = S.StatsRecorder()  # bytes, latency, failures: vLLM's stats hook collects them
-        logger.info("MooncakeCoreConnector worker: Transfer Engine segment %s (metadata %s)", self.segment, meta)
+        logger.info("MooncakeCoreConnector worker: Transfer Engine segment %s (metadata %s, TP rank %d of %d)",
+                    self.segment, meta, self.tp_rank, self.tp_size)
 
     # ---------------------------------------------------------------- setup
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -463,6 +538,7 @@ class _Worker:
         for name, t in kv_caches.items():
             nb = self.num_blocks or t.shape[0]
             layer = slabs_of(t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size(), nb)
+            self._heads_outer &= heads_outer(tuple(t.shape), nb, self.kv_heads)
             for s in layer:
                 if s.stride != s.block_bytes:
                     raise ValueError(f"layer {name}: KV blocks are not packed (stride {s.stride} != block "
@@ -482,33 +558,42 @@ class _Worker:
         if not self.slabs:
             raise RuntimeError("MooncakeCoreConnector: handshake requested before register_kv_caches")
         return MooncakeHandshake(segment=self.segment, block_bytes=self.slabs[0].block_bytes,
-                                 num_slabs=len(self.slabs))
+                                 num_slabs=len(self.slabs), tp_rank=self.tp_rank, tp_size=self.tp_size,
+                                 kv_heads=self.kv_heads, heads_outer=self._heads_outer)
 
     # ---------------------------------------------------------------- decode: pulls
-    def _remote_slabs(self, rp: RemotePrefill) -> list[Slab]:
+    def _remote_slabs(self, rp: RemotePrefill, segment: str) -> list[Slab]:
         # keyed by engine id too: a prefill restarted on the same port has a new layout
-        key = f"{rp.segment}|{rp.engine_id}"
+        key = f"{segment}|{rp.engine_id}"
         cached = self._remote.get(key)
         if cached is None:
-            regions = [(a, n) for a, n, _loc in self.te.get_segment_buffers(rp.segment)]
-            cached = remote_slabs_from_regions(regions, rp.block_bytes, rp.num_slabs, rp.segment)
+            regions = [(a, n) for a, n, _loc in self.te.get_segment_buffers(segment)]
+            cached = remote_slabs_from_regions(regions, rp.block_bytes, rp.num_slabs, segment)
             self._remote[key] = cached
-            logger.info("MooncakeCoreConnector worker: peer %s reached over %s", rp.segment,
-                        self.te.transport_for(rp.segment))
+            logger.info("MooncakeCoreConnector worker: peer %s reached over %s", segment,
+                        self.te.transport_for(segment))
         return cached
+
+    def shard(self) -> KVShard:
+        return KVShard(self.tp_size, self.slabs[0].block_bytes, len(self.slabs), self.kv_heads, self._heads_outer)
+
+    def _targets(self, segments: tuple[str, ...], remote_tp: int) -> list[str]:
+        """The prefill segments this rank tells that it will not read a transfer."""
+        return notify_targets(self.tp_rank, self.tp_size, segments, remote_tp)
 
     def start_load(self, meta: MooncakeConnectorMetadata) -> None:
         for rid in meta.cancels:
             self._cancel(rid)
-        for seg, tid in meta.releases:
-            self._notify(seg, tid, MSG_RELEASE)
+        for segs, remote_tp, tid in meta.releases:
+            for seg in self._targets(segs, remote_tp):
+                self._notify(seg, tid, MSG_RELEASE)
         for rid, sr in meta.reqs_to_send.items():
             self._held_since[rid] = time.monotonic()
             if self._sends.hold(rid, sr.transfer_id, sr.expiry, time.time()):
-                self._send_done.add(rid)
-            elif sr.params is not None:
-                self._tid_of[rid] = sr.transfer_id
-                self._send_ready(self._rdv.offer(sr.transfer_id, sr.params, sr.expiry))
+                self._send_done.add(rid)  # (under TP a decode rank may have confirmed before this rank held)
+            if sr.params is not None:
+                for pair in self._rdv.offer(sr.transfer_id, sr.params, sr.expiry):
+                    self._send_ready(pair)
         for r in meta.reqs_to_recv:
             if r.pending is not None:
                 self._ask(r)
@@ -524,6 +609,11 @@ class _Worker:
             self._waiting[pp.transfer_id] = (r, time.monotonic() + self.prefill_wait_s)
         else:
             self._fail(r, "unreachable")  # prefill unreachable: recompute or fail per policy, now
+
+    def _tell_pending(self, pp: PendingPrefill, msg: str) -> None:
+        """Decode, concurrent hand-off before ``ready``: only the prefill's rank 0 is known."""
+        for seg in self._targets((pp.segment,), 0):
+            self._notify(seg, pp.transfer_id, msg)
 
     def _send_ready(self, pair: tuple[str, dict] | None) -> None:
         """Prefill: the finished request's params to the decode that asked (one quick round trip)."""
@@ -542,11 +632,9 @@ class _Worker:
             need_blocks = -(-r.need_tokens // max(1, rp.block_size))
             if rp.transfer_id != tid or rp.segment != r.pending.segment:  # type: ignore[union-attr]
                 raise ParamsError(f"ready for transfer {rp.transfer_id} from {rp.segment} does not match")
-            if (rp.block_size, rp.block_bytes, rp.num_slabs) != (self.block_size, self.slabs[0].block_bytes,
-                                                                 len(self.slabs)):
-                raise ParamsError(f"prefill KV layout (block size {rp.block_size}, {rp.block_bytes} bytes/block, "
-                                  f"{rp.num_slabs} slabs) differs from this decode's ({self.block_size}, "
-                                  f"{self.slabs[0].block_bytes}, {len(self.slabs)})")
+            if rp.block_size != self.block_size:
+                raise ParamsError(f"prefill block size {rp.block_size} differs from this decode's {self.block_size}")
+            rank_plan(self.tp_rank, self.shard(), remote_shard(rp))  # TPMismatch names the layout difference
             if rp.num_tokens < r.need_tokens or len(rp.block_ids) < need_blocks:
                 raise ParamsError(f"prefill computed {rp.num_tokens} tokens in {len(rp.block_ids)} blocks, the "
                                   f"decode needs {r.need_tokens}")
@@ -555,7 +643,7 @@ class _Worker:
                          r.request_id, tid, e)
             self._fail(r, "bad_ready")
             if r.pending is not None:
-                self._notify(r.pending.segment, tid, MSG_FAILED)
+                self._tell_pending(r.pending, MSG_FAILED)
             return
         self._submit(RecvReq(r.request_id, rp, r.local_block_ids, r.local_hit_blocks))
 
@@ -566,7 +654,7 @@ class _Worker:
                 del self._waiting[tid]
                 self._cancelled_now.append(rid)
                 if r.pending is not None:
-                    self._notify(r.pending.segment, tid, MSG_RELEASE)
+                    self._tell_pending(r.pending, MSG_RELEASE)
                 return
         if any(p.req.request_id == rid for p in self._pulls):
             self._cancelled.add(rid)  # reported when the read ends
@@ -579,7 +667,7 @@ class _Worker:
             elif n.msg.startswith(MSG_WANT):
                 self._send_ready(self._rdv.want(n.name, n.msg[len(MSG_WANT):], now + self.lease_s))
             elif n.msg in (MSG_DONE, MSG_FAILED, MSG_RELEASE):
-                self._rdv.forget(n.name)
+                # the rendezvous keeps its offer until the lease ends: a sibling decode rank may ask later
                 rid = self._sends.confirm(n.name, now)
                 if rid is not None:
                     self._send_done.add(rid)
@@ -595,33 +683,50 @@ class _Worker:
     def _submit(self, r: RecvReq) -> None:
         rp = r.remote
         assert rp is not None
+        rplan: RankPlan | None = None
         try:
             if time.time() > rp.lease_expiry_unix - LEASE_MARGIN_S:
                 raise RuntimeError(f"prefill lease on transfer {rp.transfer_id} expired before the read started")
+            rplan = rank_plan(self.tp_rank, self.shard(), remote_shard(rp))
             pairs = pair_blocks(r.local_block_ids, rp.block_ids, r.local_hit_blocks)
-            la, ra, ln = plan(self.slabs, self._remote_slabs(rp), coalesce(pairs))
-            nbytes = sum(ln)
+            runs = coalesce(pairs)
+            reads = []  # (segment, local addrs, remote addrs, lengths) per prefill rank read from
+            for src in rplan.reads:
+                seg = rp.segments[src.rank]
+                reads.append((seg, *plan(self.slabs, self._remote_slabs(rp, seg), runs, src.part, src.parts)))
+            nbytes = sum(sum(ln) for _s, _la, _ra, ln in reads)
+            notify = [rp.segments[k] for k in rplan.notify]
             if nbytes <= self.sync_load_max_bytes:
                 # Small: read now, in this step. The request is then reported received by this same
                 # step's get_finished, and the scheduler runs it in the next step. An asynchronous
                 # read would finish on a Transfer Engine thread that must win the GIL from this
                 # busy loop and be noticed by a later step's poll: milliseconds for ~0.3 ms of copying.
                 started = time.monotonic()
-                if self.te.batch_transfer_sync_read(rp.segment, la, ra, ln) != 0:
-                    self._remote.pop(f"{rp.segment}|{rp.engine_id}", None)
-                    raise RuntimeError(f"read from {rp.segment} failed: {self.te.last_error}")
-                self._read_now.append(_Pull(r, 0, nbytes, len(pairs), started))
+                for seg, la, ra, ln in reads:
+                    if self.te.batch_transfer_sync_read(seg, la, ra, ln) != 0:
+                        self._remote.pop(f"{seg}|{rp.engine_id}", None)
+                        raise RuntimeError(f"read from {seg} failed: {self.te.last_error}")
+                self._read_now.append(_Pull(r, [], nbytes, len(pairs), started, notify))
                 return
-            bid = self.te.batch_transfer_async_read(rp.segment, la, ra, ln)
-            if bid <= 0:
-                self._remote.pop(f"{rp.segment}|{rp.engine_id}", None)
-                raise RuntimeError(f"Transfer Engine refused the read from {rp.segment}: {self.te.last_error}")
-            self._pulls.append(_Pull(r, bid, nbytes, len(pairs), time.monotonic()))
+            pull = _Pull(r, [], nbytes, len(pairs), time.monotonic(), notify)
+            for seg, la, ra, ln in reads:
+                bid = self.te.batch_transfer_async_read(seg, la, ra, ln)
+                if bid <= 0:
+                    self._remote.pop(f"{seg}|{rp.engine_id}", None)
+                    if pull.batch_ids:  # reads already running may still write the blocks: report at their end
+                        pull.codes[-1] = -1
+                        break
+                    raise RuntimeError(f"Transfer Engine refused the read from {seg}: {self.te.last_error}")
+                pull.batch_ids.append(bid)
+            self._pulls.append(pull)
         except Exception as e:
             logger.error("MooncakeCoreConnector: KV pull for request %s (transfer %s from %s) failed to start: %s",
-                         r.request_id, rp.transfer_id, rp.segment, e)
+                         r.request_id, rp.transfer_id, ",".join(rp.segments), e)
             self._fail(r, "start")
-            self._notify(rp.segment, rp.transfer_id, MSG_FAILED)  # best effort: lets a live prefill free early
+            targets = ([rp.segments[k] for k in rplan.notify] if rplan is not None
+                       else self._targets(rp.segments, rp.tp_size))
+            for seg in targets:  # best effort: lets a live prefill free early
+                self._notify(seg, rp.transfer_id, MSG_FAILED)
 
     def _fail(self, r: RecvReq, reason: str) -> None:
         """Decode: ``r``'s KV will not arrive (the next poll reports it failed); ``reason`` is one of
@@ -671,7 +776,7 @@ class _Worker:
         done = [(p, 1) for p in self._read_now]
         self._read_now = []
         for p in self._pulls:
-            code = self.te.transfer_check_status(p.batch_id)
+            code = p.status(self.te.transfer_check_status)
             if code == 0:
                 still.append(p)
             else:
@@ -682,13 +787,15 @@ class _Worker:
             if p.req.request_id in self._cancelled:  # aborted meanwhile: only free its blocks
                 self._cancelled.discard(p.req.request_id)
                 res.finished_recving.add(p.req.request_id)
-                self._notify(rp.segment, rp.transfer_id, MSG_RELEASE)
+                for seg in p.notify:
+                    self._notify(seg, rp.transfer_id, MSG_RELEASE)
                 continue
             ok = code == 1 and time.time() < rp.lease_expiry_unix
             if ok:
                 pulled_ms = (time.monotonic() - p.started) * 1e3
                 t_n = time.monotonic()
-                self._notify(rp.segment, rp.transfer_id, MSG_DONE, inline=True)
+                for seg in p.notify:
+                    self._notify(seg, rp.transfer_id, MSG_DONE, inline=True)
                 self.stats.add(S.PULLED_BYTES, p.nbytes)
                 self.stats.add(S.PULLED_BLOCKS, p.nblocks)
                 self.stats.observe(S.PULL_SECONDS, pulled_ms / 1e3)
@@ -699,10 +806,11 @@ class _Worker:
             else:
                 why = "lease expired during the read" if code == 1 else f"transfer status {code}"
                 logger.error("MooncakeCoreConnector: KV pull for request %s (transfer %s from %s) failed: %s",
-                             p.req.request_id, rp.transfer_id, rp.segment, why)
-                self._remote.pop(f"{rp.segment}|{rp.engine_id}", None)
+                             p.req.request_id, rp.transfer_id, ",".join(p.notify), why)
+                for seg in p.notify:
+                    self._remote.pop(f"{seg}|{rp.engine_id}", None)
+                    self._notify(seg, rp.transfer_id, MSG_FAILED)
                 self._fail(p.req, "read" if code != 1 else "lease")
-                self._notify(rp.segment, rp.transfer_id, MSG_FAILED)
         self._pulls = still
         for r in self._failed_now:
             res.finished_recving.add(r.request_id)
@@ -719,9 +827,6 @@ class _Worker:
         self._send_done.update(expired)
         for rid in self._send_done:
             self._held_since.pop(rid, None)
-            held_tid = self._tid_of.pop(rid, None)
-            if held_tid is not None:
-                self._rdv.forget(held_tid)
         res.finished_sending, self._send_done = self._send_done, set()
         return res
 

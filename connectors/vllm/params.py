@@ -74,6 +74,18 @@ class RemotePrefill:
     block_bytes: int = 0  # bytes of one block in one registered KV slab (layout check)
     num_slabs: int = 0  # registered KV slabs (layers x K/V split) -- layout check
     lease_expiry_unix: float = 0.0  # prefill frees the blocks at this time even without a confirmation
+    # tensor parallelism: every prefill rank's segment, in rank order (``segments[0] == segment``);
+    # block_bytes / num_slabs are per rank, kv_heads the KV heads per rank (0: unknown)
+    segments: tuple[str, ...] = ()
+    kv_heads: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.segments:  # one rank
+            object.__setattr__(self, "segments", (self.segment,))
+
+    @property
+    def tp_size(self) -> int:
+        return len(self.segments)
 
     @property
     def host(self) -> str:
@@ -101,6 +113,9 @@ class RemotePrefill:
             "mooncake_block_bytes": self.block_bytes,
             "mooncake_num_slabs": self.num_slabs,
             "mooncake_lease_expiry": self.lease_expiry_unix,
+            "mooncake_tp_size": self.tp_size,
+            "mooncake_segments": list(self.segments),
+            "mooncake_kv_heads": self.kv_heads,
         }
 
     @classmethod
@@ -131,6 +146,9 @@ class RemotePrefill:
             block_bytes=_non_negative(d, "mooncake_block_bytes", "bytes per block per slab"),
             num_slabs=_non_negative(d, "mooncake_num_slabs", "number of KV slabs"),
             lease_expiry_unix=_unix_time(d, "mooncake_lease_expiry"),
+            segments=_tp_segments(d, seg),
+            kv_heads=_non_negative(d, "mooncake_kv_heads", "KV heads per prefill rank")
+            if d.get("mooncake_kv_heads") is not None else 0,
         )
 
 
@@ -168,6 +186,29 @@ def _segment(d: dict[str, Any]) -> str:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ParamsError(f"kv_transfer_params: 'mooncake_segment' must be 'host:port', got {seg!r}")
     return seg
+
+
+#: Most tensor-parallel ranks accepted in params (a bound on what a request can make a decode do).
+MAX_TP = 64
+
+
+def _tp_segments(d: dict[str, Any], seg: str) -> tuple[str, ...]:
+    """The prefill's per-rank segments (absent: one rank, ``seg``)."""
+    segs = d.get("mooncake_segments")
+    tp = d.get("mooncake_tp_size")
+    if segs is None and tp is None:
+        return (seg,)
+    segs = _get(d, "mooncake_segments", list, "a list of the prefill ranks' segments")
+    tp = _get(d, "mooncake_tp_size", int, "the prefill's tensor parallel size")
+    if not 1 <= tp <= MAX_TP or len(segs) != tp:
+        raise ParamsError(f"kv_transfer_params: 'mooncake_segments' must list 'mooncake_tp_size' = {tp} "
+                          f"(1..{MAX_TP}) segments, got {len(segs)}")
+    out = tuple(_segment({"mooncake_segment": s}) for s in segs)
+    if out[0] != seg:
+        raise ParamsError(f"kv_transfer_params: 'mooncake_segments'[0] {out[0]!r} is not 'mooncake_segment' {seg!r}")
+    if len(set(out)) != len(out):
+        raise ParamsError("kv_transfer_params: 'mooncake_segments' repeats a segment")
+    return out
 
 
 def _transfer_id(d: dict[str, Any]) -> str:

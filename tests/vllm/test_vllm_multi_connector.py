@@ -39,6 +39,7 @@ from vllm_harness import (
     metric,
     p2p_config,
     start_all,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -102,17 +103,6 @@ def multi_pair(vllm_py: str, tiny_model: Path, tmp_path_factory) -> Iterator[dic
         finally:
             p.stop()
             d.stop()
-
-
-def wait_until(pred, timeout: float, what: str, step: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last value {last!r})")
 
 
 def local_tokens(url: str, prompt: list[int], max_tokens: int = 16) -> list[int]:

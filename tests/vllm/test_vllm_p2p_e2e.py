@@ -13,7 +13,6 @@ Tests run in file order; the last one kills the prefill.
 from __future__ import annotations
 
 import json
-import random
 import re
 import subprocess
 import time
@@ -25,7 +24,7 @@ import pytest
 from concurrent.futures import ThreadPoolExecutor
 
 from mooncake_connectors.vllm.params import concurrent_decode_params, concurrent_prefill_params
-from vllm_harness import LEASE_S, completion, free_port, http_json, http_text, metric
+from vllm_harness import LEASE_S, completion, free_port, http_json, http_text, metric, prompt_ids, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -33,11 +32,6 @@ BLOCK = 32
 EXT_HITS = "vllm:external_prefix_cache_hits_total"
 USAGE = "vllm:kv_cache_usage_perc"
 FAILED_PULLS = "vllm:mooncake_core_kv_failed_pulls_total"
-
-
-def prompt_ids(seed: int, n: int = 200) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 300) for _ in range(n)]
 
 
 def baseline(url: str, prompt: list[int], max_tokens: int = 16) -> list[int]:
@@ -53,17 +47,6 @@ def prefill(url: str, prompt: list[int]) -> dict:
     params = r["kv_transfer_params"]
     assert params and params["do_remote_prefill"] is True, r
     return params
-
-
-def wait_until(pred, timeout: float, what: str, step: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last value {last!r})")
 
 
 def pulled_line(log: str, transfer_id: str) -> dict[str, int]:

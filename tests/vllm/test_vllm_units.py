@@ -243,13 +243,26 @@ def test_rendezvous_pairs_in_either_order_once():
     r = Rendezvous()
     params = {"mooncake_transfer_id": "a"}
     assert r.want("a", "dec:1", 100.0) is None  # the decode asks while the prefill computes
-    assert r.offer("a", params, 100.0) == ("dec:1", params)
-    assert r.offer("b", {"x": 1}, 100.0) is None  # the prefill finished first
+    assert r.offer("a", params, 100.0) == [("dec:1", params)]
+    assert r.offer("b", {"x": 1}, 100.0) == []  # the prefill finished first
     assert r.want("b", "dec:2", 100.0) == ("dec:2", {"x": 1})
+    assert r.want("b", "dec:2", 100.0) is None  # a repeated want is not answered twice
+    r.expire(101.0)  # the offers end with the lease
     assert r.pending() == 0
-    assert r.want("b", "dec:2", 100.0) is None  # a repeated want is not answered twice ...
-    r.forget("b")  # ... and forgetting (blocks freed) drops it
-    assert r.pending() == 0
+
+
+def test_rendezvous_answers_every_decode_rank():
+    """Under TP each decode rank asks the prefill's rank 0, before or after it finished."""
+    r = Rendezvous()
+    params = {"mooncake_transfer_id": "t"}
+    assert r.want("t", "dec-rank0:1", 100.0) is None
+    assert r.want("t", "dec-rank1:2", 100.0) is None
+    assert r.want("t", "dec-rank1:2", 100.0) is None
+    assert r.offer("t", params, 100.0) == [("dec-rank0:1", params), ("dec-rank1:2", params)]
+    assert r.want("t", "dec-rank1:2", 100.0) is None  # already answered
+    assert r.offer("u", params, 100.0) == []
+    assert r.want("u", "dec-rank0:1", 100.0) == ("dec-rank0:1", params)
+    assert r.want("u", "dec-rank1:2", 100.0) == ("dec-rank1:2", params)  # a sibling asking later
 
 
 def test_rendezvous_drops_unpaired_entries_at_expiry():
@@ -258,6 +271,6 @@ def test_rendezvous_drops_unpaired_entries_at_expiry():
     r.offer("o", {}, 20.0)
     r.expire(15.0)
     assert r.pending() == 1
-    assert r.offer("w", {}, 30.0) is None  # the want expired: the offer waits for a new one
+    assert r.offer("w", {}, 30.0) == []  # the want expired: the offer waits for a new one
     r.expire(40.0)
     assert r.pending() == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -93,7 +94,7 @@ class VllmServer:
     log_path: Path
     kv_config: dict | None = None
     env: dict = field(default_factory=dict)
-    args: list = field(default_factory=list)  # extra vLLM flags (e.g. --kv-events-config)
+    args: list = field(default_factory=list)  # extra server flags (--kv-events-config; tensor parallelism: tp_args)
     proc: subprocess.Popen | None = None
 
     @property
@@ -180,17 +181,61 @@ class VllmServer:
             self.proc.wait(timeout=10)
 
 
-def start_all(servers: list[VllmServer]) -> None:
+def start_all(servers: list[VllmServer], timeout: float = 240.0) -> None:
     """Start servers together (their start-ups overlap) and wait until all are healthy."""
     for s in servers:
         s.start()
     try:
         with ThreadPoolExecutor(len(servers)) as ex:
-            list(ex.map(lambda s: s.wait_healthy(), servers))
+            list(ex.map(lambda s: s.wait_healthy(timeout), servers))
     except BaseException:
         for s in servers:
             s.stop()
         raise
+
+
+def tp_args(tp: int) -> tuple[list[str], dict]:
+    """(server flags, env) of ``tensor_parallel_size`` ``tp`` on vLLM CPU: one worker process per
+    rank (multiprocessing executor, gloo), rank r's OpenMP threads on core r mod 2 (2-core box)."""
+    if tp == 1:
+        return [], {}
+    bind = "|".join(str(r % max(1, os.cpu_count() or 1)) for r in range(tp))
+    return (["--tensor-parallel-size", str(tp), "--distributed-executor-backend", "mp"],
+            {"VLLM_CPU_OMP_THREADS_BIND": bind})
+
+
+def start_proxy(prefill: VllmServer, decode: VllmServer, handoff: str, log: Path,
+                bootstrap: int | None = None, timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """Our ``mooncake_proxy`` in front of one prefill and one decode; returns (process, url) once it
+    answers ``/v1/models``. ``handoff`` is the proxy's ``--handoff`` (``mooncake`` needs ``bootstrap``)."""
+    port = free_port()
+    if handoff == "mooncake":
+        inst = ["--prefill", prefill.url, str(bootstrap), "--decode", decode.url]
+    else:
+        inst = ["--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(prefill.port),
+                "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(decode.port)]
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", str(port),
+                             *inst, "--handoff", handoff], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            http_json(url + "/v1/models", timeout=5)
+            return proc, url
+        except Exception:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"proxy did not start; see {log}")
+            time.sleep(0.5)
+
+
+def stop_proxy(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def p2p_config(role: str, **extra) -> dict:
@@ -206,6 +251,24 @@ def completion(url: str, prompt, max_tokens: int = 16, kv_transfer_params: dict 
     if kv_transfer_params is not None:
         body["kv_transfer_params"] = kv_transfer_params
     return http_json(url + "/v1/completions", body, timeout=timeout)
+
+
+def prompt_ids(seed: int, n: int = 200) -> list[int]:
+    """A reproducible random prompt of token ids (none of the tiny model's special ids 0-2)."""
+    rng = random.Random(seed)
+    return [rng.randrange(3, 300) for _ in range(n)]
+
+
+def wait_until(pred, timeout: float, what: str, step: float = 0.25):
+    """Poll ``pred`` until truthy (returned) or ``timeout`` s passed (AssertionError naming ``what``)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last value {last!r})")
 
 
 def own_tokens(server: VllmServer, prompt, max_tokens: int) -> list[int]:
