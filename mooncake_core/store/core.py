@@ -588,13 +588,42 @@ class StoreCore:
         ``(bytes, size)``). Returns per-key bytes read or a negative code."""
         self.enter(op)
         try:
-            if len(keys) > 1:
-                got = batch_path.read_flat(self, keys, dests, op)
-                if got is not None:
-                    return got
-            return self._read_batch_locked(keys, dests, op)
+            return self._read_within_leases(keys, dests, op, [d is None for d in dests], 0)
         finally:
             self.exit()
+
+    #: how many times a batch that outlived its lease is split and its late keys read again
+    LEASE_SPLITS = 6
+
+    def _read_within_leases(self, keys: list[str], dests: list[Any], op: str, fresh: list[bool],
+                            depth: int) -> list[int]:
+        """One batched read; then the keys whose read outlived its lease (-707: their bytes
+        may come from a reused range, so they were discarded) are read again under fresh
+        leases -- in two halves, each of which may split again, up to LEASE_SPLITS times, so a
+        batch too large for one lease (original #3076 with a short --default_kv_lease_ttl)
+        still completes, and every byte returned was read while its own lease held. A single
+        late key is read once more."""
+        if len(keys) > 1:
+            got = batch_path.read_flat(self, keys, dests, op)
+            results = got if got is not None else self._read_batch_locked(keys, dests, op)
+        else:
+            results = self._read_batch_locked(keys, dests, op)
+        late = [i for i, r in enumerate(results) if r == LEASE_EXPIRED]
+        if not late or depth >= self.LEASE_SPLITS or (len(late) == 1 and depth > 0):
+            return results
+        log.info("%s: %d of %d key(s) outlived their lease; reading them again in %s", op, len(late), len(keys),
+                 "two halves" if len(late) > 1 else "a second read")
+        half = (len(late) + 1) // 2
+        for part in (late[:half], late[half:]):
+            if not part:
+                continue
+            sub = [None if fresh[i] else dests[i] for i in part]
+            again = self._read_within_leases([keys[i] for i in part], sub, op, [fresh[i] for i in part], depth + 1)
+            for j, i in enumerate(part):
+                results[i] = again[j]
+                if fresh[i]:
+                    dests[i] = sub[j]
+        return results
 
     def fetch_replicas(self, keys: list[str]) -> list[GetReply | int]:
         """One master round trip: a lease'd replica list (or an error code) per key."""

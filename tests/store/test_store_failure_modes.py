@@ -35,6 +35,38 @@ def test_issue_3076_a_large_batch_read_is_not_refused_for_lease_expiry(master_fa
     assert not bad, f"{len(bad)} of {len(keys)} keys not read back (first {bad[:3]}); batch took {took:.2f}s"
 
 
+def test_issue_3076_short_lease_a_batch_longer_than_its_lease_is_read_in_parts(master_factory, worker_factory,
+                                                                              client_factory, caplog) -> None:
+    """#3076 with a lease shorter than the batch's read (10 ms against a 6,722-key batch): a
+    read that outlives its lease must be discarded (its range may have been reused), but the
+    batch must not fail -- the late keys are read again in smaller parts, each under its own
+    fresh lease, and every key comes back with its own bytes."""
+    m = master_factory(default_kv_lease_ttl=10)
+    worker_factory(m, 64 * MiB)
+    c = client_factory(m)
+    keys = [f"short-lease/{i}" for i in range(6722)]
+    vals = [payload(30_000 + i, 2 * KiB) for i in range(len(keys))]
+    for i in range(0, len(keys), 1000):
+        rcs = c.put_batch(keys[i:i + 1000], vals[i:i + 1000])
+        assert rcs == 0 or (isinstance(rcs, list) and all(r == 0 for r in rcs)), rcs
+    with caplog.at_level("WARNING", logger="mooncake.store.client"):
+        got = c.get_batch(keys)
+    bad = [k for k, g, v in zip(keys, got, vals) if g != v]
+    assert not bad, f"{len(bad)} of {len(keys)} keys not read back (first {bad[:3]})"
+    # the path under test ran: the whole batch could not be read within one 10 ms lease
+    assert "lease expired during the read" in caplog.text, caplog.text[-2000:]
+    import numpy as np
+
+    n = 2000  # batch_get_into (the caller's registered buffers) takes the same way
+    dst = np.zeros(n * 2 * KiB, np.uint8)
+    addr = int(dst.ctypes.data)
+    assert c.register_buffer(addr, dst.nbytes) == 0
+    sizes = c.batch_get_into(keys[:n], [addr + j * 2 * KiB for j in range(n)], [2 * KiB] * n)
+    assert list(sizes) == [2 * KiB] * n, sorted(set(sizes))
+    assert dst.tobytes() == b"".join(vals[:n])
+    assert c.unregister_buffer(addr) == 0
+
+
 def test_issue_2475_the_ssd_tier_never_fills_the_disk_past_its_quota(master_factory, worker_factory,
                                                                      client_factory, tmp_path) -> None:
     """Original #2475: the offload tier never evicted and filled the disk. Here the master keeps
