@@ -32,7 +32,15 @@ from vllm_harness import (VllmServer, completion, free_port, http_text, metric, 
                           start_all, start_proxy, stop_proxy, tp_args, wait_until)
 
 HERE = str(Path(__file__).resolve().parent)  # corrupting_connector.py, loaded by the decodes
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+#: Opt-in: the five TP worker processes (plus three engine cores) load a 2-core box to a load
+#: average of ~40 by themselves, and there the prefill's TP 2 engine stalled (its /health
+#: answered 503; a concurrent request timed out at 300 s) in 2 of 3 runs with nothing else
+#: running -- too unsteady to gate the 2-core CI on. The TP rank plans, slicing and params are
+#: unit-tested in CI (test_vllm_tp_units.py); run this on a machine with >= 4 cores.
+RUN_TP_E2E = os.environ.get("MOONCAKE_TP_E2E", "") not in ("", "0")
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900),
+              pytest.mark.skipif(not RUN_TP_E2E, reason="TP 2 end to end is opt-in (MOONCAKE_TP_E2E=1): five vLLM "
+                                 "TP workers on 2 cores stall the engine; see the module docstring")]
 
 #: The prefill's lease and the concurrent decode's wait for ``ready``: generous. Five TP worker
 #: processes share 2 cores here; with other work on the box a TP 2 step took seconds and a
