@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "probes); new and failing instances are probed at once and then with a fast "
                         "back-off (50 ms doubling to 1 s) until they answer")
     g.add_argument("--health-timeout", type=float, default=2.0, help="timeout of one /health probe (s)")
+    g.add_argument("--upstream-keepalive", type=float, default=4.0,
+                   help="seconds an idle connection to an instance is kept for reuse; keep it below the "
+                        "engines' own idle timeout (uvicorn's, under vLLM and SGLang, is 5 s), or a request "
+                        "may be written into a connection the engine is just closing (a 502 'connection "
+                        "reset'); 0 = a new connection per request")
     g.add_argument("--request-timeout", type=float, default=300.0,
                    help="seconds to wait for a prefill answer, or between two decode chunks, before "
                         "answering 504")
@@ -176,6 +181,8 @@ def config_from_args(a: argparse.Namespace):
                     ("--request-timeout", a.request_timeout), ("--health-timeout", a.health_timeout)):
         if v is not None and v <= 0:
             raise SystemExit(f"{flag} must be > 0, got {v}")
+    if a.upstream_keepalive < 0:
+        raise SystemExit(f"--upstream-keepalive must be >= 0, got {a.upstream_keepalive}")
     if a.max_request_bytes <= 0:
         raise SystemExit(f"--max-request-bytes must be > 0, got {a.max_request_bytes}")
     if bool(a.tls_cert) != bool(a.tls_key):
@@ -190,7 +197,8 @@ def config_from_args(a: argparse.Namespace):
         handoff=a.handoff, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
-        request_timeout=a.request_timeout, connect_timeout=a.connect_timeout, profile=a.profile,
+        upstream_keepalive=a.upstream_keepalive, request_timeout=a.request_timeout,
+        connect_timeout=a.connect_timeout, profile=a.profile,
         block_size=a.block_size, cache_blocks=a.cache_blocks,
         decode_kv_blocks=a.decode_kv_blocks, tokenizer=a.tokenizer,
         kv_events_config=a.kv_events_config, admin_key=a.admin_key or auth.resolve_token(), seed=a.seed,

@@ -64,6 +64,8 @@ class ProxyConfig:
     retry_after: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0
+    #: --upstream-keepalive: below the engines' idle timeout (uvicorn: 5 s), see cli.py
+    upstream_keepalive: float = 4.0
     request_timeout: float = 300.0
     connect_timeout: float = 5.0
     profile: str | None = None
@@ -255,7 +257,11 @@ class ProxyServer:
             await self.health.probe_now(inst)
 
     async def _on_startup(self, app: web.Application) -> None:
-        conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        # aiohttp keeps idle connections 15 s by default, longer than uvicorn's 5 s under vLLM and
+        # SGLang: a request written into one the engine is closing fails with a connection reset
+        ka = self.cfg.upstream_keepalive
+        conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300,
+                                    keepalive_timeout=ka if ka > 0 else None, force_close=ka <= 0)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False,
                                              timeout=aiohttp.ClientTimeout(total=None))
         self.health = HealthChecker(self.registry, self.session, self.probe_policy,

@@ -89,3 +89,38 @@ def test_dead_engine_requests_move_to_the_other_within_one_request(spawn) -> Non
     assert state[f"prefill@http://127.0.0.1:{engines['P0'][1]}"] == "down"
     assert state[f"decode@http://127.0.0.1:{engines['D1'][1]}"] == "down"
     assert h["can_serve"] is True
+
+
+def _idle_conns_to(port: int) -> int:
+    """Established TCP connections on this host whose remote end is ``port`` (the proxy's
+    connections to that engine; the engine's own sockets have it as their local end)."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "01" and int(f[2].rsplit(":", 1)[1], 16) == port:
+                n += 1
+    return n
+
+
+@pytest.mark.parametrize("keepalive,kept", [(0.5, False), (30.0, True)])
+def test_idle_upstream_connections_are_closed_after_upstream_keepalive(spawn, keepalive, kept) -> None:
+    """aiohttp keeps idle connections 15 s by default, uvicorn (vLLM, SGLang) closes them after
+    5 s: a request written into one the engine is closing fails (a 502 'connection reset', seen
+    in bench_live_scheduling). --upstream-keepalive (default 4 s) closes them first."""
+    _, p = _engine(spawn, "P")
+    _, d = _engine(spawn, "D")
+    url = _proxy(spawn, [p], [d], "--upstream-keepalive", str(keepalive), "--health-interval", "0")
+    _wait_health(url, 20)
+    r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)
+    assert r.status_code == 200, r.text
+    assert _idle_conns_to(d) >= 1, "the decode connection was not kept for reuse at all"
+    time.sleep(keepalive + 1.5 if not kept else 2.0)
+    left = _idle_conns_to(d)
+    assert (left >= 1) if kept else (left == 0), f"{left} idle connection(s) to the decode after the wait"
+    r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)  # and the next request still works
+    assert r.status_code == 200, r.text
