@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from mooncake_core.utils.proc import stop_process
 from vllm_harness import (
     VllmServer,
     completion,
@@ -75,12 +77,7 @@ def mooncake_master(logs: Path) -> Iterator[tuple[str, str]]:
             assert master.poll() is None, (logs / "master.log").read_text()
             yield f"127.0.0.1:{mport}", f"http://127.0.0.1:{hport}/metadata"
         finally:
-            master.terminate()
-            try:
-                master.wait(10)
-            except subprocess.TimeoutExpired:
-                master.kill()
-                master.wait(10)
+            stop_process(master, 10)
 
 
 @pytest.fixture(scope="module")

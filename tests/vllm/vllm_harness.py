@@ -25,6 +25,8 @@ from pathlib import Path
 from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
 from venvs import venv_python
 
+from mooncake_core.utils.proc import stop_process
+
 REPO = Path(__file__).resolve().parents[2]
 #: Prefill lease in the P2P tests: long enough for a decode on a busy 2-core box to start its
 #: read, short enough for the lease-expiry test to wait it out.
@@ -230,12 +232,7 @@ def start_proxy(prefill: VllmServer, decode: VllmServer, handoff: str, log: Path
 
 
 def stop_proxy(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    stop_process(proc, 15)
 
 
 def p2p_config(role: str, **extra) -> dict:
