@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "probes); new and failing instances are probed at once and then with a fast "
                         "back-off (50 ms doubling to 1 s) until they answer")
     g.add_argument("--health-timeout", type=float, default=2.0, help="timeout of one /health probe (s)")
+    g.add_argument("--health-timeouts-to-down", type=int, default=3, metavar="N",
+                   help="consecutive timed-out /health probes that take a healthy instance out of "
+                        "rotation (a busy engine answers late; a refused connection or an error "
+                        "answer takes it out at once)")
     g.add_argument("--upstream-keepalive", type=float, default=4.0,
                    help="seconds an idle connection to an instance is kept for reuse; keep it below the "
                         "engines' own idle timeout (uvicorn's, under vLLM and SGLang, is 5 s), or a request "
@@ -181,6 +185,8 @@ def config_from_args(a: argparse.Namespace):
                     ("--request-timeout", a.request_timeout), ("--health-timeout", a.health_timeout)):
         if v is not None and v <= 0:
             raise SystemExit(f"{flag} must be > 0, got {v}")
+    if a.health_timeouts_to_down < 1:
+        raise SystemExit(f"--health-timeouts-to-down must be >= 1, got {a.health_timeouts_to_down}")
     if a.upstream_keepalive < 0:
         raise SystemExit(f"--upstream-keepalive must be >= 0, got {a.upstream_keepalive}")
     if a.max_request_bytes <= 0:
@@ -197,6 +203,7 @@ def config_from_args(a: argparse.Namespace):
         handoff=a.handoff, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
+        health_timeouts_to_down=a.health_timeouts_to_down,
         upstream_keepalive=a.upstream_keepalive, request_timeout=a.request_timeout,
         connect_timeout=a.connect_timeout, profile=a.profile,
         block_size=a.block_size, cache_blocks=a.cache_blocks,

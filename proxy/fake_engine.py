@@ -33,6 +33,7 @@ class Behaviour:
     fail_status: int = 0         # answer completions with this HTTP status (0 = succeed)
     hang: bool = False           # never answer completions (for timeout tests)
     health_status: int = 200     # status of GET /health
+    health_delay: float = 0.0    # seconds before answering GET /health (a busy engine)
     prefill_delay: float = 0.0   # extra delay before a non-streamed answer
     model: str = "fake-model"
     engine_id: str = "fake-engine"
@@ -71,6 +72,8 @@ class FakeEngine:
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.behaviour.health_delay > 0:
+            await asyncio.sleep(self.behaviour.health_delay)
         return web.Response(status=self.behaviour.health_status, text="")
 
     async def _models(self, request: web.Request) -> web.Response:

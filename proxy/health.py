@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import aiohttp
 
@@ -29,9 +29,15 @@ log = get_logger("mooncake_proxy.health")
 _MAX_SLEEP = 1.0
 
 
+class ProbeResult(NamedTuple):
+    ok: bool
+    why: str = ""            # why not ok (empty when ok)
+    timed_out: bool = False  # no answer within the timeout (busy or gone: health_state decides)
+
+
 class HealthChecker:
     def __init__(self, registry: Registry, session: aiohttp.ClientSession, policy: ProbePolicy,
-                 timeout: float, on_result: Callable[[Instance, bool, str], None],
+                 timeout: float, on_result: Callable[[Instance, ProbeResult], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry
         self.session = session
@@ -44,19 +50,19 @@ class HealthChecker:
         self._wake = asyncio.Event()
         self._stopping = False
 
-    async def probe(self, inst: Instance) -> tuple[bool, str]:
-        """One ``GET /health``; (ok, why-not). Never raises for network errors."""
+    async def probe(self, inst: Instance) -> ProbeResult:
+        """One ``GET /health``. Never raises for network errors."""
         try:
             async with self.session.get(inst.url + "/health",
                                         timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
                 await r.read()
                 if r.status == 200:
-                    return True, ""
-                return False, f"/health returned HTTP {r.status}"
+                    return ProbeResult(True)
+                return ProbeResult(False, f"/health returned HTTP {r.status}")
         except asyncio.TimeoutError:
-            return False, f"/health timed out after {self.timeout}s"
+            return ProbeResult(False, f"/health timed out after {self.timeout}s", timed_out=True)
         except aiohttp.ClientError as e:
-            return False, f"/health failed: {type(e).__name__}: {e}"
+            return ProbeResult(False, f"/health failed: {type(e).__name__}: {e}")
 
     def probe_now(self, inst: Instance) -> asyncio.Task:
         """The probe in flight for ``inst``, or a new one; its result is applied when it ends."""
@@ -68,16 +74,16 @@ class HealthChecker:
 
     async def _probe_and_apply(self, inst: Instance) -> bool:
         try:
-            ok, why = await self.probe(inst)
+            res = await self.probe(inst)
         except Exception as e:  # a bug in probing must not kill the checker
-            ok, why = False, f"probe error: {type(e).__name__}: {e}"
+            res = ProbeResult(False, f"probe error: {type(e).__name__}: {e}")
         finally:
             if self._probes.get(inst.instance_id) is asyncio.current_task():
                 del self._probes[inst.instance_id]
             self._wake.set()
         if self.registry.get(inst.instance_id) is inst:  # not removed meanwhile
-            self.on_result(inst, ok, why)
-        return ok
+            self.on_result(inst, res)
+        return res.ok
 
     async def ensure_up(self, role: str, budget: float) -> bool:
         """Probe every ``role`` instance that is not up (joining probes in flight) and return as

@@ -64,6 +64,7 @@ class ProxyConfig:
     retry_after: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0
+    health_timeouts_to_down: int = 3
     #: --upstream-keepalive: below the engines' idle timeout (uvicorn: 5 s), see cli.py
     upstream_keepalive: float = 4.0
     request_timeout: float = 300.0
@@ -137,7 +138,8 @@ class ProxyServer:
         self.metrics = ProxyMetrics()
         self.session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
-        self.probe_policy = ProbePolicy(interval=max(0.0, cfg.health_interval))
+        self.probe_policy = ProbePolicy(interval=max(0.0, cfg.health_interval),
+                                        timeouts_to_down=cfg.health_timeouts_to_down)
         self.bootstrap = BootstrapDirectory(lambda: self.session, cfg.health_timeout)
         self.relay = Relay(lambda: self.session, RelayTimeouts(cfg.request_timeout, cfg.connect_timeout),
                            self.metrics, lambda inst, why: self.set_healthy(inst, False, why),
@@ -201,13 +203,13 @@ class ProxyServer:
         if inst.role == "prefill":
             self.bootstrap.forget(bootstrap_url(inst.addr))
 
-    def set_healthy(self, inst: Instance, ok: bool, why: str = "") -> None:
+    def set_healthy(self, inst: Instance, ok: bool, why: str = "", timed_out: bool = False) -> None:
         """Apply a probe result (or a refused connection on the request path) to ``inst``: the
         one place that changes what the scheduler may choose."""
         if self.registry.get(inst.instance_id) is not inst:
             return
         was = inst.health.state
-        if not inst.health.on_probe(ok, why, time.monotonic(), self.probe_policy):
+        if not inst.health.on_probe(ok, why, time.monotonic(), self.probe_policy, timed_out):
             return
         self.cluster.set_healthy(inst.instance_id, ok)
         self.metrics.healthy.labels(inst.instance_id, inst.role).set(1 if ok else 0)
@@ -265,7 +267,8 @@ class ProxyServer:
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False,
                                              timeout=aiohttp.ClientTimeout(total=None))
         self.health = HealthChecker(self.registry, self.session, self.probe_policy,
-                                    self.cfg.health_timeout, self.set_healthy)
+                                    self.cfg.health_timeout,
+                                    lambda inst, r: self.set_healthy(inst, r.ok, r.why, r.timed_out))
         self.health.start()
         if self.kv_events is not None:
             self.kv_events.start()

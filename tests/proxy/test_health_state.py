@@ -51,3 +51,40 @@ def test_next_due_and_bad_policy() -> None:
     assert next_due([a, b]) == 1.5 and next_due([]) == float("inf")
     with pytest.raises(ValueError, match="interval"):
         ProbePolicy(interval=-1)
+
+
+def test_late_answers_keep_an_up_instance_until_the_threshold() -> None:
+    pol = ProbePolicy(interval=5.0, first_delay=0.05, retry_cap=1.0, timeouts_to_down=3)
+    h = InstanceHealth()
+    h.on_probe(True, "", 0.0, pol)
+    assert h.on_probe(False, "/health timed out", 5.0, pol, timed_out=True) is False
+    assert h.up and h.late == 1 and h.next_probe_at == 5.05 and "1 late" in h.describe()
+    assert h.on_probe(False, "/health timed out", 5.05, pol, timed_out=True) is False
+    assert h.up and h.late == 2 and h.next_probe_at == pytest.approx(5.15)
+    # the third in a row takes it out, with the probe's reason
+    assert h.on_probe(False, "/health timed out", 5.15, pol, timed_out=True) is True
+    assert h.state is HealthState.DOWN and h.late == 0 and "timed out" in h.describe()
+
+
+def test_an_answer_resets_the_late_count_and_a_refusal_counts_at_once() -> None:
+    pol = ProbePolicy(timeouts_to_down=2)
+    h = InstanceHealth()
+    h.on_probe(True, "", 0.0, pol)
+    h.on_probe(False, "late", 1.0, pol, timed_out=True)
+    h.on_probe(True, "", 1.1, pol)
+    assert h.up and h.late == 0
+    h.on_probe(False, "late", 2.0, pol, timed_out=True)
+    assert h.up  # one late answer again, not two in a row
+    assert h.on_probe(False, "connection refused", 2.1, pol) is True and h.state is HealthState.DOWN
+
+
+def test_a_timeout_before_the_first_answer_or_with_threshold_one_counts_at_once() -> None:
+    h = InstanceHealth()
+    assert h.on_probe(False, "late", 0.0, ProbePolicy(), timed_out=True) is True
+    assert h.state is HealthState.DOWN
+    strict = ProbePolicy(timeouts_to_down=1)
+    h2 = InstanceHealth()
+    h2.on_probe(True, "", 0.0, strict)
+    assert h2.on_probe(False, "late", 1.0, strict, timed_out=True) is True and not h2.up
+    with pytest.raises(ValueError, match="timeouts_to_down"):
+        ProbePolicy(timeouts_to_down=0)

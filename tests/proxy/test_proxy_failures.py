@@ -154,6 +154,34 @@ async def test_failed_health_check_removes_and_restores(make_env) -> None:
     assert inst.healthy
 
 
+async def test_busy_decode_answering_health_late_stays_in_rotation(make_env) -> None:
+    """The only decode answers /health after the probe timeout (busy, as a loaded engine is):
+    two late answers keep it serving; the third in a row takes it out; an answer restores it."""
+    env = await make_env(health_interval=0.1, health_timeout=0.2, health_timeouts_to_down=3)
+    busy = env.decodes[0]
+    inst = env.server.registry.get(f"decode@{env.decode_urls[0]}")
+    assert inst is not None and inst.healthy
+    busy.behaviour.health_delay = 0.3
+    for _ in range(200):  # wait for the first late answer
+        if inst.health.late >= 1:
+            break
+        await asyncio.sleep(0.01)
+    assert inst.health.late >= 1 and inst.healthy, inst.health.describe()
+    await env.post_ok(BODY, 1)  # still served while answering late
+    for _ in range(300):
+        if not inst.healthy:
+            break
+        await asyncio.sleep(0.01)
+    assert not inst.healthy and "timed out" in inst.last_error, inst.health.describe()
+    busy.behaviour.health_delay = 0.0
+    for _ in range(300):
+        if inst.healthy:
+            break
+        await asyncio.sleep(0.01)
+    assert inst.healthy, inst.health.describe()
+    await env.post_ok(BODY, 1)
+
+
 async def test_overload_429_with_retry_after(make_env) -> None:
     env = await make_env(policy="conductor", ttft_slo=1e-6, retry_after=3.0)
     t = time.monotonic()
