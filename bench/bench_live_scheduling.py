@@ -110,16 +110,6 @@ def multi_config(role: str, store_extra: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def distinct_ports(n: int) -> list[int]:
-    """``n`` different free ports (two free_port() calls may return the same one, and vLLM binds
-    with SO_REUSEPORT: two servers on one port would both look healthy)."""
-    out: list[int] = []
-    while len(out) < n:
-        if (port := free_port()) not in out:
-            out.append(port)
-    return out
-
-
 def wait_all(servers: list[VllmServer], timeout: float) -> None:
     for s in servers:
         s.wait_healthy(timeout)
@@ -300,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"window: {len(reqs)} requests, ideal prefix reuse {100 * ideal_hit_ratio(reqs):.0f}% of blocks, "
           f"speed x{speed:.1f} (over {a.duration:.0f} s); load average {os.getloadavg()[0]:.1f}; logs {logs}", flush=True)
     model = make_model(py, logs / "model", a.hidden, a.heads, a.layers)
-    mport, hport, mmetrics, ev0, ev1, http0, http1, http_d = distinct_ports(8)
+    mport, hport, mmetrics, ev0, ev1, http0, http1, http_d = (free_port() for _ in range(8))  # distinct: free_port never repeats a port
     master = MasterProc([f"--port={mport}", "--rpc_address=127.0.0.1", f"--metrics_port={mmetrics}",
                          "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
                          f"--http_metadata_server_port={hport}"], mport, mmetrics, str(logs / "master.log"))

@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from mooncake_core.utils.net import free_port
 from mooncake_core.utils.proc import spawn_until, stop_process
 
 PY = sys.executable
@@ -82,12 +83,6 @@ def spawn(args, pattern: str, timeout: float = 30):
     proc, m = spawn_until([PY, "-u", *args], pattern + r" listening on http://[^:]+:(\d+)", timeout,
                           env={**os.environ, "MC_LOG_LEVEL": "WARNING"}, what=pattern)
     return proc, int(m.group(1))
-
-
-def free_port() -> int:
-    from mooncake_core.utils.net import free_port as fp
-
-    return fp()
 
 
 # ----------------------------------------------------------------------------- load

@@ -32,24 +32,10 @@ import time
 
 import numpy as np
 
+from mooncake_core.utils.net import listen_port
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(REPO, "tests", "sglang", "peer_pd.py")
-
-
-def listen_port() -> int:
-    """A free port below the ephemeral range (an ephemeral one may be taken by a bind(0) first)."""
-    import random
-    import socket
-
-    for _ in range(200):
-        port = random.randrange(15000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port in 15000-32000")
 
 
 def venv_python() -> str:

@@ -4,6 +4,7 @@ vs no disaggregation -- all measured in the same run, same prompts.
 
     python bench/bench_vllm_pd.py                 # 32 x 400-token prompts, 32 output tokens
     python bench/bench_vllm_pd.py --requests 8 --modes ours nodisagg   # quick
+    python bench/bench_vllm_pd.py --tp 2 --modes nodisagg ours --requests 8 --warmup-lens 1 16 64 200 400
 
 Modes (each starts its own servers, runs the prompts one at a time, stops them):
   nodisagg  one vLLM instance (core 0), requests sent to it directly
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 from concurrent.futures import ThreadPoolExecutor
 import json
+import os
 import random
 import re
 import statistics
@@ -111,6 +113,32 @@ def servers_for(mode: str, py: str, model: Path, logs: Path, tp: int = 1) -> tup
 HANDOFF = {"builtin": "mooncake", "ours-conc": "mooncake-core"}  # the proxy's --handoff (default: vllm)
 
 
+def warm_up(servers: list[VllmServer], lens: list[int], concurrency: int, seed: int) -> None:
+    """Send every instance, directly and one instance at a time, a prompt of each length in ``lens``
+    and then ``concurrency`` prompts at once, before anything is timed.
+
+    Why: vLLM CPU compiles (torch.compile / inductor) graphs for new batch shapes when a request
+    first brings one, and the instances (and their TP ranks) serialize on inductor's cache lock:
+    on a loaded 2-core box that stalled a TP 2 engine for ~30 s at request time, longer than the
+    prefill's lease. Warming one instance at a time keeps them from waiting on each other here.
+    Random prompts (none shares a prefix with another or with the timed ones) so that every one
+    is computed in full."""
+    rng = random.Random(seed ^ 0x5EED)
+    for s in servers:
+        t0 = time.monotonic()
+        prog = Progress(f"  warm-up {s.log_path.name}", len(lens) + (1 if concurrency > 1 else 0), unit="steps")
+        for n in lens:
+            stream_request(s.url, [rng.randrange(3, 300) for _ in range(n)], 4)
+            prog.add()
+        if concurrency > 1:
+            burst = [[rng.randrange(3, 300) for _ in range(max(lens))] for _ in range(concurrency)]
+            with ThreadPoolExecutor(concurrency) as ex:
+                list(ex.map(lambda p: stream_request(s.url, p, 4), burst))
+            prog.add()
+        prog.finish()
+        print(f"  warm-up of {s.log_path.name}: {time.monotonic() - t0:.1f} s", file=sys.stderr)
+
+
 def run_concurrent(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int) -> dict:
     """TTFT / E2E p50 with ``concurrency`` requests in flight (a closed loop over ``prompts``)."""
     prog = Progress(f"  {concurrency} in flight", len(prompts), unit="requests")
@@ -127,11 +155,14 @@ def run_concurrent(url: str, prompts: list[list[int]], max_tokens: int, concurre
 
 
 def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int]], max_tokens: int,
-             cprompts: list[list[int]], concurrency: int, tp: int = 1) -> dict:
+             cprompts: list[list[int]], concurrency: int, tp: int = 1, warmup_lens: list[int] | None = None,
+             seed: int = 0) -> dict:
     servers, extra = servers_for(mode, py, model, logs, tp)
     proxy = None
     try:
         start_all(servers)
+        if warmup_lens:
+            warm_up(servers, warmup_lens, concurrency, seed)
         if mode == "nodisagg":
             url = servers[0].url
         else:
@@ -206,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=1,
                     help="tensor_parallel_size of every instance of the nodisagg/ours/ours-conc modes (default 1; "
                          "2 on a 2-core box puts rank r on core r)")
+    ap.add_argument("--warmup-lens", type=int, nargs="+", default=None, metavar="N",
+                    help="before timing, send every instance directly (one instance at a time) a prompt of each of "
+                         "these lengths in tokens, then --concurrency prompts of the longest at once, so that vLLM "
+                         "CPU's torch.compile of new shapes happens before the clock runs (default: none, only one "
+                         "64-token request through the proxy; e.g. --warmup-lens 1 16 64 200 400 for --tp 2)")
     ap.add_argument("--logs", default=None, help="directory for server logs (default: a temp dir)")
     a = ap.parse_args(argv)
     env = bench_env(a.logs, "bench-vllm-")
@@ -216,13 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [[rng.randrange(3, 300) for _ in range(a.prompt_len)] for _ in range(a.requests)]
     cprompts = [[rng.randrange(3, 300) for _ in range(a.prompt_len)] for _ in range(a.requests)]
     res: dict[str, dict] = {}
+    load0 = os.getloadavg()
     for m in a.modes:
         try:
-            res[m] = run_mode(m, py, model, logs, prompts, a.max_tokens, cprompts, a.concurrency, a.tp)
+            res[m] = run_mode(m, py, model, logs, prompts, a.max_tokens, cprompts, a.concurrency, a.tp,
+                              a.warmup_lens, a.seed)
         except Exception as e:
             print(f"[{m}] failed: {e}", file=sys.stderr)
     print(f"\n{a.requests} requests x {a.prompt_len} prompt tokens, {a.max_tokens} output tokens, TP {a.tp}, one at a time "
           f"(then {a.concurrency} in flight: cN columns); logs in {logs}")
+    print("load average (1, 5, 15 min) at start %.1f %.1f %.1f, at end %.1f %.1f %.1f" % (*load0, *os.getloadavg()))
     print(f"{'mode':10} {'TTFT p50 ms':>12} {'TTFT mean':>10} {'E2E p50 ms':>11} {'E2E mean':>9} {'done':>5}"
           f" {'cN TTFT p50':>12} {'cN E2E p50':>11}")
     for m, r in res.items():

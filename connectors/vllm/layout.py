@@ -97,26 +97,33 @@ def coalesce(pairs: list[tuple[int, int]]) -> list[Run]:
 
 
 def plan(local_slabs: list[Slab], remote_slabs: list[Slab], runs: list[Run], part: int = 0,
-         parts: int = 1) -> tuple[list[int], list[int], list[int]]:
+         parts: int = 1, remote_part: int = 0, remote_parts: int = 1) -> tuple[list[int], list[int], list[int]]:
     """(local_addrs, remote_addrs, lengths) moving every run in every slab.
 
     A run becomes one request per slab when blocks are packed (stride == block_bytes) on both
-    sides; otherwise one request per block. ``parts > 1`` (tensor parallelism, prefill TP =
-    parts x decode TP): each remote block fills slice ``part`` of ``parts`` equal slices of the
-    local block (its KV heads), one request per block."""
+    sides; otherwise one request per block. Tensor parallelism moves head slices, one request
+    per block: ``parts > 1`` (prefill TP = parts x decode TP) puts each remote block into slice
+    ``part`` of ``parts`` equal slices of the local block; ``remote_parts > 1`` (decode TP >
+    prefill TP) reads slice ``remote_part`` of ``remote_parts`` equal slices of each remote block
+    into the whole local block. A slice of a head-outer block is one contiguous byte range; the
+    slices of a run's blocks are a block apart (strided), hence one request each."""
     if len(local_slabs) != len(remote_slabs):
         raise ValueError(f"KV layouts differ: {len(local_slabs)} slabs here, {len(remote_slabs)} on the peer")
     if not 0 <= part < parts:
         raise ValueError(f"slice {part} of {parts} does not exist")
+    if not 0 <= remote_part < remote_parts:
+        raise ValueError(f"remote slice {remote_part} of {remote_parts} does not exist")
     la: list[int] = []
     ra: list[int] = []
     ln: list[int] = []
     for i, (ls, rs) in enumerate(zip(local_slabs, remote_slabs)):
-        if ls.block_bytes != parts * rs.block_bytes:
+        n = ls.block_bytes // parts
+        if ls.block_bytes != parts * n or rs.block_bytes != remote_parts * n:
             raise ValueError(f"KV layouts differ in slab {i}: {ls.block_bytes} bytes per block here, "
                              f"{rs.block_bytes} on the peer" + (f" (x {parts} slices)" if parts > 1 else "")
+                             + (f" (/ {remote_parts} slices)" if remote_parts > 1 else "")
                              + " (same model, dtype and block size on both?)")
-        packed = parts == 1 and ls.stride == ls.block_bytes and rs.stride == rs.block_bytes
+        packed = parts == remote_parts == 1 and ls.stride == ls.block_bytes and rs.stride == rs.block_bytes
         for r in runs:
             if r.local + r.count > ls.num_blocks or r.remote + r.count > rs.num_blocks:
                 raise ValueError(f"run {r} exceeds slab {i} (local {ls.num_blocks} blocks, "
@@ -127,9 +134,9 @@ def plan(local_slabs: list[Slab], remote_slabs: list[Slab], runs: list[Run], par
                 ln.append(r.count * ls.block_bytes)
             else:
                 for k in range(r.count):
-                    la.append(ls.addr(r.local + k) + part * rs.block_bytes)
-                    ra.append(rs.addr(r.remote + k))
-                    ln.append(rs.block_bytes)
+                    la.append(ls.addr(r.local + k) + part * n)
+                    ra.append(rs.addr(r.remote + k) + remote_part * n)
+                    ln.append(n)
     return la, ra, ln
 
 

@@ -14,12 +14,17 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SendTracker:
-    """Maps transfer ids to vLLM request ids and decides when each request's blocks can be freed."""
+    """Maps transfer ids to vLLM request ids and decides when each request's blocks can be freed.
+
+    Under tensor parallelism with more decode ranks than prefill ranks several decode ranks read
+    one prefill rank's blocks; each confirmation names its sender and the number of readers, and
+    the blocks are freed once every reader confirmed (a repeated confirmation counts once)."""
 
     early_ttl_s: float = 600.0
     _by_tid: dict[str, str] = field(default_factory=dict)  # transfer id -> request id
     _expiry: dict[str, float] = field(default_factory=dict)  # request id -> lease expiry (monotonic)
     _early: dict[str, float] = field(default_factory=dict)  # transfer id -> time confirmed before known
+    _acks: dict[str, tuple[set[int], int, float]] = field(default_factory=dict)  # tid -> (senders, readers, since)
     expired_total: int = 0
     confirmed_total: int = 0
 
@@ -33,8 +38,16 @@ class SendTracker:
         self._expiry[request_id] = expiry
         return False
 
-    def confirm(self, transfer_id: str, now: float) -> str | None:
-        """A decode confirmed reading ``transfer_id``; returns the request id to free, if known."""
+    def confirm(self, transfer_id: str, now: float, sender: int = 0, readers: int = 1) -> str | None:
+        """Decode rank ``sender`` of ``readers`` confirmed reading ``transfer_id``; returns the request
+        id to free once all ``readers`` have, if the request is known."""
+        if readers > 1:
+            senders, need, since = self._acks.get(transfer_id, (set(), readers, now))
+            senders.add(sender)
+            if len(senders) < max(need, readers):
+                self._acks[transfer_id] = (senders, max(need, readers), since)
+                return None
+        self._acks.pop(transfer_id, None)
         rid = self._by_tid.pop(transfer_id, None)
         if rid is None:
             self._early[transfer_id] = now
@@ -51,10 +64,14 @@ class SendTracker:
             gone = set(out)
             for rid in out:
                 del self._expiry[rid]
-            self._by_tid = {t: r for t, r in self._by_tid.items() if r not in gone}
+            for t in [t for t, r in self._by_tid.items() if r in gone]:
+                del self._by_tid[t]
+                self._acks.pop(t, None)
             self.expired_total += len(out)
         for tid in [t for t, at in self._early.items() if now - at > self.early_ttl_s]:
             del self._early[tid]
+        for tid in [t for t, a in self._acks.items() if t not in self._by_tid and now - a[2] > self.early_ttl_s]:
+            del self._acks[tid]
         return out
 
     def held(self) -> int:

@@ -57,10 +57,14 @@ KV slice (its KV heads) with its own Transfer Engine segment and reports it in t
 (``MooncakeHandshake``, keyed by TP rank); the prefill's params list every rank's segment
 (``mooncake_segments``, rank order). Decode rank r reads from the prefill rank(s) holding its
 heads (``tp.rank_plan``): the same rank when both TPs match; with prefill TP = k x decode TP
-(e.g. 2 -> 1) the k prefill ranks' blocks fill the k head slices of each local block. vLLM
-frees a prefill's blocks once every prefill rank reported them sent and runs a decode request
-once every decode rank reported it received (``KVOutputAggregator``). Decode TP > prefill TP
-is refused (the decode computes the prompt). (The tests' negative control -- received KV overwritten with noise --
+(e.g. 2 -> 1) the k prefill ranks' blocks fill the k head slices of each local block; with
+decode TP = k x prefill TP (e.g. 1 -> 2) decode rank r reads its head slice of prefill rank
+r // k's blocks, and that prefill rank frees them once all k decode ranks confirmed (the count
+travels in the confirmation, ``params.confirmation``). vLLM frees a prefill's blocks once every
+prefill rank reported them sent and runs a decode request once every decode rank reported it
+received (``KVOutputAggregator``). TPs that are not multiples of each other, or a head slice of
+a layout that is not head-outer, are refused with a log line naming both TPs (the decode
+computes the prompt). (The tests' negative control -- received KV overwritten with noise --
 is a subclass in ``tests/vllm/corrupting_connector.py``; this connector has no test switch.)
 """
 
@@ -87,9 +91,11 @@ from mooncake_connectors.vllm.layout import (Slab, coalesce, heads_outer, pair_b
                                              remote_slabs_from_regions, slabs_of)
 from mooncake_connectors.vllm.leases import Rendezvous, SendTracker
 from mooncake_connectors.vllm.params import (MSG_DONE, MSG_FAILED, MSG_READY, MSG_RELEASE, MSG_WANT, ParamsError,
-                                             PendingPrefill, RemotePrefill, chosen_transfer_id, is_pending,
-                                             new_transfer_id, parse_pending, wants_remote_decode, wants_remote_prefill)
-from mooncake_connectors.vllm.tp import KVShard, RankPlan, TPMismatch, notify_targets, rank_hostname, rank_plan
+                                             PendingPrefill, RemotePrefill, chosen_transfer_id, confirmation,
+                                             is_pending, new_transfer_id, parse_confirmation, parse_pending,
+                                             wants_remote_decode, wants_remote_prefill)
+from mooncake_connectors.vllm.tp import (KVShard, RankPlan, TPMismatch, notify_targets, rank_hostname, rank_plan,
+                                         readers)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -308,7 +314,7 @@ class _Scheduler:
                 raise ValueError(f"MooncakeCoreConnector: expected worker handshake metadata for TP rank {r} of "
                                  f"{self.tp_size}, got {metadata!r}")
             ranks.append(hs)
-        if len({(h.block_bytes, h.num_slabs, h.kv_heads) for h in ranks}) != 1:
+        if len({(h.block_bytes, h.num_slabs, h.kv_heads, h.heads_outer) for h in ranks}) != 1:
             raise ValueError(f"MooncakeCoreConnector: TP ranks report different KV layouts: {ranks!r}")
         if len({h.segment for h in ranks}) != len(ranks):
             raise ValueError(f"MooncakeCoreConnector: TP ranks share a Transfer Engine segment name: {ranks!r}")
@@ -334,8 +340,9 @@ class _Scheduler:
                     rank_plan(r, self.hs.shard(), remote_shard(rp))
             except TPMismatch as e:
                 logger.error("MooncakeCoreConnector: request %s: prefill KV layout (TP %d, %d bytes/block/rank, %d "
-                             "slabs) does not fit this decode's: %s; computing locally", request.request_id,
-                             rp.tp_size, rp.block_bytes, rp.num_slabs, e)
+                             "slabs) does not fit this decode's (TP %d, %d bytes/block/rank, %d slabs): %s; "
+                             "computing locally", request.request_id, rp.tp_size, rp.block_bytes, rp.num_slabs,
+                             self.tp_size, self.hs.block_bytes, self.hs.num_slabs, e)
                 return None
         return rp
 
@@ -440,7 +447,7 @@ class _Scheduler:
                            request_id=request.request_id, block_ids=list(block_ids),
                            num_tokens=request.num_computed_tokens, block_size=self.block_size,
                            block_bytes=self.hs.block_bytes, num_slabs=self.hs.num_slabs, lease_expiry_unix=expiry,
-                           segments=self.segments, kv_heads=self.hs.kv_heads)
+                           segments=self.segments, kv_heads=self.hs.kv_heads, heads_outer=self.hs.heads_outer)
         out = rp.to_params()
         # concurrent hand-off: the worker sends these to the decode that asks for ``tid``
         self._send[request.request_id] = SendReq(tid, expiry, out if chosen else None)
@@ -450,9 +457,9 @@ class _Scheduler:
 
 
 def remote_shard(rp: RemotePrefill) -> KVShard:
-    """The prefill's per-rank KV layout its params describe (its blocks are head-outer: only
-    the decode's layout matters for slicing)."""
-    return KVShard(rp.tp_size, rp.block_bytes, rp.num_slabs, rp.kv_heads)
+    """The prefill's per-rank KV layout its params describe (whether its blocks are head-outer
+    matters only to a decode with more TP ranks, which reads head slices of them)."""
+    return KVShard(rp.tp_size, rp.block_bytes, rp.num_slabs, rp.kv_heads, rp.heads_outer)
 
 
 def _release_of(who: RemotePrefill | PendingPrefill) -> tuple[tuple[str, ...], int, str]:
@@ -472,6 +479,7 @@ class _Pull:
     nblocks: int
     started: float
     notify: list[str]  # prefill segments to confirm to
+    readers: int = 1  # decode ranks confirming to each of them (tp.RankPlan.readers)
     codes: dict[int, int] = field(default_factory=dict)  # batch id -> final status
 
     def status(self, check: Any) -> int:
@@ -581,12 +589,17 @@ class _Worker:
         """The prefill segments this rank tells that it will not read a transfer."""
         return notify_targets(self.tp_rank, self.tp_size, segments, remote_tp)
 
+    def _confirm(self, segment: str, transfer_id: str, kind: str, n_readers: int, inline: bool = False) -> bool:
+        """Tell a prefill rank this decode rank is done with ``transfer_id`` (read, failed, or not
+        reading); with several decode ranks reading it (``n_readers``) the message says which."""
+        return self._notify(segment, transfer_id, confirmation(kind, self.tp_rank % n_readers, n_readers), inline)
+
     def start_load(self, meta: MooncakeConnectorMetadata) -> None:
         for rid in meta.cancels:
             self._cancel(rid)
         for segs, remote_tp, tid in meta.releases:
             for seg in self._targets(segs, remote_tp):
-                self._notify(seg, tid, MSG_RELEASE)
+                self._confirm(seg, tid, MSG_RELEASE, readers(self.tp_size, remote_tp))
         for rid, sr in meta.reqs_to_send.items():
             self._held_since[rid] = time.monotonic()
             if self._sends.hold(rid, sr.transfer_id, sr.expiry, time.time()):
@@ -666,9 +679,9 @@ class _Worker:
                 self._on_ready(n.name, n.msg[len(MSG_READY):])
             elif n.msg.startswith(MSG_WANT):
                 self._send_ready(self._rdv.want(n.name, n.msg[len(MSG_WANT):], now + self.lease_s))
-            elif n.msg in (MSG_DONE, MSG_FAILED, MSG_RELEASE):
+            elif (conf := parse_confirmation(n.msg)) is not None:
                 # the rendezvous keeps its offer until the lease ends: a sibling decode rank may ask later
-                rid = self._sends.confirm(n.name, now)
+                rid = self._sends.confirm(n.name, now, conf[1], conf[2])
                 if rid is not None:
                     self._send_done.add(rid)
                     t = self._held_since.get(rid)
@@ -693,7 +706,8 @@ class _Worker:
             reads = []  # (segment, local addrs, remote addrs, lengths) per prefill rank read from
             for src in rplan.reads:
                 seg = rp.segments[src.rank]
-                reads.append((seg, *plan(self.slabs, self._remote_slabs(rp, seg), runs, src.part, src.parts)))
+                reads.append((seg, *plan(self.slabs, self._remote_slabs(rp, seg), runs, src.part, src.parts,
+                                         src.remote_part, src.remote_parts)))
             nbytes = sum(sum(ln) for _s, _la, _ra, ln in reads)
             notify = [rp.segments[k] for k in rplan.notify]
             if nbytes <= self.sync_load_max_bytes:
@@ -706,9 +720,9 @@ class _Worker:
                     if self.te.batch_transfer_sync_read(seg, la, ra, ln) != 0:
                         self._remote.pop(f"{seg}|{rp.engine_id}", None)
                         raise RuntimeError(f"read from {seg} failed: {self.te.last_error}")
-                self._read_now.append(_Pull(r, [], nbytes, len(pairs), started, notify))
+                self._read_now.append(_Pull(r, [], nbytes, len(pairs), started, notify, rplan.readers))
                 return
-            pull = _Pull(r, [], nbytes, len(pairs), time.monotonic(), notify)
+            pull = _Pull(r, [], nbytes, len(pairs), time.monotonic(), notify, rplan.readers)
             for seg, la, ra, ln in reads:
                 bid = self.te.batch_transfer_async_read(seg, la, ra, ln)
                 if bid <= 0:
@@ -726,7 +740,7 @@ class _Worker:
             targets = ([rp.segments[k] for k in rplan.notify] if rplan is not None
                        else self._targets(rp.segments, rp.tp_size))
             for seg in targets:  # best effort: lets a live prefill free early
-                self._notify(seg, rp.transfer_id, MSG_FAILED)
+                self._confirm(seg, rp.transfer_id, MSG_FAILED, readers(self.tp_size, rp.tp_size))
 
     def _fail(self, r: RecvReq, reason: str) -> None:
         """Decode: ``r``'s KV will not arrive (the next poll reports it failed); ``reason`` is one of
@@ -788,14 +802,14 @@ class _Worker:
                 self._cancelled.discard(p.req.request_id)
                 res.finished_recving.add(p.req.request_id)
                 for seg in p.notify:
-                    self._notify(seg, rp.transfer_id, MSG_RELEASE)
+                    self._confirm(seg, rp.transfer_id, MSG_RELEASE, p.readers)
                 continue
             ok = code == 1 and time.time() < rp.lease_expiry_unix
             if ok:
                 pulled_ms = (time.monotonic() - p.started) * 1e3
                 t_n = time.monotonic()
                 for seg in p.notify:
-                    self._notify(seg, rp.transfer_id, MSG_DONE, inline=True)
+                    self._confirm(seg, rp.transfer_id, MSG_DONE, p.readers, inline=True)
                 self.stats.add(S.PULLED_BYTES, p.nbytes)
                 self.stats.add(S.PULLED_BLOCKS, p.nblocks)
                 self.stats.observe(S.PULL_SECONDS, pulled_ms / 1e3)
@@ -809,7 +823,7 @@ class _Worker:
                              p.req.request_id, rp.transfer_id, ",".join(p.notify), why)
                 for seg in p.notify:
                     self._remote.pop(f"{seg}|{rp.engine_id}", None)
-                    self._notify(seg, rp.transfer_id, MSG_FAILED)
+                    self._confirm(seg, rp.transfer_id, MSG_FAILED, p.readers)
                 self._fail(p.req, "read" if code != 1 else "lease")
         self._pulls = still
         for r in self._failed_now:

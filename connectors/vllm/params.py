@@ -75,9 +75,12 @@ class RemotePrefill:
     num_slabs: int = 0  # registered KV slabs (layers x K/V split) -- layout check
     lease_expiry_unix: float = 0.0  # prefill frees the blocks at this time even without a confirmation
     # tensor parallelism: every prefill rank's segment, in rank order (``segments[0] == segment``);
-    # block_bytes / num_slabs are per rank, kv_heads the KV heads per rank (0: unknown)
+    # block_bytes / num_slabs are per rank, kv_heads the KV heads per rank (0: unknown);
+    # heads_outer: the prefill's blocks are [kv_heads, ...], so a decode with more TP ranks can
+    # read one head slice of them (False when not said: an older prefill)
     segments: tuple[str, ...] = ()
     kv_heads: int = 0
+    heads_outer: bool = False
 
     def __post_init__(self) -> None:
         if not self.segments:  # one rank
@@ -116,6 +119,7 @@ class RemotePrefill:
             "mooncake_tp_size": self.tp_size,
             "mooncake_segments": list(self.segments),
             "mooncake_kv_heads": self.kv_heads,
+            "mooncake_heads_outer": self.heads_outer,
         }
 
     @classmethod
@@ -149,6 +153,8 @@ class RemotePrefill:
             segments=_tp_segments(d, seg),
             kv_heads=_non_negative(d, "mooncake_kv_heads", "KV heads per prefill rank")
             if d.get("mooncake_kv_heads") is not None else 0,
+            heads_outer=_get(d, "mooncake_heads_outer", bool, "true or false: the prefill's blocks are head-outer")
+            if d.get("mooncake_heads_outer") is not None else False,
         )
 
 
@@ -256,3 +262,33 @@ def concurrent_decode_params(transfer_id: str, segment: str) -> dict[str, Any]:
 MSG_DONE, MSG_FAILED, MSG_RELEASE = "done", "failed", "release"  # decode -> prefill: free the blocks
 MSG_WANT = "want "    # decode -> prefill, + the decode's segment: send me ``ready`` when you finish
 MSG_READY = "ready "  # prefill -> decode, + JSON of ``RemotePrefill.to_params()``: read now
+CONFIRMATIONS = (MSG_DONE, MSG_FAILED, MSG_RELEASE)
+
+
+def confirmation(kind: str, sender: int, readers: int) -> str:
+    """A decode rank's ``done``/``failed``/``release`` for a transfer. When ``readers`` > 1 decode
+    ranks read from the same prefill rank (decode TP > prefill TP) it says which one this is and
+    of how many (``"done 1/2"``): the prefill frees the blocks once all of them confirmed. The
+    count travels in the message, like NixlConnector's ``"<request id>:<consumers>"``, because
+    the prefill answers before it knows which decode reads."""
+    if kind not in CONFIRMATIONS:
+        raise ValueError(f"not a confirmation: {kind!r}")
+    if not 0 <= sender < readers <= MAX_TP:
+        raise ValueError(f"decode rank {sender} of {readers} readers (1..{MAX_TP})")
+    return kind if readers == 1 else f"{kind} {sender}/{readers}"
+
+
+def parse_confirmation(msg: str) -> tuple[str, int, int] | None:
+    """(kind, sender, readers) of a ``confirmation`` message; None when it is not a valid one."""
+    kind, sep, tail = msg.partition(" ")
+    if kind not in CONFIRMATIONS:
+        return None
+    if not sep:
+        return kind, 0, 1
+    a, slash, b = tail.partition("/")
+    if not slash or not a.isdigit() or not b.isdigit() or len(a) > 3 or len(b) > 3:
+        return None
+    sender, readers = int(a), int(b)
+    if not 0 <= sender < readers <= MAX_TP:
+        return None
+    return kind, sender, readers

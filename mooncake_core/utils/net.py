@@ -1,9 +1,11 @@
-"""Small networking helpers: host:port parsing, port checks with clear errors, free ports."""
+"""Small networking helpers: host:port parsing, port checks with clear errors, free ports (distinct per process)."""
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
+import threading
 import time
 
 
@@ -35,11 +37,67 @@ def parse_host_port(value: str, default_port: int | None = None, *, what: str = 
     return host, port
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on ``host`` (for tests and 'pick one for me' options)."""
+#: Ports this process has handed out (free_port / listen_port), with the lock that guards it.
+#: Why: a port is free when drawn but bound later by whoever asked for it (often a child process),
+#: so the kernel may hand the same port to the next ``bind(0)`` -- and vLLM binds with SO_REUSEPORT,
+#: so two servers on one port would both look healthy. A port is handed out at most once per process.
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
+def _bindable(host: str, port: int) -> bool:
+    """Whether a plain socket (no SO_REUSEADDR/SO_REUSEPORT) can bind ``host:port`` now: it cannot
+    while anything listens there, a SO_REUSEPORT listener included."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` that this process has not handed out before (for tests and
+    'pick one for me' options): two calls never return the same port, even before either is bound.
+
+    Raises RuntimeError when no new port turns up in 200 tries.
+    """
+    with _HANDED_OUT_LOCK:
+        for _ in range(200):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = int(s.getsockname()[1])
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+    raise RuntimeError(f"no free port on {host} that this process has not handed out already (200 tries)")
+
+
+def ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (``bind(0)`` and outgoing connections use it)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def listen_port(host: str = "127.0.0.1", low: int = 15000) -> int:
+    """A free port in ``[low, ephemeral range)`` not handed out before, for a server a test starts.
+
+    Why not ``free_port()``: that returns an ephemeral port, which the kernel may give to any
+    ``bind(0)`` (an engine's rpc port, ZMQ sockets) in the gap before the server binds it.
+    Raises RuntimeError when no such port turns up in 200 tries.
+    """
+    high = max(low + 1, min(ephemeral_low(), 32768))
+    rng = random.Random()
+    with _HANDED_OUT_LOCK:
+        for _ in range(200):
+            port = rng.randrange(low, high)
+            if port not in _HANDED_OUT and _bindable(host, port):
+                _HANDED_OUT.add(port)
+                return port
+    raise RuntimeError(f"no free port on {host} in {low}..{high - 1} (200 tries)")
 
 
 def bind_listener(host: str, port: int, *, what: str, backlog: int = 512) -> socket.socket:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ from typing import Any
 import pytest
 
 from mooncake_core import envs
+from mooncake_core.utils.net import listen_port  # noqa: F401 - the tests import it from here
 from checkout_shim import shim_pythonpath
 from venvs import venv_python  # tests/ is on sys.path (rootdir conftest)
 
@@ -49,35 +48,6 @@ def sglang_python() -> str:
             pytest.fail(msg + " (MOONCAKE_REQUIRE_SGLANG=1)")
         pytest.skip(msg)
     return py
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def listen_port() -> int:
-    """A free port below the kernel's ephemeral range, for a server a test starts (bootstrap, HTTP).
-
-    Why not ``free_port()``: that returns an ephemeral port, which the kernel may hand to any
-    ``bind(0)`` (our engine's rpc port, ZMQ sockets) before the bootstrap server binds it.
-    """
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(15000, max(15001, min(low, 32768)))
-        if port in _HANDED_OUT:  # not bound yet by whoever got it: don't hand it out twice
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    raise RuntimeError("no free port below the ephemeral range")
 
 
 def sglang_env(**extra: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
 from venvs import venv_python
 
+from mooncake_core.utils.net import free_port  # noqa: F401 - re-exported: distinct per process (see net.py)
 from mooncake_core.utils.proc import stop_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,12 +42,6 @@ def vllm_python() -> str | None:
                          "sys.exit(0 if u.find_spec('vllm') and u.find_spec('mooncake_connectors') else 1)"],
                         capture_output=True, timeout=60)
     return str(py) if ok.returncode == 0 else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_tiny_model(py: str, out_dir: Path) -> Path:
