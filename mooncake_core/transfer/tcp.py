@@ -12,7 +12,9 @@ Why it looks like this:
 * large batches of small blocks (``transfer_arrays``, 64+ entries) go as vectored WRITEV /
   READV requests (``tcp_vec.py``): a packed block list per up to 1,024 blocks, payload moved
   by ``sendmsg``/``recvmsg`` over numpy iovec arrays (``iov.py``), no object per block;
-* small round trips poll for the reply briefly before sleeping (MC_TCP_BUSY_POLL_US).
+* small round trips poll for the reply briefly before sleeping (MC_TCP_BUSY_POLL_US);
+  large vectored receives (READV replies here, WRITEV payloads at the target) sleep until
+  MC_TCP_RCVLOWAT bytes (1 MiB) have arrived rather than waking per segment (``iov.recv_iov``).
 """
 
 from __future__ import annotations

@@ -228,11 +228,11 @@ def force_tcp(monkeypatch):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("rcvlowat", ["", str(MB)])
+@pytest.mark.parametrize("rcvlowat", ["0", str(MB)])
 def test_many_block_write_then_read_verified(rcvlowat, monkeypatch, force_tcp, start_peer, engine_factory):
-    """Also with MC_TCP_RCVLOWAT on both ends (WRITEV payloads at the target, READV replies here)."""
-    if rcvlowat:
-        monkeypatch.setenv("MC_TCP_RCVLOWAT", rcvlowat)
+    """With MC_TCP_RCVLOWAT off and on (the default) at both ends: WRITEV payloads at the
+    target, READV replies here."""
+    monkeypatch.setenv("MC_TCP_RCVLOWAT", rcvlowat)
     size = 32 * MB
     peer = start_peer("P2PHANDSHAKE", size=size, seed=11)
     eng = engine_factory("P2PHANDSHAKE")
