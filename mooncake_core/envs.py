@@ -127,6 +127,11 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MC_TCP_CONNECTIONS", _int(1), 2, "tcp connections per peer a batch is spread over", _TE),
     EnvVar("MC_SLICE_SIZE", _int(1), 1 << 20, "bytes per tcp slice (the unit pipelined and spread)", _TE, "1 MiB"),
     EnvVar("MC_TCP_VEC_BYTES", _int(1), 16 << 20, "payload bytes per vectored WRITEV/READV request", _TE, "16 MiB"),
+    EnvVar("MC_TCP_RCVLOWAT", _int(0), 1 << 20,
+           "bytes a large vectored tcp receive lets arrive before the kernel wakes it (SO_RCVLOWAT; 0 = off)",
+           _TE, "1 MiB"),
+    EnvVar("MC_TCP_SNDBUF", _int(0), 0, "SO_SNDBUF of each tcp data connection, bytes (0 = kernel autotuning)", _TE),
+    EnvVar("MC_TCP_RCVBUF", _int(0), 0, "SO_RCVBUF of each tcp data connection, bytes (0 = kernel autotuning)", _TE),
     EnvVar("MC_TCP_BUSY_POLL_US", _int(0), 50,
            "microseconds a small tcp round trip polls before sleeping (0 = never poll)", _TE),
     EnvVar("MC_TCP_MAX_CONNS_PER_PEER", _int(1), 256,
@@ -202,6 +207,9 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MC_TCP_CONNECTIONS: int
     MC_SLICE_SIZE: int
     MC_TCP_VEC_BYTES: int
+    MC_TCP_RCVLOWAT: int
+    MC_TCP_SNDBUF: int
+    MC_TCP_RCVBUF: int
     MC_TCP_BUSY_POLL_US: int
     MC_TCP_MAX_CONNS_PER_PEER: int
     MC_METRICS_PORT: int | None

@@ -121,7 +121,46 @@ def send_iov(sock: socket.socket, iov: np.ndarray, deadline: float | None = None
     _run(sock, iov, deadline, True)
 
 
-def recv_iov(sock: socket.socket, iov: np.ndarray, deadline: float | None = None) -> None:
+def split_at(iov: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """``iov`` cut after its first ``nbytes`` bytes: (head, tail) iovec arrays whose streams
+    concatenate to that of ``iov`` (the entry holding the cut is split in two)."""
+    cum = np.cumsum(iov[:, 1].astype(np.int64))
+    k = int(np.searchsorted(cum, nbytes, side="left"))  # entry holding byte nbytes-1
+    if k >= len(iov):
+        return iov, iov[:0]
+    done_before = int(cum[k - 1]) if k else 0
+    head = iov[:k + 1].copy()
+    tail = iov[k:].copy()
+    take = nbytes - done_before
+    head[k, 1] = np.uint64(take)
+    tail[0, 0] += np.uint64(take)
+    tail[0, 1] -= np.uint64(take)
+    return head, tail
+
+
+def recv_iov(sock: socket.socket, iov: np.ndarray, deadline: float | None = None, lowat: int = 0) -> None:
     """Fill every entry of ``iov`` in order (scatter), MSG_WAITALL per IOV_MAX entries.
-    ``iov`` may be modified."""
-    _run(sock, iov, deadline, False)
+    ``iov`` may be modified.
+
+    ``lowat`` (``MC_TCP_RCVLOWAT``): for a message of at least twice that many bytes, all but
+    its last ``lowat`` bytes are received with ``SO_RCVLOWAT = lowat``, so the kernel wakes
+    this thread once that much has arrived instead of for every segment (a receiver that
+    keeps up with the sender otherwise sleeps and wakes per 64 KiB skb on loopback). It can
+    never wait for bytes that will not come: while the first part is received, at least
+    ``lowat`` more bytes of the same message are still due from the sender; the last
+    ``lowat`` bytes are received with the low-water mark back at 1. Every wait stays bounded
+    by the socket's kernel timeout and ``deadline``."""
+    if lowat <= 0 or not len(iov):
+        _run(sock, iov, deadline, False)
+        return
+    total = int(iov[:, 1].sum())
+    if total < 2 * lowat:
+        _run(sock, iov, deadline, False)
+        return
+    head, tail = split_at(iov, total - lowat)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
+    try:
+        _run(sock, head, deadline, False)
+    finally:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+    _run(sock, tail, deadline, False)

@@ -49,6 +49,16 @@ def set_kernel_timeouts(sock: socket.socket, seconds: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
+def set_buffers(sock: socket.socket, sndbuf: int, rcvbuf: int) -> None:
+    """SO_SNDBUF / SO_RCVBUF of a data connection (``MC_TCP_SNDBUF`` / ``MC_TCP_RCVBUF``);
+    0 leaves the kernel's autotuning in charge. The kernel doubles the value and caps it at
+    ``net.core.wmem_max`` / ``rmem_max``; a fixed size turns autotuning off for that side."""
+    if sndbuf > 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    if rcvbuf > 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+
+
 def is_timeout(e: BaseException) -> bool:
     return isinstance(e, (socket.timeout, BlockingIOError))
 

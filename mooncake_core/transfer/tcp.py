@@ -12,7 +12,9 @@ Why it looks like this:
 * large batches of small blocks (``transfer_arrays``, 64+ entries) go as vectored WRITEV /
   READV requests (``tcp_vec.py``): a packed block list per up to 1,024 blocks, payload moved
   by ``sendmsg``/``recvmsg`` over numpy iovec arrays (``iov.py``), no object per block;
-* small round trips poll for the reply briefly before sleeping (MC_TCP_BUSY_POLL_US).
+* small round trips poll for the reply briefly before sleeping (MC_TCP_BUSY_POLL_US);
+  large vectored receives (READV replies here, WRITEV payloads at the target) sleep until
+  MC_TCP_RCVLOWAT bytes (1 MiB) have arrived rather than waking per segment (``iov.recv_iov``).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from mooncake_core.transfer.conn import POOL_IDLE_MAX, Conn, ConnGroup, PeerPool
 from mooncake_core.transfer.descriptor import SegmentDescriptor
 from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import memview
-from mooncake_core.transfer.sockio import (PeerClosed, Poller, busy_poll_s, recv_exact,
-                                           recv_into_exact, send_rest, sendmsg_all, set_kernel_timeouts)
+from mooncake_core.transfer.sockio import (PeerClosed, Poller, busy_poll_s, recv_exact, recv_into_exact, send_rest,
+                                           sendmsg_all, set_buffers, set_kernel_timeouts)
 from mooncake_core.transfer.tcp_vec import ENTRY_SIZE, MAX_BYTES, VecPlan, plan_requests, runs, with_blocks
 from mooncake_core.transfer.wire import (MAGIC, MAX_AUX, REQ, RESP, WIRE_VERSION, Op, Status, WireError)
 from mooncake_core.utils.log import get_logger
@@ -66,6 +68,7 @@ class _Conn(Conn):
     def __init__(self, host: str, port: int, deadline: float, peer: str):
         super().__init__(host, port, deadline, peer)
         self.poller = Poller(busy_poll_s())  # MC_TCP_BUSY_POLL_US, small round trips (``one``)
+        set_buffers(self.sock, envs.MC_TCP_SNDBUF, envs.MC_TCP_RCVBUF)
 
     def one(self, opcode: int, local: int, remote: int, length: int, deadline: float,
             _pack=REQ.pack, _unpack=RESP.unpack, _mv=memview) -> None:
@@ -164,7 +167,7 @@ class _Conn(Conn):
                 recv_into_exact(sock, memview(s.local_addr, s.length), deadline)
 
 
-    def run_vec(self, write: bool, plan: VecPlan, work: _VecWork, deadline: float) -> None:
+    def run_vec(self, write: bool, plan: VecPlan, work: _VecWork, deadline: float, lowat: int = 0) -> None:
         """Execute vectored requests of ``plan`` taken from ``work`` until none are left,
         VEC_WINDOW in flight.
 
@@ -207,7 +210,7 @@ class _Conn(Conn):
                     if rlen != nbytes[j]:
                         raise WireError(f"vectored read reply carries {rlen} bytes, expected {nbytes[j]}")
                     a, b = bounds[j], bounds[j + 1]
-                    recv_iov(sock, iov_array(*runs(local[a:b], length[a:b])), deadline)  # scattered into place
+                    recv_iov(sock, iov_array(*runs(local[a:b], length[a:b])), deadline, lowat)  # scattered into place
                 pending.popleft()
         except BaseException:
             work.give_back([k for _, k in pending])
@@ -251,6 +254,7 @@ class TcpTransport(Transport):
         # payload per vectored request; a request may overshoot by one block, so at most
         # half of what a target accepts (tcp_vec.MAX_BYTES)
         self.vec_bytes = min(envs.MC_TCP_VEC_BYTES, MAX_BYTES // 2)
+        self.rcvlowat = envs.MC_TCP_RCVLOWAT  # READV replies (iov.recv_iov)
         self._pools: dict[tuple[str, int], PeerPool] = {}
         self._lock = threading.Lock()
 
@@ -354,7 +358,7 @@ class TcpTransport(Transport):
 
         def worker() -> None:
             try:
-                pool.use(lambda c: c.run_vec(write, plan, work, deadline), deadline, group)
+                pool.use(lambda c: c.run_vec(write, plan, work, deadline, self.rcvlowat), deadline, group)
             except BaseException:
                 work.failed = True  # the others stop taking requests
                 raise

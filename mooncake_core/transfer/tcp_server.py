@@ -27,7 +27,7 @@ from mooncake_core.transfer import metrics, tcp_vec, vec
 from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import RegionTable, memview
 from mooncake_core.transfer.sockio import (PeerClosed, Poller, busy_poll_s, drain, is_timeout, recv_exact,
-                                           recv_into_exact, sendmsg_all, set_kernel_timeouts)
+                                           recv_into_exact, sendmsg_all, set_buffers, set_kernel_timeouts)
 from mooncake_core.transfer.wire import (MAGIC, REQ, RESP, WIRE_VERSION, Op, Response, Status, WireError,
                                          unpack_request, version_mismatch_message)
 from mooncake_core.utils.log import get_logger
@@ -65,6 +65,8 @@ class TcpServer:
         # after serving a request, poll this long for the next one before sleeping in recv
         # (twice the initiator's MC_TCP_BUSY_POLL_US; a bad value fails engine start-up)
         self._spin = 2 * busy_poll_s()
+        self._rcvlowat = envs.MC_TCP_RCVLOWAT  # WRITEV payloads (iov.recv_iov)
+        self._sndbuf, self._rcvbuf = envs.MC_TCP_SNDBUF, envs.MC_TCP_RCVBUF
         self.sock = bind_listener(host, port, what="transfer engine rpc port (MC_TCP_BIND_ADDRESS / local_hostname)")
         self.host, self.port = self.sock.getsockname()[:2]
         self._stop = threading.Event()
@@ -107,6 +109,7 @@ class TcpServer:
                 continue
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             set_kernel_timeouts(conn, IDLE_TIMEOUT)
+            set_buffers(conn, self._sndbuf, self._rcvbuf)
             with self._lock:
                 n = self._per_peer.get(addr[0], 0)
                 full = n >= self.max_conns_per_peer or len(self._conns) >= MAX_CONNS
@@ -339,7 +342,7 @@ class TcpServer:
             return
         ra, rl = tcp_vec.runs(addrs, lens)  # remotely contiguous blocks: one iovec entry
         if write:
-            recv_iov(conn, iov_array(ra, rl))
+            recv_iov(conn, iov_array(ra, rl), lowat=self._rcvlowat)
             conn.sendall(Response(req.op, req.req_id, Status.OK).pack())
             metrics.served("write", req.length)
         else:

@@ -126,7 +126,24 @@ def _scatter(rng: np.random.Generator, buf: np.ndarray, n: int) -> tuple[np.ndar
     return (buf.ctypes.data + offs[order]).astype(np.int64), lens[order]
 
 
-def test_iov_send_and_recv_scatter_gather_across_iov_max_and_partial_progress():
+def test_split_at_cuts_the_stream_exactly():
+    from mooncake_core.transfer.iov import iov_array, split_at
+
+    iov = iov_array(_a(1000, 2000, 3000), _a(10, 20, 30))
+    for cut in range(1, 60):
+        head, tail = split_at(iov.copy(), cut)
+        assert int(head[:, 1].sum()) == cut and int(tail[:, 1].sum()) == 60 - cut
+        stream = [int(b) + i for b, n in iov.tolist() for i in range(n)]
+        got = [int(b) + i for part in (head, tail) for b, n in part.tolist() for i in range(n)]
+        assert got == stream, cut
+    head, tail = split_at(iov.copy(), 60)
+    assert int(head[:, 1].sum()) == 60 and int(tail[:, 1].sum()) == 0
+
+
+@pytest.mark.parametrize("lowat,bufsize", [(0, 16 * KB), (4 * KB, 16 * KB), (64 * KB, 16 * KB), (MB, 0)])
+def test_iov_send_and_recv_scatter_gather_across_iov_max_and_partial_progress(lowat, bufsize):
+    """Also with a receive low-water mark (MC_TCP_RCVLOWAT), even one larger than the socket's
+    locked receive buffer: every byte lands in place and nothing waits for bytes never sent."""
     from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
     from mooncake_core.transfer.sockio import set_kernel_timeouts
 
@@ -140,15 +157,17 @@ def test_iov_send_and_recv_scatter_gather_across_iov_max_and_partial_progress():
     head = np.frombuffer(b"HEAD", dtype=np.uint8)
     a, b = socket.socketpair()
     for s_ in (a, b):  # small buffers: sends and receives make partial progress
-        s_.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * KB)
-        s_.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * KB)
+        if bufsize:
+            s_.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, bufsize)
+            s_.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, bufsize)
         set_kernel_timeouts(s_, 10)
     err: list = []
     th = threading.Thread(target=lambda: send_iov(a, iov_array(sa, sl, head=(head.ctypes.data, 4))))
     th.start()
     got_head = np.zeros(4, dtype=np.uint8)
     try:
-        recv_iov(b, iov_array(np.concatenate(([got_head.ctypes.data], da)), np.concatenate(([4], da_lens))))
+        recv_iov(b, iov_array(np.concatenate(([got_head.ctypes.data], da)), np.concatenate(([4], da_lens))),
+                 time.monotonic() + 10, lowat)
     except Exception as e:  # noqa: BLE001 - reported below, after the sender is joined
         err.append(e)
     th.join(10)
@@ -159,6 +178,7 @@ def test_iov_send_and_recv_scatter_gather_across_iov_max_and_partial_progress():
     for x, y, ln in zip((sa - base_s).tolist(), (da - base_d).tolist(), sl.tolist()):
         want[y:y + ln] = src[x:x + ln]
     assert sha(dst) == sha(want) and int(sl.sum()) > MB
+    assert b.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1  # the next message is not held back
     a.close()
     b.close()
 
@@ -208,7 +228,11 @@ def force_tcp(monkeypatch):
 
 
 @pytest.mark.integration
-def test_many_block_write_then_read_verified(force_tcp, start_peer, engine_factory):
+@pytest.mark.parametrize("rcvlowat", ["0", str(MB)])
+def test_many_block_write_then_read_verified(rcvlowat, monkeypatch, force_tcp, start_peer, engine_factory):
+    """With MC_TCP_RCVLOWAT off and on (the default) at both ends: WRITEV payloads at the
+    target, READV replies here."""
+    monkeypatch.setenv("MC_TCP_RCVLOWAT", rcvlowat)
     size = 32 * MB
     peer = start_peer("P2PHANDSHAKE", size=size, seed=11)
     eng = engine_factory("P2PHANDSHAKE")
