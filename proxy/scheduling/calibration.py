@@ -1,0 +1,99 @@
+"""Online correction of the cost model from the latencies the proxy observes (pure, no clock).
+
+Why: a profile is measured once, on an idle instance (``fit_profile``, or the bench's start-up
+fit), but the engines then run next to each other and to other work. On the 2-core box of
+``bench/bench_live_scheduling.py`` a 0.3 s prefill took seconds under load: a scheduler whose
+TTFT estimates are 10x too low admits everything, so SLO-based early rejection never fires.
+The calibrator keeps one multiplicative factor per side (prefill, decode): an exponentially
+weighted mean of log(observed / predicted-by-the-profile), so one outlier moves it by at most
+``alpha`` of its log-ratio, and the factor is clamped to ``[lo, hi]``.
+
+The proxy feeds it (``observe_prefill`` when a prefill answers, ``observe_decode`` when a
+decode stream ends) with the *unscaled* prediction (the scheduler's estimate divided by the
+factor in force when it was made), and installs :meth:`cost` as the scheduler's model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from .cost import CostModel
+
+__all__ = ["LatencyCalibrator"]
+
+
+@dataclass(slots=True)
+class _Ewma:
+    log_factor: float = 0.0
+    samples: int = 0
+
+
+@dataclass(slots=True)
+class LatencyCalibrator:
+    """Per-side factors observed/predicted; ``cost()`` is ``base`` with them applied.
+
+    ``alpha``: weight of a new sample (0 < alpha <= 1). ``lo``/``hi``: bounds of a factor.
+    ``min_predicted_s``: samples predicted shorter than this are ignored (their ratio is noise).
+    """
+
+    base: CostModel
+    alpha: float = 0.2
+    lo: float = 0.1
+    hi: float = 100.0
+    min_predicted_s: float = 1e-3
+    _sides: dict[str, _Ewma] = field(default_factory=lambda: {"prefill": _Ewma(), "decode": _Ewma()})
+    _cost: CostModel | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha <= 1:
+            raise ValueError(f"LatencyCalibrator.alpha must be in (0, 1], got {self.alpha!r}")
+        if not 0 < self.lo <= 1 <= self.hi:
+            raise ValueError(f"LatencyCalibrator needs 0 < lo <= 1 <= hi, got lo={self.lo!r} hi={self.hi!r}")
+
+    def factor(self, side: str) -> float:
+        """Current factor of ``side`` ('prefill' or 'decode'); 1.0 before any sample."""
+        return math.exp(self._side(side).log_factor)
+
+    def samples(self, side: str) -> int:
+        return self._side(side).samples
+
+    def observe_prefill(self, predicted_s: float, observed_s: float) -> bool:
+        """A prefill (queue + compute, as predicted at scheduling time) took ``observed_s``.
+        Returns True when the factor changed (the caller then installs :meth:`cost`)."""
+        return self._observe("prefill", predicted_s, observed_s)
+
+    def observe_decode(self, predicted_tbt_s: float, observed_tbt_s: float) -> bool:
+        """A decode stream's mean time between tokens was ``observed_tbt_s``."""
+        return self._observe("decode", predicted_tbt_s, observed_tbt_s)
+
+    def cost(self) -> CostModel:
+        """``base`` with the prefill coefficients (c*) and decode coefficients (d*) multiplied by
+        their factors; transfer times are left as measured (the network is not the contended part)."""
+        if self._cost is None:
+            fp, fd = self.factor("prefill"), self.factor("decode")
+            b = self.base
+            self._cost = replace(b, c0=b.c0 * fp, c1=b.c1 * fp, c2=b.c2 * fp,
+                                 d0=b.d0 * fd, d1=b.d1 * fd, d2=b.d2 * fd)
+        return self._cost
+
+    def _side(self, side: str) -> _Ewma:
+        try:
+            return self._sides[side]
+        except KeyError:
+            raise ValueError(f"calibration side must be 'prefill' or 'decode', got {side!r}") from None
+
+    def _observe(self, side: str, predicted: float, observed: float) -> bool:
+        s = self._side(side)
+        if not (math.isfinite(predicted) and math.isfinite(observed)) or predicted < self.min_predicted_s \
+                or observed <= 0:
+            return False
+        sample = math.log(observed / predicted)
+        new = sample if s.samples == 0 else (1 - self.alpha) * s.log_factor + self.alpha * sample
+        new = min(max(new, math.log(self.lo)), math.log(self.hi))
+        s.samples += 1
+        if new == s.log_factor:
+            return False
+        s.log_factor = new
+        self._cost = None
+        return True
