@@ -392,6 +392,9 @@ class ProxyServer:
         req = self.sched_mod.RequestInfo(request_id=f"{rid}#{self._seq}", prompt_tokens=pinfo.prompt_tokens,
                                          block_hashes=pinfo.block_hashes,
                                          max_output_tokens=pinfo.max_output_tokens, arrival=now)
+        if self.calibrator is not None and self.calibrator.tick(now):
+            self._calibrated("prefill", True)
+            self._calibrated("decode", True)
         decision = self.scheduler.schedule(req, now)
         if isinstance(decision, self.sched_mod.Rejection):
             self.metrics.rejections.labels("slo").inc()
@@ -471,7 +474,7 @@ class ProxyServer:
                 presp = await self.relay.post_json(p, route, ppayload, pheaders, "prefill")
                 prefill_finished()
                 if cal is not None:
-                    self._calibrated("prefill", cal.observe_prefill(decision.est_ttft_s / f_pre, now() - t_sent))
+                    self._calibrated("prefill", cal.observe_prefill(decision.est_ttft_s / f_pre, now() - t_sent, now()))
                 ho.on_prefill_answer(p.addr, presp)
                 rejected = self._decode_stage_check(d, req)
                 if rejected is not None:
@@ -503,7 +506,7 @@ class ProxyServer:
                 self._inflight(d, -1)
                 cluster.on_decode_done(d.instance_id, req, now())
                 if cal is not None and timing is not None and (gap := timing.mean_gap()) is not None:
-                    self._calibrated("decode", cal.observe_decode(decision.est_tbt_s / f_dec, gap))
+                    self._calibrated("decode", cal.observe_decode(decision.est_tbt_s / f_dec, gap, now()))
         finally:
             if ptask is not None:
                 if not ptask.done():

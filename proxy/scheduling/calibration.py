@@ -8,6 +8,10 @@ The calibrator keeps one multiplicative factor per side (prefill, decode): an ex
 weighted mean of log(observed / predicted-by-the-profile), so one outlier moves it by at most
 ``alpha`` of its log-ratio, and the factor is clamped to ``[lo, hi]``.
 
+A factor nobody confirms fades: once a side has had no sample for ``stale_s`` seconds,
+:meth:`tick` halves its log-factor every ``half_life_s`` -- otherwise a factor learned in a burst,
+high enough that every request is rejected, would never see the admitted request that corrects it.
+
 The proxy feeds it (``observe_prefill`` when a prefill answers, ``observe_decode`` when a
 decode stream ends) with the *unscaled* prediction (the scheduler's estimate divided by the
 factor in force when it was made), and installs :meth:`cost` as the scheduler's model.
@@ -27,6 +31,8 @@ __all__ = ["LatencyCalibrator"]
 class _Ewma:
     log_factor: float = 0.0
     samples: int = 0
+    last_sample: float = 0.0
+    last_decay: float = 0.0
 
 
 @dataclass(slots=True)
@@ -42,6 +48,8 @@ class LatencyCalibrator:
     lo: float = 0.1
     hi: float = 100.0
     min_predicted_s: float = 1e-3
+    stale_s: float = 10.0
+    half_life_s: float = 10.0
     _sides: dict[str, _Ewma] = field(default_factory=lambda: {"prefill": _Ewma(), "decode": _Ewma()})
     _cost: CostModel | None = None
 
@@ -50,6 +58,9 @@ class LatencyCalibrator:
             raise ValueError(f"LatencyCalibrator.alpha must be in (0, 1], got {self.alpha!r}")
         if not 0 < self.lo <= 1 <= self.hi:
             raise ValueError(f"LatencyCalibrator needs 0 < lo <= 1 <= hi, got lo={self.lo!r} hi={self.hi!r}")
+        if not (self.stale_s >= 0 and self.half_life_s > 0):
+            raise ValueError(f"LatencyCalibrator needs stale_s >= 0 and half_life_s > 0, got "
+                             f"{self.stale_s!r}, {self.half_life_s!r}")
 
     def factor(self, side: str) -> float:
         """Current factor of ``side`` ('prefill' or 'decode'); 1.0 before any sample."""
@@ -58,14 +69,34 @@ class LatencyCalibrator:
     def samples(self, side: str) -> int:
         return self._side(side).samples
 
-    def observe_prefill(self, predicted_s: float, observed_s: float) -> bool:
-        """A prefill (queue + compute, as predicted at scheduling time) took ``observed_s``.
-        Returns True when the factor changed (the caller then installs :meth:`cost`)."""
-        return self._observe("prefill", predicted_s, observed_s)
+    def observe_prefill(self, predicted_s: float, observed_s: float, now: float = 0.0) -> bool:
+        """A prefill (queue + compute, as predicted at scheduling time) took ``observed_s``; ``now``
+        is the caller's clock. Returns True when the factor changed (then install :meth:`cost`)."""
+        return self._observe("prefill", predicted_s, observed_s, now)
 
-    def observe_decode(self, predicted_tbt_s: float, observed_tbt_s: float) -> bool:
+    def observe_decode(self, predicted_tbt_s: float, observed_tbt_s: float, now: float = 0.0) -> bool:
         """A decode stream's mean time between tokens was ``observed_tbt_s``."""
-        return self._observe("decode", predicted_tbt_s, observed_tbt_s)
+        return self._observe("decode", predicted_tbt_s, observed_tbt_s, now)
+
+    def tick(self, now: float) -> bool:
+        """Fade factors without a sample for ``stale_s`` (see module doc); True when one moved."""
+        changed = False
+        for s in self._sides.values():
+            if not s.samples or s.log_factor == 0.0:
+                continue
+            since = max(s.last_decay, s.last_sample + self.stale_s)
+            if now <= since:
+                continue
+            new = s.log_factor * 0.5 ** ((now - since) / self.half_life_s)
+            s.last_decay = now
+            if abs(new) < 1e-3:
+                new = 0.0
+            if abs(new - s.log_factor) >= 1e-3 or new == 0.0:
+                s.log_factor = new
+                changed = True
+        if changed:
+            self._cost = None
+        return changed
 
     def cost(self) -> CostModel:
         """``base`` with the prefill coefficients (c*) and decode coefficients (d*) multiplied by
@@ -83,7 +114,7 @@ class LatencyCalibrator:
         except KeyError:
             raise ValueError(f"calibration side must be 'prefill' or 'decode', got {side!r}") from None
 
-    def _observe(self, side: str, predicted: float, observed: float) -> bool:
+    def _observe(self, side: str, predicted: float, observed: float, now: float) -> bool:
         s = self._side(side)
         if not (math.isfinite(predicted) and math.isfinite(observed)) or predicted < self.min_predicted_s \
                 or observed <= 0:
@@ -92,6 +123,7 @@ class LatencyCalibrator:
         new = sample if s.samples == 0 else (1 - self.alpha) * s.log_factor + self.alpha * sample
         new = min(max(new, math.log(self.lo)), math.log(self.hi))
         s.samples += 1
+        s.last_sample = s.last_decay = now
         if new == s.log_factor:
             return False
         s.log_factor = new

@@ -63,3 +63,20 @@ def test_bad_arguments_name_the_field() -> None:
         LatencyCalibrator(BASE, lo=2.0)
     with pytest.raises(ValueError, match="'prefill' or 'decode'"):
         LatencyCalibrator(BASE).factor("store")
+
+
+def test_an_unconfirmed_factor_fades_after_stale_s() -> None:
+    cal = LatencyCalibrator(BASE, stale_s=10.0, half_life_s=5.0)
+    assert not cal.tick(100.0)  # nothing learned: nothing to fade
+    cal.observe_prefill(0.1, 1.6, now=0.0)  # x16
+    assert not cal.tick(9.0) and cal.factor("prefill") == pytest.approx(16.0)
+    assert cal.tick(15.0)  # 5 s past stale: one half-life -> x4
+    assert cal.factor("prefill") == pytest.approx(4.0)
+    assert cal.cost().prefill_time(100) == pytest.approx(4.0 * BASE.prefill_time(100))
+    assert cal.tick(20.0) and cal.factor("prefill") == pytest.approx(2.0)  # no double counting
+    cal.observe_prefill(0.1, 1.6, now=21.0)  # a fresh sample restarts the clock
+    f = cal.factor("prefill")
+    assert not cal.tick(30.0) and cal.factor("prefill") == f
+    assert cal.tick(1000.0) and cal.factor("prefill") == 1.0
+    with pytest.raises(ValueError, match="half_life_s"):
+        LatencyCalibrator(BASE, half_life_s=0.0)
