@@ -79,3 +79,20 @@ async def test_calibration_makes_the_ttft_slo_see_a_slow_prefill(make_env, calib
     else:
         assert statuses == [200, 200]
         assert "mooncake_proxy_cost_factor{" not in text
+
+
+def test_rejection_and_calibrate_flags() -> None:
+    from mooncake_proxy.cli import build_parser, config_from_args
+
+    def cfg(*extra: str):
+        return config_from_args(build_parser().parse_args(
+            ["--prefill", "http://p:1", "--decode", "http://d:2", *extra]))
+
+    c = cfg()
+    assert (c.rejection, c.calibrate) == ("early", False)
+    c = cfg("--rejection", "early+decode", "--tbt-slo", "0.1", "--prediction-horizon", "5", "--calibrate")
+    assert (c.rejection, c.tbt_slo, c.prediction_horizon, c.calibrate) == ("early+decode", 0.1, 5.0, True)
+    with pytest.raises(SystemExit, match="--rejection decode .*--tbt-slo"):
+        cfg("--rejection", "decode")
+    with pytest.raises(SystemExit, match="--prediction-horizon must be > 0"):
+        cfg("--prediction-horizon", "0")
