@@ -100,6 +100,11 @@ class ProxyMetrics:
                                  "Online calibration (--calibrate): observed / profile-predicted latency, "
                                  "by side (prefill: queue + prefill time; decode: time between tokens)",
                                  ["side"], registry=r)
+        self.first_token_delay = Gauge("mooncake_proxy_decode_first_token_seconds",
+                                       "Online calibration (--calibrate): moving mean of the delay from a "
+                                       "prefill's answer to the decode instance's first token (KV pull, "
+                                       "queue, first step), added to the TTFT SLO check", ["instance"],
+                                       registry=r)
         self.kv_events = Counter("mooncake_proxy_kv_events", "vLLM KV cache events applied",
                                  ["instance", "type"], registry=r)
 

@@ -189,6 +189,12 @@ class ProxyServer:
     def remove_instance(self, instance_id: str) -> Instance:
         inst = self.registry.remove(instance_id)
         self.cluster.remove_instance(instance_id)
+        if self.calibrator is not None:
+            self.calibrator.forget(instance_id)
+            try:
+                self.metrics.first_token_delay.remove(instance_id)
+            except KeyError:
+                pass
         self._forget_bootstrap(inst)
         self._inflight_gauge.pop(instance_id, None)
         self._prefix_ctr.pop(instance_id, None)
@@ -395,6 +401,7 @@ class ProxyServer:
         if self.calibrator is not None and self.calibrator.tick(now):
             self._calibrated("prefill", True)
             self._calibrated("decode", True)
+            self._sync_first_token()
         decision = self.scheduler.schedule(req, now)
         if isinstance(decision, self.sched_mod.Rejection):
             self.metrics.rejections.labels("slo").inc()
@@ -459,6 +466,7 @@ class ProxyServer:
         # the scheduler's estimates were made with the factors in force now: undo them for the sample
         f_pre, f_dec = (cal.factor("prefill"), cal.factor("decode")) if cal is not None else (1.0, 1.0)
         t_sent = now()
+        t_answered: float | None = None  # perf_counter of the prefill's answer (sequential hand-off)
         timing = StreamTiming() if cal is not None else None
         try:
             pheaders = headers
@@ -474,6 +482,7 @@ class ProxyServer:
                 presp = await self.relay.post_json(p, route, ppayload, pheaders, "prefill")
                 prefill_finished()
                 if cal is not None:
+                    t_answered = time.perf_counter()
                     self._calibrated("prefill", cal.observe_prefill(decision.est_ttft_s / f_pre, now() - t_sent, now()))
                 ho.on_prefill_answer(p.addr, presp)
                 rejected = self._decode_stage_check(d, req)
@@ -505,8 +514,12 @@ class ProxyServer:
             finally:
                 self._inflight(d, -1)
                 cluster.on_decode_done(d.instance_id, req, now())
-                if cal is not None and timing is not None and (gap := timing.mean_gap()) is not None:
-                    self._calibrated("decode", cal.observe_decode(decision.est_tbt_s / f_dec, gap, now()))
+                if cal is not None and timing is not None:
+                    if t_answered is not None and timing.chunks:
+                        cal.observe_first_token(d.instance_id, timing.first - t_answered, now())
+                        self._sync_first_token()
+                    if (gap := timing.mean_gap()) is not None:
+                        self._calibrated("decode", cal.observe_decode(decision.est_tbt_s / f_dec, gap, now()))
         finally:
             if ptask is not None:
                 if not ptask.done():
@@ -541,6 +554,14 @@ class ProxyServer:
         if changed and cal is not None:
             self.scheduler.cost = cal.cost()
             self.metrics.cost_factor.labels(side).set(cal.factor(side))
+
+    def _sync_first_token(self) -> None:
+        """Copy the calibrator's first-token delays into the decode loads the TTFT check reads."""
+        assert self.calibrator is not None
+        for iid, s in self.calibrator.first_token_all().items():
+            if iid in self.cluster:
+                self.cluster.decode_load(iid).first_token_s = s
+                self.metrics.first_token_delay.labels(iid).set(s)
 
     async def _resolve_engine_id(self, p: Instance, ctx: dict[str, Any]) -> None:
         """Fill ``dp_rank``/``remote_engine_id`` from the prefill's bootstrap server (cached)."""

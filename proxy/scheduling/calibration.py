@@ -8,6 +8,11 @@ The calibrator keeps one multiplicative factor per side (prefill, decode): an ex
 weighted mean of log(observed / predicted-by-the-profile), so one outlier moves it by at most
 ``alpha`` of its log-ratio, and the factor is clamped to ``[lo, hi]``.
 
+A third, additive estimate: per decode instance, the delay from a prefill's end to that
+instance's first token (``observe_first_token``: the KV pull, the decode's queue, its first step).
+The profile has no term for it, yet on a contended box it can be most of the client's TTFT; the
+proxy stores it in ``DecodeLoad.first_token_s`` and the TTFT SLO check adds it.
+
 A factor nobody confirms fades: once a side has had no sample for ``stale_s`` seconds,
 :meth:`tick` halves its log-factor every ``half_life_s`` -- otherwise a factor learned in a burst,
 high enough that every request is rejected, would never see the admitted request that corrects it.
@@ -51,6 +56,8 @@ class LatencyCalibrator:
     stale_s: float = 10.0
     half_life_s: float = 10.0
     _sides: dict[str, _Ewma] = field(default_factory=lambda: {"prefill": _Ewma(), "decode": _Ewma()})
+    #: decode instance -> EWMA of the first-token delay, in log_factor (seconds, not a log here)
+    _first: dict[str, _Ewma] = field(default_factory=dict)
     _cost: CostModel | None = None
 
     def __post_init__(self) -> None:
@@ -78,10 +85,33 @@ class LatencyCalibrator:
         """A decode stream's mean time between tokens was ``observed_tbt_s``."""
         return self._observe("decode", predicted_tbt_s, observed_tbt_s, now)
 
+    def observe_first_token(self, decode_id: str, seconds: float, now: float = 0.0) -> bool:
+        """Decode ``decode_id`` gave its first token ``seconds`` after the prefill answered."""
+        if not math.isfinite(seconds) or seconds < 0:
+            return False
+        s = self._first.setdefault(decode_id, _Ewma())
+        s.log_factor = seconds if s.samples == 0 else (1 - self.alpha) * s.log_factor + self.alpha * seconds
+        s.samples += 1
+        s.last_sample = s.last_decay = now
+        return True
+
+    def first_token(self, decode_id: str) -> float:
+        """Current first-token delay estimate of ``decode_id`` (0.0 before any sample)."""
+        s = self._first.get(decode_id)
+        return s.log_factor if s is not None else 0.0
+
+    def first_token_all(self) -> dict[str, float]:
+        return {k: s.log_factor for k, s in self._first.items()}
+
+    def forget(self, decode_id: str) -> None:
+        """The instance was removed."""
+        self._first.pop(decode_id, None)
+
     def tick(self, now: float) -> bool:
-        """Fade factors without a sample for ``stale_s`` (see module doc); True when one moved."""
+        """Fade factors and first-token delays without a sample for ``stale_s`` (see module doc);
+        True when one moved."""
         changed = False
-        for s in self._sides.values():
+        for s in (*self._sides.values(), *self._first.values()):
             if not s.samples or s.log_factor == 0.0:
                 continue
             since = max(s.last_decay, s.last_sample + self.stale_s)

@@ -96,3 +96,17 @@ def test_rejection_and_calibrate_flags() -> None:
         cfg("--rejection", "decode")
     with pytest.raises(SystemExit, match="--prediction-horizon must be > 0"):
         cfg("--prediction-horizon", "0")
+
+
+async def test_calibration_adds_the_decode_first_token_delay(make_env) -> None:
+    # prefill on time, but the decode's first token comes 0.4 s after the prefill's answer (a slow
+    # KV pull): the TTFT check must see it, or a 0.25 s SLO admits requests that take 0.4 s
+    env = await make_env(policy="conductor", ttft_slo=0.25, calibrate=True,
+                         decode_behaviour=Behaviour(chunks=3, first_chunk_delay=0.4))
+    await env.post_ok(BODY, 1)
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 429
+        assert "to decode" in (await r.json())["error"]["message"]
+    delay = gauge(await metrics(env), "mooncake_proxy_decode_first_token_seconds",
+                  instance=f"decode@{env.decode_urls[0]}")
+    assert 0.35 < delay < 2.0

@@ -80,3 +80,17 @@ def test_an_unconfirmed_factor_fades_after_stale_s() -> None:
     assert cal.tick(1000.0) and cal.factor("prefill") == 1.0
     with pytest.raises(ValueError, match="half_life_s"):
         LatencyCalibrator(BASE, half_life_s=0.0)
+
+
+def test_first_token_delay_per_decode_instance() -> None:
+    cal = LatencyCalibrator(BASE, alpha=0.5, stale_s=10.0, half_life_s=5.0)
+    assert cal.first_token("d0") == 0.0
+    assert cal.observe_first_token("d0", 4.0, now=0.0)
+    cal.observe_first_token("d0", 2.0, now=1.0)
+    cal.observe_first_token("d1", 0.5, now=1.0)
+    assert cal.first_token("d0") == pytest.approx(3.0) and cal.first_token_all() == {"d0": 3.0, "d1": 0.5}
+    assert not cal.observe_first_token("d0", -1.0) and not cal.observe_first_token("d0", float("nan"))
+    assert cal.tick(16.0)  # 5 s past stale
+    assert cal.first_token("d0") == pytest.approx(1.5) and cal.first_token("d1") == pytest.approx(0.25)
+    cal.forget("d1")
+    assert cal.first_token_all() == {"d0": pytest.approx(1.5)}
