@@ -356,7 +356,8 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--trace", type=Path, default=default_trace(), help="conversation trace JSONL")
-    ap.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES, help="policies, run in this order")
+    ap.add_argument("--policies", nargs="*", default=POLICIES, choices=POLICIES,
+                    help="policies, run in this order (none: only the overload phase, with --ttft-slo/--tbt-slo)")
     ap.add_argument("--span", type=int, default=3000, help="trace requests the window's conversations are picked from")
     ap.add_argument("--max-blocks", type=int, default=12, help="skip requests longer than this many 512-token blocks")
     ap.add_argument("--groups", type=int, default=16, help="most frequent conversations kept")
@@ -398,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--prediction-horizon", type=float, default=10.0,
                    help="the predictive mode's --prediction-horizon (s)")
     a = ap.parse_args(argv)
+    if not a.policies and not a.overload:
+        ap.error("nothing to run: give --policies or --overload")
     if a.overload < 0:
         ap.error(f"--overload must be >= 0, got {a.overload}")
     if a.overload and (a.ttft_slo is None or a.tbt_slo is None) and a.overload_policy not in a.policies:
@@ -470,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         a.json.write_text(json.dumps({"rows": rows, "overload": over_rows, "speed": speed, "window": len(reqs)},
                                      indent=1))
-    if a.plot:
+    if a.plot and rows:
         live_tokens = statistics.mean(r["prompt_tokens"] for r in rows) / max(1, sum(q.input_length for q in reqs))
         write_plot(a.plot, results, reqs, speed, profile, live_tokens, a.max_tokens)
         print(f"wrote {a.plot}")
