@@ -25,6 +25,19 @@ Per policy (the engines' prefix caches and the store are emptied, the proxy rest
 mean/p90, TPOT p90 (TBT), requests completed, and the prefill instances' own prefix-cache
 counters: tokens hit locally, loaded by a connector (store), recomputed. Ratios are against
 load_balance in the same run. Heavy: ~3 x 2.5 GB RAM, minutes per policy on 2 cores.
+
+Overload (``--overload 2``): then the same window at 2x the first half's arrival rate (its replay
+speed x 2: the same requests in half the time) through ``--overload-policy``, once per
+``--rejection-modes`` on the same engines: ``none`` (no SLO flags), ``decode`` (the paper's
+baseline: ``--rejection decode``, TTFT checked on arrival, TBT after the prefill), ``early``
+(current-load early rejection), ``predictive`` (``--rejection early+decode --prediction-horizon``:
+the paper's prediction-based early rejection with the decode-stage backstop). Every SLO mode
+runs the proxy with ``--calibrate`` (the idle-fitted profile is corrected online by the observed
+latencies). A request meets the SLO when its TTFT <= the TTFT SLO and its own TBT p90 (over its
+chunk gaps) <= the TBT SLO; attainment is reported among the admitted requests (not 429) and among
+all. The SLOs default to what the first half's run of the same policy gave 90 % of its requests
+(``--slo-percentile``): its TTFT p90 and the p90 of its requests' TBT p90 -- the latency the
+engines delivered at the admitted load; ``--ttft-slo``/``--tbt-slo`` override.
 """
 
 from __future__ import annotations
@@ -54,11 +67,15 @@ from vllm_harness import (VllmServer, free_port, http_json, http_text, metric, p
                           reset_prefix_cache, vllm_python)
 
 from mooncake_core.store.master_client import MasterClient  # noqa: E402
-from mooncake_proxy.replay import ReplayConfig, Result, replay  # noqa: E402
+from mooncake_proxy.replay import ReplayConfig, Result, replay, slo_attainment  # noqa: E402
 from mooncake_proxy.scheduling import CostModel  # noqa: E402
 from mooncake_proxy.trace_prompts import TraceRequest, parse_trace_lines  # noqa: E402
 
 POLICIES = ["conductor", "cache_aware", "load_balance", "random"]
+#: overload-phase rejection modes -> the proxy flags they add (SLO flags and --calibrate come on top)
+REJECTION_MODES: dict[str, list[str]] = {
+    "none": [], "decode": ["--rejection", "decode"], "early": ["--rejection", "early"],
+    "predictive": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}"]}
 BLOCK = 32  # the engines' --block-size (the harness's)
 
 
@@ -134,7 +151,8 @@ def fit_prefill_profile(url: str, out: Path, kv_bytes_per_token: int) -> tuple[P
 
 class Proxy:
     def __init__(self, py: str, policy: str, prefills: list[VllmServer], decode: VllmServer, model: Path,
-                 events: dict[str, str], master: str, profile: Path, log: Path, timeout: float) -> None:
+                 events: dict[str, str], master: str, profile: Path, log: Path, timeout: float,
+                 extra: list[str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [py, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
@@ -143,6 +161,7 @@ class Proxy:
                "--store-model-tag", f"{model}|torch.float32", "--profile", str(profile), "--decode", decode.url]
         for p in prefills:
             cmd += ["--prefill", p.url]
+        cmd += extra or []
         self._log = open(log, "wb")
         env = {**os.environ, "PYTHONPATH": shim_pythonpath()}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
@@ -179,13 +198,15 @@ def prefix_counters(servers: list[VllmServer]) -> dict[str, float]:
 
 def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmServer, model: Path,
                events: dict[str, str], master: str, profile: Path, logs: Path, reqs: list[TraceRequest],
-               speed: float, a: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
+               speed: float, a: argparse.Namespace, extra: list[str] | None = None,
+               label: str | None = None) -> tuple[dict[str, Any], list[Result]]:
     for s in (*prefills, decode):
         reset_prefix_cache(s, timeout=120)
     with MasterClient(master) as c:
         c.remove_by_regex("^mc-vllm-kv/", True)
-    proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{policy}.log",
-                  a.startup_timeout)
+    label = label or policy
+    proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{label}.log",
+                  a.startup_timeout, extra)
     try:
         before = prefix_counters(prefills)
         results: list[Result] = []
@@ -194,8 +215,9 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         s = asyncio.run(replay(reqs, cfg, progress=not a.no_progress, results_out=results))
         time.sleep(1.0)  # the last prefill's counters
         after = prefix_counters(prefills)
-        decisions = collections.Counter()
-        for line in http_text(proxy.url + "/metrics").splitlines():
+        decisions: collections.Counter[str] = collections.Counter()
+        proxy_metrics = http_text(proxy.url + "/metrics")
+        for line in proxy_metrics.splitlines():
             if line.startswith("mooncake_proxy_scheduler_decisions_total{") and 'prefill="' in line:
                 pid = line.split('prefill="', 1)[1].split('"', 1)[0]
                 decisions[f"p{[p.url for p in prefills].index(pid.split('@', 1)[1])}"] += float(line.rsplit(" ", 1)[1])
@@ -208,8 +230,52 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
            "tbt_p90": (s["tpot_s"] or {}).get("p90"), "prompt_tokens": q,
            "hit_local": loc / q if q else 0.0, "hit_store": ext / q if q else 0.0,
            "recomputed": (q - loc - ext) / q if q else 0.0, "wall_s": s["wall_s"],
-           "prefill_split": dict(decisions)}
+           "prefill_split": dict(decisions), "label": label,
+           "rejected_on_arrival": metric(proxy_metrics, 'mooncake_proxy_rejections_total{reason="slo"}'),
+           "rejected_after_prefill": metric(proxy_metrics, 'mooncake_proxy_rejections_total{reason="slo_decode"}'),
+           "cost_factor": {side: metric(proxy_metrics, f'mooncake_proxy_cost_factor{{side="{side}"}}')
+                           for side in ("prefill", "decode")}}
     return row, results
+
+
+def first_half_slos(results: list[Result], pct: float) -> tuple[float, float]:
+    """(TTFT SLO, TBT SLO): the ``pct`` percentile of the run's TTFTs and of its requests' TBT p90s."""
+    import numpy as np
+
+    ttft = [r.ttft for r in results if r.ok and r.ttft is not None]
+    tbt = [t for r in results if r.ok and (t := r.tbt_p90) is not None]
+    if not ttft or not tbt:
+        raise RuntimeError("the first half completed no request to derive SLOs from; give --ttft-slo/--tbt-slo")
+    return float(np.percentile(ttft, pct)), float(np.percentile(tbt, pct))
+
+
+def overload_row(row: dict[str, Any], results: list[Result], ttft_slo: float, tbt_slo: float) -> dict[str, Any]:
+    """The run's row plus 429s and SLO attainment (replay.slo_attainment)."""
+    slo = slo_attainment(results, ttft_slo, tbt_slo)
+    return {**row, "rejected_429": sum(1 for r in results if r.status == 429), **slo}
+
+
+def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
+    head = (f"{'mode':<12}{'sent':>5}{'429':>5}{'arr/dec':>9}{'done':>6}{'met':>5}{'attain adm':>11}"
+            f"{'attain all':>11}{'TTFT mean':>10}{'p90':>7}{'TBT p90':>9}{'factor p/d':>12}")
+    lines = [f"overload: x{factor:g} the first half's arrival rate", head]
+
+    def num(v: Any, fmt: str, scale: float = 1.0) -> str:
+        return "-" if v is None else format(v * scale, fmt)
+
+    for r in rows:
+        f = r.get("cost_factor") or {}
+        fac = f"{f.get('prefill', 0):.1f}/{f.get('decode', 0):.1f}" if any(f.values()) else "-"
+        split = f"{int(r['rejected_on_arrival'])}/{int(r['rejected_after_prefill'])}"
+        lines.append(f"{r['label']:<12}{r['requests']:>5}{r['rejected_429']:>5}{split:>9}{r['completed']:>6}"
+                     f"{r['met']:>5}{num(r['attainment_admitted'], '.0%'):>11}{num(r['attainment_all'], '.0%'):>11}"
+                     f"{num(r['ttft_mean'], '.2f'):>10}{num(r['ttft_p90'], '.2f'):>7}"
+                     f"{num(r['tbt_p90'], '.0f', 1000):>9}{fac:>12}")
+    slo = rows[0]
+    return "\n".join(lines) + (f"\n(SLO: TTFT <= {slo['ttft_slo_s']:.2f} s and the request's TBT p90 <= "
+                               f"{1000 * slo['tbt_slo_s']:.0f} ms; attainment among the admitted (not 429) and "
+                               "all requests; 429s on arrival / after the prefill; TTFT s, TBT ms; "
+                               "factor: the proxy's --calibrate factors at the end)")
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
@@ -251,10 +317,37 @@ def write_plot(path: Path, results: dict[str, list[Result]], reqs: list[TraceReq
     path.write_text(render_svg([live, ttft_cdf_panel(sim, "simulated (same window, fitted profile)")]))
 
 
+def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], decode: VllmServer, model: Path,
+                 events: dict[str, str], master: str, profile: Path, logs: Path, reqs: list[TraceRequest],
+                 speed: float, first: dict[str, list[Result]]) -> list[dict[str, Any]]:
+    """The overload phase (module doc): one replay per rejection mode at ``a.overload`` x the rate."""
+    ttft_slo, tbt_slo = a.ttft_slo, a.tbt_slo
+    if ttft_slo is None or tbt_slo is None:
+        t, b = first_half_slos(first[a.overload_policy], a.slo_percentile)
+        ttft_slo, tbt_slo = ttft_slo or t, tbt_slo or b
+    print(f"overload x{a.overload:g} ({a.overload_policy}): SLOs TTFT {ttft_slo:.2f} s, TBT p90 "
+          f"{1000 * tbt_slo:.0f} ms", flush=True)
+    out = []
+    for mode in a.rejection_modes:
+        extra = [x.format(horizon=a.prediction_horizon) for x in REJECTION_MODES[mode]]
+        if mode != "none":
+            extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate"]
+        load = os.getloadavg()[0]
+        row, res = run_policy(a.overload_policy, py, prefills, decode, model, events, master, profile, logs, reqs,
+                              speed * a.overload, a, extra, label=mode)
+        row = overload_row(row, res, ttft_slo, tbt_slo)
+        row["load_avg_start"] = round(load, 1)
+        out.append(row)
+        print(f"overload {mode}: {row['requests']} sent, {row['rejected_429']} x 429, {row['met']}/{row['admitted']}"
+              f" admitted met the SLO; load avg {load:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--trace", type=Path, default=default_trace(), help="conversation trace JSONL")
-    ap.add_argument("--policies", nargs="+", default=POLICIES, choices=POLICIES, help="policies, run in this order")
+    ap.add_argument("--policies", nargs="*", default=POLICIES, choices=POLICIES,
+                    help="policies, run in this order (none: only the overload phase, with --ttft-slo/--tbt-slo)")
     ap.add_argument("--span", type=int, default=3000, help="trace requests the window's conversations are picked from")
     ap.add_argument("--max-blocks", type=int, default=12, help="skip requests longer than this many 512-token blocks")
     ap.add_argument("--groups", type=int, default=16, help="most frequent conversations kept")
@@ -274,7 +367,35 @@ def main(argv: list[str] | None = None) -> int:
                     help="write the TTFT CDF per policy, live and simulated side by side (SVG, no matplotlib needed)")
     ap.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows as JSON")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g = ap.add_argument_group("overload phase (429s and SLO attainment, after the policies)")
+    g.add_argument("--overload", type=float, default=0.0, metavar="FACTOR",
+                   help="then replay the window at FACTOR x the first half's arrival rate (its speed x FACTOR) "
+                        "once per --rejection-modes; 0 = no overload phase")
+    g.add_argument("--overload-policy", choices=POLICIES, default="conductor", help="policy of the overload phase")
+    g.add_argument("--rejection-modes", nargs="+", default=["none", "decode", "predictive"],
+                   choices=list(REJECTION_MODES),
+                   help="none: no SLO flags; decode: --rejection decode (the paper's baseline: TTFT on "
+                        "arrival, TBT after the prefill); early: current-load early rejection; predictive: "
+                        "--rejection early+decode --prediction-horizon H (prediction-based early rejection "
+                        "with the decode-stage backstop); every SLO mode adds --calibrate")
+    g.add_argument("--ttft-slo", type=float, default=None,
+                   help="TTFT SLO (s); a request meets the SLO when TTFT <= this and its TBT p90 <= --tbt-slo "
+                        "(default: the --slo-percentile of the first half's TTFTs under --overload-policy)")
+    g.add_argument("--tbt-slo", type=float, default=None,
+                   help="TBT SLO (s) on a request's own TBT p90 (default: the --slo-percentile of the first "
+                        "half's per-request TBT p90s)")
+    g.add_argument("--slo-percentile", type=float, default=90.0,
+                   help="percentile of the first half's latencies that sets the default SLOs")
+    g.add_argument("--prediction-horizon", type=float, default=10.0,
+                   help="the predictive mode's --prediction-horizon (s)")
     a = ap.parse_args(argv)
+    if not a.policies and not a.overload:
+        ap.error("nothing to run: give --policies or --overload")
+    if a.overload < 0:
+        ap.error(f"--overload must be >= 0, got {a.overload}")
+    if a.overload and (a.ttft_slo is None or a.tbt_slo is None) and a.overload_policy not in a.policies:
+        ap.error(f"--overload derives the SLOs from the first half's {a.overload_policy} run: add it to "
+                 "--policies or give --ttft-slo and --tbt-slo")
     py = vllm_python()
     if py is None:
         print("bench_live_scheduling: the vLLM venv is missing (scripts/install_vllm.sh, or set VLLM_VENV)", file=sys.stderr)
@@ -308,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = [*prefills, decode]
     rows: list[dict[str, Any]] = []
     results: dict[str, list[Result]] = {}
+    over_rows: list[dict[str, Any]] = []
     try:
         master.wait_ready()
         t0 = time.monotonic()
@@ -327,19 +449,25 @@ def main(argv: list[str] | None = None) -> int:
             results[pol] = res
             print(f"{pol}: {row['completed']}/{row['requests']} done, TTFT mean {row['ttft_mean']}, "
                   f"load avg {load:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+        if a.overload:
+            over_rows = run_overload(a, py, prefills, decode, model, events, master.addr, profile, logs, reqs,
+                                     speed, results)
     finally:
         for s in servers:
             s.stop()
         master.kill()
     print(fmt_table(rows))
+    if over_rows:
+        print(fmt_overload(over_rows, a.overload))
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if a.json:
-        a.json.write_text(json.dumps({"rows": rows, "speed": speed, "window": len(reqs)}, indent=1))
-    if a.plot:
+        a.json.write_text(json.dumps({"rows": rows, "overload": over_rows, "speed": speed, "window": len(reqs)},
+                                     indent=1))
+    if a.plot and rows:
         live_tokens = statistics.mean(r["prompt_tokens"] for r in rows) / max(1, sum(q.input_length for q in reqs))
         write_plot(a.plot, results, reqs, speed, profile, live_tokens, a.max_tokens)
         print(f"wrote {a.plot}")
-    return 0 if rows and all(r["completed"] for r in rows) else 1
+    return 0 if (rows or over_rows) and all(r["completed"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -65,6 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prediction-horizon", type=float, default=None,
                    help="seconds of decode load to project forward for the paper's prediction-based "
                         "early rejection (default: off, current load only)")
+    from mooncake_proxy.scheduling import REJECTION_MODES
+
+    g.add_argument("--rejection", choices=REJECTION_MODES, default="early",
+                   help="where SLO-breaking requests get their 429: early = on arrival (TTFT and TBT "
+                        "predicted by the scheduler; with --prediction-horizon the paper's prediction-based "
+                        "early rejection); decode = the paper's baseline (Table 3): TTFT checked on arrival, "
+                        "TBT only once the prefill is done, against the decode instance's load then (the "
+                        "prefill is wasted); early+decode = both")
+    g.add_argument("--calibrate", action="store_true",
+                   help="correct the cost model online: scale its prefill and decode times by the "
+                        "observed / predicted latency (moving mean of the log ratio, factor in 0.1..100, "
+                        "gauge mooncake_proxy_cost_factor), and add each decode instance's measured delay "
+                        "from the prefill's answer to its first token (KV pull, queue, first step; gauge "
+                        "mooncake_proxy_decode_first_token_seconds) to the TTFT SLO check; estimates fade "
+                        "back after 10 s without a sample; for engines slower than their profile, e.g. "
+                        "sharing cores -- without it SLO estimates made from an idle profile admit everything")
     g.add_argument("--retry-after", type=float, default=1.0,
                    help="Retry-After seconds suggested on 429 when the scheduler gives none")
     g.add_argument("--profile", default=None,
@@ -181,7 +197,10 @@ def config_from_args(a: argparse.Namespace):
     if not prefill or not decode:
         log.warning("starting without %s; add instances with POST /admin/instances",
                     "prefill instances" if not prefill else "decode instances")
+    if a.rejection != "early" and a.tbt_slo is None:
+        raise SystemExit(f"--rejection {a.rejection} checks --tbt-slo at the decode stage: give --tbt-slo")
     for flag, v in (("--ttft-slo", a.ttft_slo), ("--tbt-slo", a.tbt_slo),
+                    ("--prediction-horizon", a.prediction_horizon),
                     ("--request-timeout", a.request_timeout), ("--health-timeout", a.health_timeout)):
         if v is not None and v <= 0:
             raise SystemExit(f"{flag} must be > 0, got {v}")
@@ -201,7 +220,8 @@ def config_from_args(a: argparse.Namespace):
     return ProxyConfig(
         prefill_urls=prefill, decode_urls=decode, prefill_bootstrap_ports=bports, policy=a.policy,
         handoff=a.handoff, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
-        prediction_horizon=a.prediction_horizon, retry_after=a.retry_after,
+        prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
+        retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
         health_timeouts_to_down=a.health_timeouts_to_down,
         upstream_keepalive=a.upstream_keepalive, request_timeout=a.request_timeout,

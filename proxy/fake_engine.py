@@ -35,6 +35,7 @@ class Behaviour:
     health_status: int = 200     # status of GET /health
     health_delay: float = 0.0    # seconds before answering GET /health (a busy engine)
     prefill_delay: float = 0.0   # extra delay before a non-streamed answer
+    first_chunk_delay: float = 0.0  # delay before a stream's first chunk (a decode's KV pull)
     model: str = "fake-model"
     engine_id: str = "fake-engine"
     dp_size: int = 1              # data-parallel ranks reported by the bootstrap /query route
@@ -133,6 +134,8 @@ class FakeEngine:
                 return web.Response(body=_enc.encode(out), content_type="application/json")
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
+            if b.first_chunk_delay:
+                await asyncio.sleep(b.first_chunk_delay)
             for i in range(b.chunks):
                 if i and b.chunk_delay:
                     await asyncio.sleep(b.chunk_delay)

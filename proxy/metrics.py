@@ -69,7 +69,8 @@ class ProxyMetrics:
         self.e2e = Histogram("mooncake_proxy_e2e_seconds", "Request latency until the last byte",
                              ["route"], buckets=_LAT_BUCKETS, registry=r)
         self.rejections = Counter("mooncake_proxy_rejections",
-                                  "Requests answered 429 (SLO early rejection) or 503 (no instance)",
+                                  "Requests answered 429 (slo: rejected on arrival; slo_decode: at the decode stage, "
+                                  "--rejection decode) or 503 (no instance)",
                                   ["reason"], registry=r)
         self.in_flight = Gauge("mooncake_proxy_instance_in_flight", "Requests in flight per instance",
                                ["instance", "role"], registry=r)
@@ -95,6 +96,15 @@ class ProxyMetrics:
         self.decode_running = Gauge("mooncake_proxy_decode_running",
                                     "Requests decoding per decode instance (scheduler's view)",
                                     ["instance"], registry=r)
+        self.cost_factor = Gauge("mooncake_proxy_cost_factor",
+                                 "Online calibration (--calibrate): observed / profile-predicted latency, "
+                                 "by side (prefill: queue + prefill time; decode: time between tokens)",
+                                 ["side"], registry=r)
+        self.first_token_delay = Gauge("mooncake_proxy_decode_first_token_seconds",
+                                       "Online calibration (--calibrate): moving mean of the delay from a "
+                                       "prefill's answer to the decode instance's first token (KV pull, "
+                                       "queue, first step), added to the TTFT SLO check", ["instance"],
+                                       registry=r)
         self.kv_events = Counter("mooncake_proxy_kv_events", "vLLM KV cache events applied",
                                  ["instance", "type"], registry=r)
 

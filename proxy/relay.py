@@ -27,7 +27,7 @@ from .registry import Instance
 
 log = get_logger("mooncake_proxy.relay")
 
-__all__ = ["Relay", "RelayTimeouts", "UpstreamError", "forward_headers"]
+__all__ = ["Relay", "RelayTimeouts", "StreamTiming", "UpstreamError", "forward_headers"]
 
 _dec = msgspec.json.Decoder()
 _enc = msgspec.json.Encoder()
@@ -51,6 +51,20 @@ class UpstreamError(Exception):
         # True when the instance could not even be reached: nothing was processed, so the
         # request can safely go to another instance.
         self.retryable = False
+
+
+@dataclass(slots=True)
+class StreamTiming:
+    """When a decode stream's first and last chunks came (perf_counter) and how many there were:
+    the server's online calibration (``--calibrate``) reads the stream's mean chunk gap from it."""
+
+    first: float = 0.0
+    last: float = 0.0
+    chunks: int = 0
+
+    def mean_gap(self) -> float | None:
+        """Mean time between chunks (one token each in vLLM's SSE), None below two gaps."""
+        return (self.last - self.first) / (self.chunks - 1) if self.chunks >= 3 else None
 
 
 @dataclass(frozen=True)
@@ -145,12 +159,14 @@ class Relay:
 
     async def race_decode(self, request: web.Request, route: str, d: Instance, payload: dict[str, Any],
                           headers: dict[str, str], rid: str, t0: float,
-                          ptask: asyncio.Task[dict[str, Any]]) -> web.StreamResponse:
+                          ptask: asyncio.Task[dict[str, Any]],
+                          timing: StreamTiming | None = None) -> web.StreamResponse:
         """Concurrent hand-off: stream the decode, but if the prefill fails before the client
         got a byte, stop waiting (the decode would wait for KV that never comes) and answer with
         the prefill's error."""
         started: list[bool] = []
-        dtask = asyncio.create_task(self.stream_decode(request, route, d, payload, headers, rid, t0, started))
+        dtask = asyncio.create_task(self.stream_decode(request, route, d, payload, headers, rid, t0, started,
+                                                              timing))
         try:
             await asyncio.wait({dtask, ptask}, return_when=asyncio.FIRST_COMPLETED)
             if not dtask.done() and not started and not ptask.cancelled():
@@ -173,7 +189,8 @@ class Relay:
 
     async def stream_decode(self, request: web.Request, route: str, d: Instance, payload: dict[str, Any],
                             headers: dict[str, str], rid: str, t0: float,
-                            started: list[bool] | None) -> web.StreamResponse:
+                            started: list[bool] | None,
+                            timing: StreamTiming | None = None) -> web.StreamResponse:
         """Stream the decode answer through; the client response starts at the first byte."""
         t = aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s,
                                   sock_read=self.timeouts.request_s)
@@ -201,6 +218,11 @@ class Relay:
                     else:
                         tbt.observe(now - last)  # gap between streamed chunks (one token each in SSE)
                     last = now
+                    if timing is not None:
+                        if not timing.chunks:
+                            timing.first = now
+                        timing.chunks += 1
+                        timing.last = now
                     await out.write(chunk)
         except ConnectionResetError as e:
             if request.transport is None or request.transport.is_closing():

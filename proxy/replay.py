@@ -1,7 +1,10 @@
 """``mooncake_replay``: send a Mooncake trace to a live proxy or engine at its timestamps.
 
 Each request is sent at ``timestamp / speed`` after the start, streamed, and timed: TTFT (first
-content chunk), TPOT ((e2e − TTFT) / (tokens − 1)), E2E. Prompts follow the trace's ``hash_ids``
+content chunk), TPOT ((e2e − TTFT) / (tokens − 1)), E2E, and its own TBT p90 (over the gaps
+between its content chunks). With ``--ttft-slo``/``--tbt-slo`` it reports SLO attainment: the
+share of requests with TTFT <= the TTFT SLO and TBT p90 <= the TBT SLO, among the admitted
+requests (not answered 429) and among all. Prompts follow the trace's ``hash_ids``
 (:mod:`mooncake_proxy.trace_prompts`) so a real engine's prefix cache sees production-like
 sharing. Prints percentiles and errors (or one JSON object with ``--json``).
 
@@ -36,12 +39,42 @@ class Result:
     e2e: float | None = None
     tokens: int = 0
     send_lag: float = 0.0  # how late the request left vs its scheduled time
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk (s from send)
 
     @property
     def tpot(self) -> float | None:
         if self.ttft is None or self.e2e is None or self.tokens < 2:
             return None
         return (self.e2e - self.ttft) / (self.tokens - 1)
+
+    @property
+    def tbt_p90(self) -> float | None:
+        """90th percentile of this request's gaps between content chunks (one token each in
+        vLLM's SSE); None below two chunks."""
+        if len(self.chunk_times) < 2:
+            return None
+        return float(np.percentile(np.diff(self.chunk_times), 90))
+
+
+def slo_met(r: Result, ttft_slo: float | None, tbt_slo: float | None) -> bool:
+    """Completed with TTFT <= ``ttft_slo`` and its TBT p90 <= ``tbt_slo`` (None = no limit; a
+    one-token answer has no TBT and meets any TBT SLO)."""
+    if not r.ok or r.ttft is None:
+        return False
+    if ttft_slo is not None and r.ttft > ttft_slo:
+        return False
+    tbt = r.tbt_p90
+    return tbt_slo is None or tbt is None or tbt <= tbt_slo
+
+
+def slo_attainment(results: list[Result], ttft_slo: float | None, tbt_slo: float | None) -> dict[str, Any]:
+    """SLO attainment of the admitted requests (all but those answered 429: an admitted request
+    that failed counts as a miss) and of all requests (a 429 counts as a miss)."""
+    admitted = [r for r in results if r.status != 429]
+    met = sum(1 for r in admitted if slo_met(r, ttft_slo, tbt_slo))
+    return {"ttft_slo_s": ttft_slo, "tbt_slo_s": tbt_slo, "admitted": len(admitted), "met": met,
+            "attainment_admitted": met / len(admitted) if admitted else None,
+            "attainment_all": met / len(results) if results else None}
 
 
 @dataclass
@@ -116,8 +149,11 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: dict[str, Any
                         if data == b"[DONE]":
                             continue
                         n, usage = _chunk_tokens(data)
-                        if n and res.ttft is None:
-                            res.ttft = time.perf_counter() - t0
+                        if n:
+                            now = time.perf_counter() - t0
+                            res.chunk_times.append(now)
+                            if res.ttft is None:
+                                res.ttft = now
                         res.tokens += n
                         if usage is not None:
                             usage_tokens = usage
@@ -220,6 +256,11 @@ def format_report(s: dict[str, Any]) -> str:
         if p:
             lines.append(f"{name:>8}: mean {p['mean']*1000:9.2f} ms  p50 {p['p50']*1000:9.2f}  "
                          f"p90 {p['p90']*1000:9.2f}  p99 {p['p99']*1000:9.2f}  max {p['max']*1000:9.2f}")
+    slo = s.get("slo")
+    if slo and slo["attainment_admitted"] is not None:
+        lines.append(f"SLO (TTFT <= {slo['ttft_slo_s']} s, TBT p90 <= {slo['tbt_slo_s']} s): "
+                     f"{slo['met']}/{slo['admitted']} admitted met it ({100 * slo['attainment_admitted']:.1f}%), "
+                     f"{100 * slo['attainment_all']:.1f}% of all requests")
     if s["errors"]:
         lines.append("errors: " + ", ".join(f"{k}: {v}" for k, v in s["errors"].items()))
     return "\n".join(lines)
@@ -246,6 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send to /v1/completions (prompt) or /v1/chat/completions (messages)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated prompt text")
+    p.add_argument("--ttft-slo", type=float, default=None,
+                   help="TTFT SLO (s) for the attainment report: a request meets the SLO when its TTFT <= "
+                        "this and its TBT p90 (over its own chunk gaps) <= --tbt-slo; attainment is given "
+                        "among the admitted requests (not answered 429) and among all")
+    p.add_argument("--tbt-slo", type=float, default=None, help="TBT SLO (s) for the attainment report")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -275,7 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ReplayConfig(url=a.url, speed=a.speed, model=a.model, block_tokens=a.block_tokens,
                        max_tokens_cap=a.max_tokens_cap, concurrency_cap=a.concurrency_cap,
                        timeout=a.timeout, endpoint=a.endpoint, seed=a.seed)
-    summary = asyncio.run(replay(reqs, cfg, progress=not a.no_progress))
+    results: list[Result] = []
+    summary = asyncio.run(replay(reqs, cfg, progress=not a.no_progress, results_out=results))
+    if a.ttft_slo is not None or a.tbt_slo is not None:
+        summary["slo"] = slo_attainment(results, a.ttft_slo, a.tbt_slo)
     print(json.dumps(summary) if a.json else format_report(summary))
     return 0 if summary["completed"] else 1
 

@@ -39,7 +39,7 @@ from .health_state import HealthState, ProbePolicy
 from .metrics import ProxyMetrics
 from .prompt import BadRequest, PromptHasher
 from .registry import Instance, Registry
-from .relay import Relay, RelayTimeouts, UpstreamError, forward_headers
+from .relay import Relay, RelayTimeouts, StreamTiming, UpstreamError, forward_headers
 
 log = get_logger("mooncake_proxy.server")
 
@@ -61,6 +61,10 @@ class ProxyConfig:
     ttft_slo: float | None = None
     tbt_slo: float | None = None
     prediction_horizon: float | None = None
+    #: --rejection: where SLO-breaking requests get their 429 (scheduling/admission.py)
+    rejection: str = "early"
+    #: --calibrate: scale the cost model by observed / predicted latencies (scheduling/calibration.py)
+    calibrate: bool = False
     retry_after: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0
@@ -113,7 +117,9 @@ class ProxyServer:
         cost = sched.CostModel.from_file(cfg.profile) if cfg.profile else sched.CostModel.default()
         slo = sched.SloConfig(ttft_s=cfg.ttft_slo, tbt_s=cfg.tbt_slo, retry_after_s=cfg.retry_after,
                               prediction_horizon_s=cfg.prediction_horizon)
+        slo, self.decode_tbt_limit = sched.split_rejection(slo, cfg.rejection)
         self.scheduler = sched.make_scheduler(cfg.policy, self.cluster, cost, slo, seed=cfg.seed)
+        self.calibrator = sched.LatencyCalibrator(cost) if cfg.calibrate else None
         tokenize = chat_tokenize = None
         if cfg.tokenizer:  # the engine's token ids: BOS on completions, the chat template on chat
             from .prompt import load_chat_tokenizer, load_tokenizer
@@ -136,6 +142,9 @@ class ProxyServer:
         self.handoff: HandoffProtocol = make_handoff(cfg.handoff)
         self.registry = Registry()
         self.metrics = ProxyMetrics()
+        if self.calibrator is not None:
+            for side in ("prefill", "decode"):
+                self.metrics.cost_factor.labels(side).set(1.0)
         self.session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
         self.probe_policy = ProbePolicy(interval=max(0.0, cfg.health_interval),
@@ -182,6 +191,12 @@ class ProxyServer:
     def remove_instance(self, instance_id: str) -> Instance:
         inst = self.registry.remove(instance_id)
         self.cluster.remove_instance(instance_id)
+        if self.calibrator is not None:
+            self.calibrator.forget(instance_id)
+            try:
+                self.metrics.first_token_delay.remove(instance_id)
+            except KeyError:
+                pass
         self._forget_bootstrap(inst)
         self._inflight_gauge.pop(instance_id, None)
         self._prefix_ctr.pop(instance_id, None)
@@ -386,6 +401,10 @@ class ProxyServer:
         req = self.sched_mod.RequestInfo(request_id=f"{rid}#{self._seq}", prompt_tokens=pinfo.prompt_tokens,
                                          block_hashes=pinfo.block_hashes,
                                          max_output_tokens=pinfo.max_output_tokens, arrival=now)
+        if self.calibrator is not None and self.calibrator.tick(now):
+            self._calibrated("prefill", True)
+            self._calibrated("decode", True)
+            self._sync_first_token()
         decision = self.scheduler.schedule(req, now)
         if isinstance(decision, self.sched_mod.Rejection):
             self.metrics.rejections.labels("slo").inc()
@@ -446,6 +465,12 @@ class ProxyServer:
                 cluster.on_prefill_done(p.instance_id, req, now())
 
         ptask: asyncio.Task[dict[str, Any]] | None = None
+        cal = self.calibrator
+        # the scheduler's estimates were made with the factors in force now: undo them for the sample
+        f_pre, f_dec = (cal.factor("prefill"), cal.factor("decode")) if cal is not None else (1.0, 1.0)
+        t_sent = now()
+        t_answered: float | None = None  # perf_counter of the prefill's answer (sequential hand-off)
+        timing = StreamTiming() if cal is not None else None
         try:
             pheaders = headers
             if ho.needs_engine_id:
@@ -459,7 +484,13 @@ class ProxyServer:
             if not ho.is_concurrent(p.addr):
                 presp = await self.relay.post_json(p, route, ppayload, pheaders, "prefill")
                 prefill_finished()
+                if cal is not None:
+                    t_answered = time.perf_counter()
+                    self._calibrated("prefill", cal.observe_prefill(decision.est_ttft_s / f_pre, now() - t_sent, now()))
                 ho.on_prefill_answer(p.addr, presp)
+                rejected = self._decode_stage_check(d, req)
+                if rejected is not None:
+                    return rejected
                 dpayload = ho.decode_payload(body, route, p.addr, ctx, presp)
             else:
                 ptask = asyncio.create_task(self.relay.post_json(p, route, ppayload, pheaders, "prefill"))
@@ -471,16 +502,27 @@ class ProxyServer:
                         ho.on_prefill_answer(addr, t.result())
 
                 ptask.add_done_callback(prefill_answered)
+                # concurrent hand-off: the decode is sent with the prefill, so its stage check is now
+                rejected = self._decode_stage_check(d, req)
+                if rejected is not None:
+                    return rejected
                 dpayload = ho.decode_payload(body, route, p.addr, ctx, None)
             cluster.on_decode_start(d.instance_id, req, now())
             self._inflight(d, 1)
             try:
                 if ptask is None:
-                    return await self.relay.stream_decode(request, route, d, dpayload, headers, rid, t0, None)
-                return await self.relay.race_decode(request, route, d, dpayload, headers, rid, t0, ptask)
+                    return await self.relay.stream_decode(request, route, d, dpayload, headers, rid, t0, None,
+                                                          timing)
+                return await self.relay.race_decode(request, route, d, dpayload, headers, rid, t0, ptask, timing)
             finally:
                 self._inflight(d, -1)
                 cluster.on_decode_done(d.instance_id, req, now())
+                if cal is not None and timing is not None:
+                    if t_answered is not None and timing.chunks:
+                        cal.observe_first_token(d.instance_id, timing.first - t_answered, now())
+                        self._sync_first_token()
+                    if (gap := timing.mean_gap()) is not None:
+                        self._calibrated("decode", cal.observe_decode(decision.est_tbt_s / f_dec, gap, now()))
         finally:
             if ptask is not None:
                 if not ptask.done():
@@ -492,6 +534,37 @@ class ProxyServer:
                 elif not ptask.cancelled():
                     ptask.exception()  # retrieved: no "never retrieved" warning
             prefill_finished()
+
+    def _decode_stage_check(self, d: Instance, req: Any) -> web.StreamResponse | None:
+        """``--rejection decode`` / ``early+decode``: the paper's baseline check once the prefill is
+        done -- a 429 when decode ``d``'s current batch plus this request would break --tbt-slo.
+        The prefill's KV is then never pulled; the P2P connector's lease frees it."""
+        limit = self.decode_tbt_limit
+        if limit is None:
+            return None
+        rej = self.sched_mod.decode_stage_rejection(self.cluster, self.scheduler.cost, d.instance_id, req, limit,
+                                                    self.cfg.retry_after)
+        if rej is None:
+            return None
+        self.metrics.rejections.labels("slo_decode").inc()
+        rid = req.request_id.rsplit("#", 1)[0]
+        return error_response(429, f"overloaded, request rejected after its prefill: {rej.reason}",
+                              "rate_limit_exceeded", request_id=rid, retry_after=rej.retry_after_s)
+
+    def _calibrated(self, side: str, changed: bool) -> None:
+        """Install the recalibrated cost model in the scheduler when a factor moved."""
+        cal = self.calibrator
+        if changed and cal is not None:
+            self.scheduler.cost = cal.cost()
+            self.metrics.cost_factor.labels(side).set(cal.factor(side))
+
+    def _sync_first_token(self) -> None:
+        """Copy the calibrator's first-token delays into the decode loads the TTFT check reads."""
+        assert self.calibrator is not None
+        for iid, s in self.calibrator.first_token_all().items():
+            if iid in self.cluster:
+                self.cluster.decode_load(iid).first_token_s = s
+                self.metrics.first_token_delay.labels(iid).set(s)
 
     async def _resolve_engine_id(self, p: Instance, ctx: dict[str, Any]) -> None:
         """Fill ``dp_rank``/``remote_engine_id`` from the prefill's bootstrap server (cached)."""

@@ -18,6 +18,8 @@ Usage::
         cluster.on_decode_start(out.decode_id, req, now2); ...; cluster.on_decode_done(...)
 """
 
+from .admission import REJECTION_MODES, decode_stage_rejection, split_rejection
+from .calibration import LatencyCalibrator
 from .cluster import STORE, ClusterState, DecodeEntry, DecodeLoad, PrefillEntry, PrefillLoad
 from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
@@ -29,4 +31,5 @@ __all__ = [
     "BlockHasher", "RequestInfo", "InstanceInfo", "ClusterState", "Decision", "Rejection",
     "CostModel", "SloConfig", "make_scheduler", "policy_names", "POLICIES", "Scheduler", "PrefillPlan",
     "LruBlockCache", "STORE", "PrefillEntry", "DecodeEntry", "PrefillLoad", "DecodeLoad",
+    "REJECTION_MODES", "split_rejection", "decode_stage_rejection", "LatencyCalibrator",
 ]

@@ -77,11 +77,15 @@ class PrefillLoad:
 @dataclass(slots=True)
 class DecodeLoad:
     """Running set of a decode instance. ``kv_tokens`` estimates the KV held: Σ (prompt +
-    half the expected output) — the average footprint over each request's life."""
+    half the expected output) — the average footprint over each request's life.
+    ``first_token_s``: the delay from a prefill's end to this instance's first token (KV pull,
+    queueing, first step) as the caller measures it (the live proxy's ``--calibrate``; 0 in the
+    simulator, whose TTFT ends with the prefill); the TTFT SLO check adds it."""
 
     entries: dict[str, DecodeEntry] = field(default_factory=dict)
     kv_tokens: int = 0
     incoming: dict[str, PrefillEntry] = field(default_factory=dict)
+    first_token_s: float = 0.0
 
     @property
     def running(self) -> int:

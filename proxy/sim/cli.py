@@ -19,7 +19,7 @@ from mooncake_core.utils.log import get_logger, setup_logging
 from mooncake_proxy.scheduling import CostModel, SloConfig, policy_names
 
 from .cache_only import hit_ratio_curve, prefix_hit_ratio
-from .engine import SimConfig, Simulator
+from .engine import REJECTION_MODES, SimConfig, Simulator
 from .metrics import format_summary, summarize
 from .trace import load_trace
 
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prediction-horizon", type=_pos_float, default=None,
                    help="seconds: enable prediction-based early rejection (project decode load to when the "
                         "request's prefill ends, at most this far ahead)")
-    p.add_argument("--rejection", choices=("early", "decode", "early+decode"), default="early",
+    p.add_argument("--rejection", choices=REJECTION_MODES, default="early",
                    help="where SLO-breaking requests are rejected: early = on arrival (the scheduler's "
                         "checks); decode = the paper's baseline (Table 3): no TBT check on arrival, a "
                         "request whose decode instance would break --tbt-slo when its prefill ends is "

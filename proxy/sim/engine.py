@@ -35,13 +35,11 @@ from typing import Callable, Sequence
 
 from mooncake_proxy.scheduling import (ClusterState, CostModel, Decision, InstanceInfo, Rejection, RequestInfo,
                                        SloConfig, make_scheduler)
+from mooncake_proxy.scheduling.admission import REJECTION_MODES, split_rejection
 
 from .trace import TRACE_BLOCK_SIZE, TraceRecord
 
 __all__ = ["SimConfig", "RequestOutcome", "SimResult", "Simulator", "simulate"]
-
-
-REJECTION_MODES = ("early", "decode", "early+decode")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +146,7 @@ class Simulator:
         for d in self.decode_ids:
             self.cluster.add_instance(InstanceInfo(d, "decode"))
         opts = {"replicate_hot": True} if c.replicate_hot else {}
-        slo = c.slo
-        self.decode_tbt_limit: float | None = None
-        if c.rejection != "early":
-            self.decode_tbt_limit = slo.tbt_s
-        if c.rejection == "decode":
-            slo = SloConfig(ttft_s=slo.ttft_s, retry_after_s=slo.retry_after_s)
+        slo, self.decode_tbt_limit = split_rejection(c.slo, c.rejection)
         self.scheduler = make_scheduler(c.policy, self.cluster, self.cost, slo, c.seed, **opts)
 
     def run(self, records: Sequence[TraceRecord], progress: Callable[[int], None] | None = None) -> SimResult:

@@ -155,3 +155,63 @@ async def test_replay_concurrency_cap_and_errors_in_process() -> None:
         assert s["completed"] == 0 and s["errors"] == {"HTTP 503": 3}
     finally:
         await runner.cleanup()
+
+
+def test_slo_attainment_counts_admitted_and_all() -> None:
+    from mooncake_proxy.replay import Result, slo_attainment, slo_met
+
+    def res(i: int, status: int = 200, ttft: float | None = 0.5, gaps: tuple[float, ...] = (0.1,) * 5) -> Result:
+        r = Result(i, status == 200 and ttft is not None, status, ttft=ttft)
+        if ttft is not None:
+            r.chunk_times = [ttft]
+            for g in gaps:
+                r.chunk_times.append(r.chunk_times[-1] + g)
+        return r
+
+    fast, slow_first = res(0), res(1, ttft=3.0)
+    one_slow_gap = res(2, gaps=(0.1,) * 9 + (0.9,))  # p90 of 10 gaps: 0.18 s
+    slow_gaps = res(3, gaps=(0.1, 0.5, 0.5, 0.5, 0.5))
+    assert one_slow_gap.tbt_p90 == pytest.approx(0.18)
+    assert slo_met(fast, 1.0, 0.2) and slo_met(one_slow_gap, 1.0, 0.2)
+    assert not slo_met(slow_first, 1.0, 0.2) and not slo_met(slow_gaps, 1.0, 0.2)
+    assert slo_met(res(4, gaps=()), 1.0, 1e-9)  # a one-token answer has no TBT
+    assert slo_met(slow_first, None, None) and not slo_met(res(5, 502, None), None, None)
+    results = [fast, slow_first, one_slow_gap, slow_gaps, res(6, 429, None), res(7, 429, None),
+               res(8, 502, None)]
+    a = slo_attainment(results, 1.0, 0.2)
+    assert (a["admitted"], a["met"]) == (5, 2)  # the 502 was admitted and missed
+    assert a["attainment_admitted"] == pytest.approx(2 / 5) and a["attainment_all"] == pytest.approx(2 / 7)
+    assert slo_attainment([], 1.0, None)["attainment_admitted"] is None
+
+
+@pytest.mark.integration
+async def test_replay_reports_429s_and_attainment_through_the_proxy(python_exe, tmp_path) -> None:
+    # a proxy whose TTFT SLO no request meets: every request is a 429, none admitted
+    from mooncake_proxy.server import ProxyConfig, start_server
+
+    p, d = FakeEngine("p", Behaviour()), FakeEngine("d", Behaviour(chunks=4, chunk_delay=0.02))
+    (rp, pport), (rd, dport) = await start_fake(p), await start_fake(d)
+    cfg = ProxyConfig(prefill_urls=[f"http://127.0.0.1:{pport}"], decode_urls=[f"http://127.0.0.1:{dport}"],
+                      policy="conductor", health_interval=0)
+    server, runner, port = await start_server(cfg, "127.0.0.1", 0)
+    try:
+        async def run(ttft_slo: float) -> dict:
+            server.scheduler.slo = type(server.scheduler.slo)(ttft_s=ttft_slo)
+            proc = await asyncio.create_subprocess_exec(
+                python_exe, "-m", "mooncake_proxy.replay", "--trace", str(TRACE), "--url", f"http://127.0.0.1:{port}",
+                "--speed", "50", "--limit", "6", "--block-tokens", "8", "--max-tokens-cap", "4", "--json",
+                "--no-progress", "--ttft-slo", "5", "--tbt-slo", "1",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode in (0, 1), err.decode()
+            return json.loads(out)
+
+        s = await run(1e-6)
+        assert s["rejected_429"] == 6 and s["completed"] == 0
+        assert s["slo"]["admitted"] == 0 and s["slo"]["attainment_all"] == 0.0
+        s = await run(100.0)
+        assert s["rejected_429"] == 0 and s["completed"] == 6
+        assert s["slo"]["met"] == 6 and s["slo"]["attainment_admitted"] == 1.0
+    finally:
+        for r in (runner, rp, rd):
+            await r.cleanup()

@@ -161,6 +161,16 @@ def test_ttft_slo_rejection() -> None:
     assert isinstance(s.schedule(req(), now=1.5), Decision)
 
 
+def test_ttft_slo_adds_the_decode_first_token_delay() -> None:
+    cl = cluster(n_decode=1)
+    s = make_scheduler("conductor", cl, COST, SloConfig(ttft_s=1.0))
+    assert isinstance(s.schedule(req(), now=0.0), Decision)  # 40 ms of prefill
+    cl.decode_load("d0").first_token_s = 0.99  # measured by the live proxy (--calibrate)
+    r = s.schedule(req(), now=0.0)
+    assert isinstance(r, Rejection) and r.est_ttft_s == pytest.approx(1.03)
+    assert "then 0.990s to decode 'd0'" in r.reason
+
+
 def test_tbt_slo_rejection() -> None:
     cl = cluster(n_decode=1)
     for i in range(4):

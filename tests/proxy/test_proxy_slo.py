@@ -1,0 +1,112 @@
+"""SLO admission on real sockets (fake engines): the decode-stage baseline (``--rejection``) and
+the online calibration (``--calibrate``) that makes SLO estimates follow slow engines."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mooncake_proxy.fake_engine import Behaviour
+
+pytestmark = pytest.mark.integration
+
+BODY = {"model": "m", "prompt": "tell me a story " * 40, "max_tokens": 8, "stream": True}
+
+
+async def metrics(env) -> str:
+    async with env.session.get(env.url + "/metrics") as r:
+        return await r.text()
+
+
+def gauge(text: str, name: str, **labels: str) -> float:
+    lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    m = re.search(rf"^{name}{{{lab}}} (\S+)$", text, re.M)
+    assert m, f"{name}{{{lab}}} not in /metrics"
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize("mode", ["decode", "early"])
+async def test_decode_stage_rejection_wastes_the_prefill(make_env, mode: str) -> None:
+    # a TBT SLO no decode step meets: 'decode' admits on arrival and rejects after the prefill,
+    # 'early' rejects on arrival without touching an engine
+    env = await make_env(policy="conductor", tbt_slo=1e-4, rejection=mode, retry_after=2.0)
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 429
+        assert r.headers["Retry-After"] == "2"
+        msg = (await r.json())["error"]["message"]
+    text = await metrics(env)
+    if mode == "decode":
+        assert "after its prefill" in msg and "decode stage" in msg
+        assert len(env.prefills[0].records) == 1 and env.decodes[0].records == []
+        assert 'mooncake_proxy_rejections_total{reason="slo_decode"} 1.0' in text
+    else:
+        assert "rejected early" in msg and "TBT" in msg
+        assert env.prefills[0].records == [] and env.decodes[0].records == []
+        assert 'mooncake_proxy_rejections_total{reason="slo"} 1.0' in text
+    # the scheduler's load view is empty again either way
+    cl = env.server.cluster
+    assert not any(cl.prefill_load(i.instance_id).entries for i in cl.instances("prefill"))
+    assert not any(cl.decode_load(i.instance_id).entries for i in cl.instances("decode"))
+
+
+async def test_decode_stage_admits_within_the_slo(make_env) -> None:
+    env = await make_env(policy="conductor", tbt_slo=10.0, rejection="early+decode")
+    await env.post_ok(BODY, 3)
+    assert len(env.decodes[0].records) == 3
+
+
+@pytest.mark.parametrize("calibrate", [True, False])
+async def test_calibration_makes_the_ttft_slo_see_a_slow_prefill(make_env, calibrate: bool) -> None:
+    # The shipped profile predicts this prompt's prefill in ~0.05 s; the engine takes 0.4 s.
+    # With a 0.25 s TTFT SLO an uncalibrated proxy admits forever; a calibrated one learns the
+    # slowdown from the first answer and rejects the next request (predicted ~0.4 s).
+    env = await make_env(policy="conductor", ttft_slo=0.25, calibrate=calibrate,
+                         prefill_behaviour=Behaviour(prefill_delay=0.4),
+                         decode_behaviour=Behaviour(chunks=6, chunk_delay=0.06))
+    await env.post_ok(BODY, 1)
+    statuses = []
+    for _ in range(2):
+        async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+            statuses.append(r.status)
+            await r.read()
+    text = await metrics(env)
+    if calibrate:
+        assert statuses == [429, 429]
+        assert gauge(text, "mooncake_proxy_cost_factor", side="prefill") > 4.0
+        # the decode side learned the engine's ~60 ms chunk gap against the profile's ~14 ms step
+        assert gauge(text, "mooncake_proxy_cost_factor", side="decode") > 2.0
+    else:
+        assert statuses == [200, 200]
+        assert "mooncake_proxy_cost_factor{" not in text
+
+
+def test_rejection_and_calibrate_flags() -> None:
+    from mooncake_proxy.cli import build_parser, config_from_args
+
+    def cfg(*extra: str):
+        return config_from_args(build_parser().parse_args(
+            ["--prefill", "http://p:1", "--decode", "http://d:2", *extra]))
+
+    c = cfg()
+    assert (c.rejection, c.calibrate) == ("early", False)
+    c = cfg("--rejection", "early+decode", "--tbt-slo", "0.1", "--prediction-horizon", "5", "--calibrate")
+    assert (c.rejection, c.tbt_slo, c.prediction_horizon, c.calibrate) == ("early+decode", 0.1, 5.0, True)
+    with pytest.raises(SystemExit, match="--rejection decode .*--tbt-slo"):
+        cfg("--rejection", "decode")
+    with pytest.raises(SystemExit, match="--prediction-horizon must be > 0"):
+        cfg("--prediction-horizon", "0")
+
+
+async def test_calibration_adds_the_decode_first_token_delay(make_env) -> None:
+    # prefill on time, but the decode's first token comes 0.4 s after the prefill's answer (a slow
+    # KV pull): the TTFT check must see it, or a 0.25 s SLO admits requests that take 0.4 s
+    env = await make_env(policy="conductor", ttft_slo=0.25, calibrate=True,
+                         decode_behaviour=Behaviour(chunks=3, first_chunk_delay=0.4))
+    await env.post_ok(BODY, 1)
+    async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 429
+        assert "to decode" in (await r.json())["error"]["message"]
+    delay = gauge(await metrics(env), "mooncake_proxy_decode_first_token_seconds",
+                  instance=f"decode@{env.decode_urls[0]}")
+    assert 0.35 < delay < 2.0
