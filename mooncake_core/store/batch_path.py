@@ -33,7 +33,7 @@ from mooncake_core.errors import MooncakeError
 from mooncake_core.store.codes import EXISTS, INTERNAL, INVALID, LEASE_EXPIRED, NOT_FOUND, OK, TRANSFER_FAIL
 from mooncake_core.store.memory import PREFAULT_MIN, fingerprints, memmove
 from mooncake_core.store.packing import expand_gets, expand_placements
-from mooncake_core.store.protocol import Placements, ReplicaDesc
+from mooncake_core.store.protocol import BatchGetReply, Placements, ReplicaDesc
 from mooncake_core.utils.log import get_logger
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from mooncake_core.store.internals import Parts
     from mooncake_core.store.protocol import ReplicateConfigMsg
 
-__all__ = ["part_offsets", "put_flat", "put_parts", "read_flat"]
+__all__ = ["get_arrays", "part_offsets", "put_flat", "put_parts", "read_flat"]
 
 log = get_logger("mooncake.store.client")
 
@@ -321,6 +321,25 @@ def _end(core: StoreCore, keys: list[str], done: np.ndarray, seg: np.ndarray, ds
 
 
 
+def get_arrays(reply: BatchGetReply, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                     np.ndarray] | None:
+    """(codes, sizes, segment index, address, found) of a packed batch get of ``n`` keys with
+    at most one memory replica per key and no disk replica (the replica arrays list the found
+    keys in order), or None: another shape, or a reply that does not add up -- the per-key
+    path then decodes (and checks) it."""
+    codes = np.frombuffer(reply.codes, np.int32)
+    sizes = np.frombuffer(reply.sizes, np.uint64)
+    counts = np.frombuffer(reply.counts, np.uint8)
+    seg = np.frombuffer(reply.seg, np.uint32)
+    src = np.frombuffer(reply.addrs, np.uint64)
+    found = codes == 0
+    if (reply.disk or len(codes) != n or len(sizes) != n or not np.array_equal(counts, found)
+            or len(seg) != len(src) or len(src) != int(np.count_nonzero(found))
+            or (len(seg) and int(seg.max()) >= len(reply.segments))):
+        return None
+    return codes, sizes, seg, src, found
+
+
 def read_flat(core: StoreCore, keys: list[str], dests: list[Any], op: str) -> list[int] | None:
     """``StoreCore.read_batch`` of a batch whose destinations are all fresh bytes objects
     (None) or all buffers -- one each, or several filled in order (``*_multi_buffers``):
@@ -339,18 +358,11 @@ def read_flat(core: StoreCore, keys: list[str], dests: list[Any], op: str) -> li
         reply = core.master.batch_get_packed(keys)
     except MooncakeError as e:
         return [e.code] * n
-    codes = np.frombuffer(reply.codes, np.int32)
-    sizes = np.frombuffer(reply.sizes, np.uint64)
-    counts = np.frombuffer(reply.counts, np.uint8)
-    seg = np.frombuffer(reply.seg, np.uint32)
-    src = np.frombuffer(reply.addrs, np.uint64)
-    found = codes == 0
-    if (reply.disk or len(codes) != n or len(sizes) != n or not np.array_equal(counts, found)
-            or len(seg) != len(src) or len(src) != int(np.count_nonzero(found))
-            or (len(seg) and int(seg.max()) >= len(reply.segments))
-            or (len(src) and int(sizes.max()) >= PREFAULT_MIN)):
+    got = get_arrays(reply, n)
+    if got is None or (len(got[3]) and int(got[1].max()) >= PREFAULT_MIN):
         # disk or several replicas, big objects: the per-key path, with the replies in hand
         return core._read_batch_locked(keys, dests, op, fetched=(t_req, expand_gets(reply, n)))
+    codes, sizes, seg, src, found = got
     results = codes.tolist()
     pos = np.flatnonzero(found) if len(src) < n else np.arange(n)
     ln = sizes.astype(np.int64)[pos]

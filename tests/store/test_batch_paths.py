@@ -235,3 +235,45 @@ def test_multi_buffer_batches_with_a_stopped_peer_fail_only_its_keys(master_fact
     assert c.batch_is_exist(more) == [1 if rc == 0 else 0 for rc in rcs]  # failed puts revoked
     assert c.get_batch(more) == [v if rc == 0 else b"" for v, rc in zip(want, rcs)]
     assert c.get_batch(keys) == want  # the peer is back: nothing was lost
+
+
+@pytest.mark.timeout(120)
+def test_ranged_batch_reads_per_fragment(cluster) -> None:
+    _, w, c, d = cluster
+    keys = [f"rg/{i}" for i in range(200)]
+    vals = _vals(5, 200, 4096)
+    assert d.put_batch(keys + ["rg/unread"], vals + [b"x" * 100]) == 0
+    descs = d.batch_get_replica_desc(keys)
+    assert {r.segment_name for k in keys for r in descs[k]} == {d.get_hostname(), w.hostname}
+    dst = np.zeros(4 * MiB, np.uint8)
+    base = int(dst.ctypes.data)
+    for reader in (c, d):
+        assert reader.register_buffer(base, dst.nbytes) == 0
+    # key-major: two ranges per key (the second may be empty), then a miss and a range past the end
+    names = keys + ["rg/none", keys[0]]
+    ptrs = [[base + i * 8192, base + i * 8192 + 4096] for i in range(200)] + [[base], [base + 2 * MiB]]
+    offs = [[(i * 13) % 2000, 3000] for i in range(200)] + [[0], [4000]]
+    sizes = [[1000 + i, (i % 3) * 500] for i in range(200)] + [[10], [97]]
+    for reader in (c, d):
+        dst[:] = 0
+        got = reader.batch_get_into_multi_buffer_ranges(names, ptrs, sizes, offs)
+        assert got == [1000 + i + (i % 3) * 500 for i in range(200)] + [MISSING, INVALID], got
+        for i, v in enumerate(vals):
+            for (p, o, n) in zip(ptrs[i], offs[i], sizes[i]):
+                assert bytes(dst[p - base:p - base + n]) == v[o:o + n], f"{keys[i]} range at {o} read back wrong"
+    # buffer-major: per fragment results, a bad fragment next to good ones
+    res = c.get_into_ranges([base, base + MiB], [[keys[1], "rg/none"], [keys[2], keys[3]]],
+                            [[[0, 100], [200]], [[0], [4096]]], [[[0, 4000], [0]], [[50], [4090]]],
+                            [[[100, 96], [8]], [[4000], [7]]])
+    assert res == [[[100, 96], [MISSING]], [[4000], [INVALID]]], res
+    assert bytes(dst[:100]) == vals[1][:100] and bytes(dst[100:196]) == vals[1][4000:4096]
+    assert bytes(dst[MiB:MiB + 4000]) == vals[2][50:4050]
+    # leases are per object: a key read by a ranged read is leased, one never read is not
+    assert d.batch_remove([keys[3], "rg/unread"]) == [LEASED, 0]
+    # with a get session (cached leases) the same reads give the same bytes
+    assert c.batch_get_session_start(keys[:50]) == [0] * 50
+    dst[:] = 0
+    assert c.batch_get_into_multi_buffer_ranges(keys[:50], ptrs[:50], sizes[:50], offs[:50]) == \
+        [1000 + i + (i % 3) * 500 for i in range(50)]
+    assert bytes(dst[8192 * 7:8192 * 7 + 1007]) == vals[7][(7 * 13) % 2000:(7 * 13) % 2000 + 1007]
+    assert c.batch_get_session_end(keys[:50]) == 0
