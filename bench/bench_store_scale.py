@@ -11,7 +11,8 @@ through the public ``mooncake.store`` API:
   times single ``put`` (fresh keys), ``get`` and ``is_exist`` (p50/p99 of ``--probes`` calls)
   and reads the master's RSS from /proc.
 * **clients** (``--clients``): a holder with the memory, then N client processes (no memory)
-  doing put+get of ``--value`` bytes for ``--client-seconds``; aggregate ops/s. The row
+  doing put+get of ``--value`` bytes (or put_batch+get_batch of ``--client-batch`` keys)
+  for ``--client-seconds``; aggregate ops/s (one op = one key). The row
   ``8+1 stopped`` adds a 9th client that is SIGSTOPped once connected: a paused client must not
   delay the others.
 
@@ -109,7 +110,8 @@ def run_clients(impl: str, python: str, master_cmd: list[str], args, logdir: str
         with open(os.path.join(logdir, f"{impl}-clients.log"), "a") as log:
             for _ in range(n + stopped):
                 w = subprocess.Popen([python, WORKLOAD, "clients", *common, "--value", str(args.value),
-                                      "--seconds", str(args.client_seconds), "--go", go],
+                                      "--seconds", str(args.client_seconds), "--go", go,
+                                      "--batch", str(args.client_batch)],
                                      stdout=subprocess.PIPE, stderr=log, text=True)
                 procs.append(w)
                 workers.append(w)
@@ -173,8 +175,9 @@ def rows(res: dict[str, Any], args) -> list[tuple[str, float, str, bool]]:
     if last[1].get("master_rss") and int(last[0]) > int(first[0]):
         per = (last[1]["master_rss"] - first[1]["master_rss"]) / (int(last[0]) - int(first[0]))
         out.append(("master RSS per object", per, "B", False))
+    how = f"put_batch+get_batch of {args.client_batch}" if args.client_batch > 1 else "put+get"
     for n, c in res.get("clients", {}).items():
-        out.append((f"{n} clients put+get aggregate", c["ops_per_s"], "ops/s", True))
+        out.append((f"{n} clients {how} aggregate", c["ops_per_s"], "ops/s", True))
     return out
 
 
@@ -192,6 +195,9 @@ def main() -> int:
     ap.add_argument("--clients", type=int, nargs="*", default=[1, 4, 8],
                     help="client process counts of the aggregate rows (the largest also with one stopped)")
     ap.add_argument("--client-seconds", type=float, default=3.0, help="duration of each aggregate row")
+    ap.add_argument("--client-batch", type=int, default=1,
+                    help="keys per put_batch + get_batch of each client process in the aggregate rows "
+                         "(1 = single put + get; an op is one key either way)")
     ap.add_argument("--no-clients", action="store_true", help="skip the many-clients rows")
     ap.add_argument("--timeout", type=float, default=900, help="limit of one fill run (s)")
     ap.add_argument("--force-tcp", action="store_true", help="run ours with MC_FORCE_TCP=1 (no same-host shortcut)")

@@ -9,7 +9,8 @@ project through ``mooncake_core.compat``). Roles:
           (p50/p99 over ``--probes`` calls) and reads the master's RSS (``--master-pid``).
           Prints ``{"progress": stored}`` lines while filling, then one JSON object (the result).
   clients a client without memory that puts/gets ``--value``-byte objects for ``--seconds``
-          (after a start barrier: the file ``--go`` appears) and prints its op count.
+          (after a start barrier: the file ``--go`` appears) and prints its op count: one
+          key per put/get, or ``--batch`` keys per put_batch/get_batch (an op = one key).
 
 Not meant to be called by hand; ``bench_store_scale.py`` starts everything.
 """
@@ -137,8 +138,17 @@ def clients(args) -> None:
         time.sleep(0.005)
     n = 0
     errs = 0
+    b = args.batch
+    vals = [val] * b
     end = time.perf_counter() + args.seconds
     while time.perf_counter() < end:
+        if b > 1:  # put_batch / get_batch of b fresh keys: 2 * b ops
+            keys = [f"{tag}-{n + i}" for i in range(b)]
+            if s.put_batch(keys, vals) != 0:
+                errs += b
+            errs += sum(len(g) != len(val) for g in s.get_batch(keys))
+            n += b
+            continue
         k = f"{tag}-{n}"
         if s.put(k, val) != 0:
             errs += 1
@@ -159,7 +169,8 @@ def main() -> None:
     p.add_argument("--segment", type=int, default=1 << 30, help="fill/holder: bytes of memory to contribute")
     p.add_argument("--local-buffer", type=int, default=64 << 20, help="local buffer bytes")
     p.add_argument("--value", type=int, default=1024, help="object size in bytes")
-    p.add_argument("--batch", type=int, default=1000, help="fill: keys per put_batch (1 = single puts)")
+    p.add_argument("--batch", type=int, default=1000,
+                   help="fill: keys per put_batch (1 = single puts); clients: keys per put_batch + get_batch")
     p.add_argument("--checkpoints", type=int, nargs="+", default=[0, 100_000, 300_000],
                    help="fill: object counts at which to probe latencies")
     p.add_argument("--probes", type=int, default=200, help="fill: timed calls per op and checkpoint")

@@ -15,8 +15,11 @@ vectored read per remote segment and the bytes objects sliced from one staging b
 Per-key semantics are the per-key path's (``StoreCore.put_many`` / ``read_batch``): every
 key gets its own code; a failed write of one segment is retried key by key so one bad
 peer fails only its keys; an existing key counts as success for put (the old value
-stays); leases are checked per object after the read. Anything unusual -- several replicas
-per key, disk replicas, multi-part buffers -- takes the per-key path.
+stays); leases are checked per object after the read. Objects of several pieces
+(``*_multi_buffers``, tensors with a header) are the same batches with a piece table: piece
+k of an object goes to / comes from the object's offset past the pieces before it, and all
+pieces bound for one segment travel in one vectored transfer. Anything unusual -- several
+replicas per key, disk replicas, big objects read -- takes the per-key path.
 """
 
 from __future__ import annotations
@@ -30,14 +33,15 @@ from mooncake_core.errors import MooncakeError
 from mooncake_core.store.codes import EXISTS, INTERNAL, INVALID, LEASE_EXPIRED, NOT_FOUND, OK, TRANSFER_FAIL
 from mooncake_core.store.memory import PREFAULT_MIN, fingerprints, memmove
 from mooncake_core.store.packing import expand_gets, expand_placements
-from mooncake_core.store.protocol import Placements, ReplicaDesc
+from mooncake_core.store.protocol import BatchGetReply, Placements, ReplicaDesc
 from mooncake_core.utils.log import get_logger
 
 if TYPE_CHECKING:
     from mooncake_core.store.core import StoreCore
+    from mooncake_core.store.internals import Parts
     from mooncake_core.store.protocol import ReplicateConfigMsg
 
-__all__ = ["put_flat", "read_flat"]
+__all__ = ["get_arrays", "part_offsets", "put_flat", "put_parts", "read_flat"]
 
 log = get_logger("mooncake.store.client")
 
@@ -60,11 +64,45 @@ def _arrays(pl: Placements, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return codes, seg, dst.astype(np.int64)
 
 
-def put_flat(core: StoreCore, keys: list[str], src_addrs: list[int], sizes: list[int], values: list[Any] | None,
-             msg: ReplicateConfigMsg, *, upsert: bool, op: str) -> list[int] | None:
+def part_offsets(counts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(key index, offset inside its object) of every part of a multi-part batch: key i is
+    the ``counts[i]`` parts that follow key i-1's, laid end to end (``lens``: their lengths,
+    or capacities when reading). Pure; a key may have no parts."""
+    key = np.repeat(np.arange(len(counts)), counts)
+    ends = np.concatenate(([0], np.cumsum(lens)))
+    first = np.concatenate(([0], np.cumsum(counts)))[:-1]
+    return key, ends[:-1] - ends[first][key]
+
+
+def _parts_arrays(parts: list[Parts]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(parts per key, part addresses, part lengths) of per-key (address, length) lists."""
+    counts = np.fromiter(map(len, parts), np.int64, len(parts))
+    flat = [x for p in parts for pair in p for x in pair]
+    pa = np.array(flat, np.int64).reshape(-1, 2) if flat else np.zeros((0, 2), np.int64)
+    return counts, pa[:, 0], pa[:, 1]
+
+
+def put_parts(core: StoreCore, keys: list[str], parts: list[Parts], msg: ReplicateConfigMsg, *, upsert: bool,
+              op: str) -> list[int] | None:
+    """``put_flat`` of objects made of several pieces each (``parts[i]``: the (address,
+    length) pieces whose concatenation is object i), e.g. ``batch_put_from_multi_buffers``:
+    one put_start / put_end for the batch, and the pieces of all the objects bound for one
+    segment written together (one vectored write per remote segment)."""
+    counts, pa, pl = _parts_arrays(parts)
+    key, off = part_offsets(counts, pl)
+    sizes = np.bincount(key, pl, len(keys)).astype(np.int64).tolist() if len(pl) else [0] * len(keys)
+    return put_flat(core, keys, None, sizes, None, msg, upsert=upsert, op=op, parts=(parts, key, off, pa, pl))
+
+
+def put_flat(core: StoreCore, keys: list[str], src_addrs: list[int] | None, sizes: list[int],
+             values: list[Any] | None, msg: ReplicateConfigMsg, *, upsert: bool, op: str,
+             parts: tuple[list[Parts], np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+             ) -> list[int] | None:
     """Put ``keys[i]`` = the ``sizes[i]`` bytes at ``src_addrs[i]`` (``values``: the bytes
     objects themselves, when they are). One code per key, or None when the master's answer
-    needs the per-key path (``StoreCore.finish_puts`` then takes over the same placements)."""
+    needs the per-key path (``StoreCore.finish_puts`` then takes over the same placements).
+    ``parts`` (from ``put_parts``): objects of several pieces instead -- (the per-key
+    pieces, then per piece: its key, its offset in the object, address and length)."""
     t0 = time.perf_counter()
     n = len(keys)
     master = core.master
@@ -74,7 +112,11 @@ def put_flat(core: StoreCore, keys: list[str], src_addrs: list[int], sizes: list
         return [e.code] * n
     got = _arrays(pl, n)
     if got is None:
-        srcs = [[(a, s)] for a, s in zip(src_addrs, sizes)]
+        if parts is not None:
+            srcs = parts[0]
+        else:
+            assert src_addrs is not None
+            srcs = [[(a, s)] for a, s in zip(src_addrs, sizes)]
         return core.finish_puts(keys, srcs, sizes, expand_placements(pl, sizes), upsert=upsert, op=op, t0=t0)
     codes, seg, dst = got
     results = [OK] * n
@@ -86,16 +128,27 @@ def put_flat(core: StoreCore, keys: list[str], src_addrs: list[int], sizes: list
             results[i] = OK if (c == EXISTS and not upsert) else c
     else:
         pos = np.arange(n)
-    src = np.fromiter(src_addrs, np.int64, n)[pos]
     ln = np.fromiter(sizes, np.int64, n)[pos]
     ok = np.ones(len(pos), bool)
     groups = [0] if len(pl.segments) == 1 else np.unique(seg).tolist()
     dead: set[str] = set()
-    for g in groups:
-        sel = None if len(groups) == 1 else np.flatnonzero(seg == g)
-        failed = _write_group(core, pl.segments[g], sel, pos, src, dst, ln, values, dead, op, keys)
-        if failed is not None:
-            ok[failed] = False
+    if parts is None:
+        assert src_addrs is not None
+        src = np.fromiter(src_addrs, np.int64, n)[pos]
+        for g in groups:
+            sel = None if len(groups) == 1 else np.flatnonzero(seg == g)
+            failed = _write_group(core, pl.segments[g], sel, pos, src, dst, ln, values, dead, op, keys)
+            if failed is not None:
+                ok[failed] = False
+    else:
+        owner, psrc, pdst, plen = _pieces(n, pos, dst, *parts[1:])
+        for g in groups:
+            psel = np.flatnonzero(seg[owner] == g) if len(groups) > 1 else None
+            ksel = np.flatnonzero(seg == g) if len(groups) > 1 else None
+            failed = _write_pieces(core, pl.segments[g], ksel, psel, owner, psrc, pdst, plen, pos, dst, ln, dead,
+                                   op, keys)
+            if failed is not None:
+                ok[failed] = False
     if not ok.all():
         bad = pos[~ok].tolist()
         try:
@@ -111,6 +164,21 @@ def put_flat(core: StoreCore, keys: list[str], src_addrs: list[int], sizes: list
     total = int(ln[ok].sum()) if len(ln) else 0
     core.count(op, min(results), total, t0)
     return results
+
+
+def _vectored_write(core: StoreCore, name: str, s: np.ndarray, d: np.ndarray, m: np.ndarray, dead: set[str]) -> bool:
+    """One ``batch_transfer_sync_write`` of pieces to segment ``name``: True if it worked. A
+    segment that failed after half a timeout is added to ``dead`` (not asked again, neither
+    by the key-by-key retry that follows nor by the rest of the batch)."""
+    from mooncake_core.store.core import _unresponsive
+
+    t0 = time.monotonic()
+    rc = core.engine.batch_transfer_sync_write(name, s.tolist(), d.tolist(), m.tolist())
+    if rc is not None and rc >= 0:
+        return True
+    if _unresponsive(core.engine, t0):
+        dead.add(name)
+    return False
 
 
 def _write_group(core: StoreCore, name: str, sel: np.ndarray | None, pos: np.ndarray, src: np.ndarray,
@@ -142,16 +210,9 @@ def _write_group(core: StoreCore, name: str, sel: np.ndarray | None, pos: np.nda
         return None
     if name in dead:
         return np.arange(len(pos)) if sel is None else sel
-    t0 = time.monotonic()
-    rc = core.engine.batch_transfer_sync_write(name, s.tolist(), d.tolist(), m.tolist())
-    if rc is not None and rc >= 0:
+    if _vectored_write(core, name, s, d, m, dead):
         return None
-    # retry key by key so one bad range fails only its key -- but a segment that did not
-    # answer for half a timeout is not asked again
-    from mooncake_core.store.core import _unresponsive
-
-    if _unresponsive(core.engine, t0):
-        dead.add(name)
+    # retry key by key so one bad range fails only its key
     failed = []
     for j, (a, b, c) in enumerate(zip(d.tolist(), s.tolist(), m.tolist())):
         i = j if sel is None else int(sel[j])
@@ -160,6 +221,57 @@ def _write_group(core: StoreCore, name: str, sel: np.ndarray | None, pos: np.nda
         except MooncakeError as e:
             log.warning("%s of %r: %s", op, keys[int(pos[i])], e)
             failed.append(i)
+    return np.array(failed, np.int64) if failed else None
+
+
+def _pieces(n: int, pos: np.ndarray, dst: np.ndarray, key: np.ndarray, off: np.ndarray, pa: np.ndarray,
+            pl: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(placed index, source, destination, length) of every non-empty piece of a placed
+    object (``pos``/``dst``: the placed keys and where their objects go)."""
+    jof = np.full(n, -1, np.int64)
+    jof[pos] = np.arange(len(pos))
+    pj = jof[key] if len(key) else key
+    keep = (pj >= 0) & (pl > 0)
+    owner = pj[keep]
+    return owner, pa[keep], dst[owner] + off[keep], pl[keep]
+
+
+def _write_pieces(core: StoreCore, name: str, ksel: np.ndarray | None, psel: np.ndarray | None, owner: np.ndarray,
+                  psrc: np.ndarray, pdst: np.ndarray, plen: np.ndarray, pos: np.ndarray, dst: np.ndarray,
+                  ln: np.ndarray, dead: set[str], op: str, keys: list[str]) -> np.ndarray | None:
+    """``_write_group`` of multi-piece objects: the pieces of the objects bound for segment
+    ``name`` (``ksel``/``psel``: their indices among the placed objects / the pieces, None =
+    all) in one vectored write -- retried object by object when it fails. Returns the
+    placed indices that failed, or None."""
+    o, s, d, m = (owner, psrc, pdst, plen) if psel is None else (owner[psel], psrc[psel], pdst[psel], plen[psel])
+    objs = np.arange(len(pos)) if ksel is None else ksel
+    seg = core.segment
+    if seg is not None and name == core.segment_name:
+        off = dst[objs] - seg.addr
+        if len(off) and (int(off.min()) < 0 or int((off + ln[objs]).max()) > seg.size):
+            log.warning("%s: the master placed %d object(s) outside our own segment %s; not written",
+                        op, len(off), name)
+            return objs
+        for a, b, c in zip(d.tolist(), s.tolist(), m.tolist()):
+            memmove(a, b, c)
+        return None
+    if name in dead:
+        return objs
+    if not len(m) or _vectored_write(core, name, s, d, m, dead):
+        return None
+    failed = []
+    order = np.argsort(o, kind="stable")
+    o, s, m = o[order], s[order], m[order]
+    cuts = np.searchsorted(o, objs)
+    ends = np.searchsorted(o, objs, side="right")
+    for j, a, b in zip(objs.tolist(), cuts.tolist(), ends.tolist()):
+        total = int(ln[j])
+        try:
+            core.write_replicas([(list(zip(s[a:b].tolist(), m[a:b].tolist())), total,
+                                  ReplicaDesc(name, int(dst[j]), total))], dead)
+        except MooncakeError as e:
+            log.warning("%s of %r: %s", op, keys[int(pos[j])], e)
+            failed.append(j)
     return np.array(failed, np.int64) if failed else None
 
 
@@ -209,23 +321,12 @@ def _end(core: StoreCore, keys: list[str], done: np.ndarray, seg: np.ndarray, ds
 
 
 
-def read_flat(core: StoreCore, keys: list[str], dests: list[Any], op: str) -> list[int] | None:
-    """``StoreCore.read_batch`` of a batch whose destinations are all fresh bytes objects
-    (None) or all one buffer each: one lease grant, one read per segment. None when the
-    destinations are of another shape (the per-key path then runs from the start)."""
-    n = len(keys)
-    fresh = dests[0] is None
-    if fresh:
-        if any(d is not None for d in dests):
-            return None
-    elif not all(d is not None and len(d) == 1 for d in dests):
-        return None
-    t0 = time.perf_counter()
-    t_req = time.monotonic()
-    try:
-        reply = core.master.batch_get_packed(keys)
-    except MooncakeError as e:
-        return [e.code] * n
+def get_arrays(reply: BatchGetReply, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                     np.ndarray] | None:
+    """(codes, sizes, segment index, address, found) of a packed batch get of ``n`` keys with
+    at most one memory replica per key and no disk replica (the replica arrays list the found
+    keys in order), or None: another shape, or a reply that does not add up -- the per-key
+    path then decodes (and checks) it."""
     codes = np.frombuffer(reply.codes, np.int32)
     sizes = np.frombuffer(reply.sizes, np.uint64)
     counts = np.frombuffer(reply.counts, np.uint8)
@@ -234,22 +335,54 @@ def read_flat(core: StoreCore, keys: list[str], dests: list[Any], op: str) -> li
     found = codes == 0
     if (reply.disk or len(codes) != n or len(sizes) != n or not np.array_equal(counts, found)
             or len(seg) != len(src) or len(src) != int(np.count_nonzero(found))
-            or (len(seg) and int(seg.max()) >= len(reply.segments))
-            or (len(src) and int(sizes.max()) >= PREFAULT_MIN)):
+            or (len(seg) and int(seg.max()) >= len(reply.segments))):
+        return None
+    return codes, sizes, seg, src, found
+
+
+def read_flat(core: StoreCore, keys: list[str], dests: list[Any], op: str) -> list[int] | None:
+    """``StoreCore.read_batch`` of a batch whose destinations are all fresh bytes objects
+    (None) or all buffers -- one each, or several filled in order (``*_multi_buffers``):
+    one lease grant, one vectored read per segment. None when the destinations are of
+    another shape (the per-key path then runs from the start)."""
+    n = len(keys)
+    fresh = dests[0] is None
+    if fresh:
+        if any(d is not None for d in dests):
+            return None
+    elif any(d is None for d in dests):
+        return None
+    t0 = time.perf_counter()
+    t_req = time.monotonic()
+    try:
+        reply = core.master.batch_get_packed(keys)
+    except MooncakeError as e:
+        return [e.code] * n
+    got = get_arrays(reply, n)
+    if got is None or (len(got[3]) and int(got[1].max()) >= PREFAULT_MIN):
         # disk or several replicas, big objects: the per-key path, with the replies in hand
         return core._read_batch_locked(keys, dests, op, fetched=(t_req, expand_gets(reply, n)))
+    codes, sizes, seg, src, found = got
     results = codes.tolist()
     pos = np.flatnonzero(found) if len(src) < n else np.arange(n)
     ln = sizes.astype(np.int64)[pos]
     src = src.astype(np.int64)
+    multi: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
     if fresh:
         offs = np.concatenate(([0], np.cumsum(ln)[:-1])) if len(ln) else ln
         stage = bytearray(max(int(ln.sum()), 1))
         base = np.frombuffer(stage, np.uint8).ctypes.data
         dst = offs + base
     else:
-        caps = np.fromiter((d[0][1] for d in dests), np.int64, n)[pos]
-        dst = np.fromiter((d[0][0] for d in dests), np.int64, n)[pos]
+        if all(len(d) == 1 for d in dests):
+            caps = np.fromiter((d[0][1] for d in dests), np.int64, n)[pos]
+            dst = np.fromiter((d[0][0] for d in dests), np.int64, n)[pos]
+        else:
+            pc, pa, pcap = _parts_arrays(dests)
+            pkey, poff = part_offsets(pc, pcap)
+            caps = np.bincount(pkey, pcap, n).astype(np.int64)[pos] if len(pcap) else np.zeros(len(pos), np.int64)
+            dst = np.zeros(len(pos), np.int64)  # unused: the pieces carry the addresses
+            multi = (pkey, poff, pa, pcap)
         small = caps < ln
         if small.any():
             for j in np.flatnonzero(small).tolist():
@@ -259,17 +392,31 @@ def read_flat(core: StoreCore, keys: list[str], dests: list[Any], op: str) -> li
                             op, keys[i], int(caps[j]), int(ln[j]))
             keep = ~small
             pos, ln, dst, src, seg = pos[keep], ln[keep], dst[keep], src[keep], seg[keep]
+    if multi is None:
+        owner, pdst, psrc, plen = np.arange(len(pos)), dst, src, ln
+    else:
+        # the object's bytes fill its buffers in order: piece k takes what is left of the
+        # object past the capacities of the pieces before it, at most its own capacity
+        pkey, poff, pa, pcap = multi
+        jof = np.full(n, -1, np.int64)
+        jof[pos] = np.arange(len(pos))
+        pj = jof[pkey] if len(pkey) else pkey
+        take = np.clip(ln[np.maximum(pj, 0)] - poff, 0, pcap) if len(pj) and len(pos) else np.zeros_like(pj)
+        keep = (pj >= 0) & (take > 0)
+        owner = pj[keep]
+        pdst, psrc, plen = pa[keep], src[owner] + poff[keep], take[keep]
     ok = np.ones(len(pos), bool)
     groups = [0] if len(reply.segments) == 1 else np.unique(seg).tolist()
     own = core.segment
     for g in groups:
-        sel = np.arange(len(pos)) if len(groups) == 1 else np.flatnonzero(seg == g)
+        objs = np.arange(len(pos)) if len(groups) == 1 else np.flatnonzero(seg == g)
+        psel = np.flatnonzero(seg[owner] == g) if len(groups) > 1 else None
         name = reply.segments[g]
-        d, s_, m = dst[sel], src[sel], ln[sel]
+        d, s_, m = (pdst, psrc, plen) if psel is None else (pdst[psel], psrc[psel], plen[psel])
         if own is not None and name == core.segment_name:
-            off = s_ - own.addr
-            if len(off) and (int(off.min()) < 0 or int((off + m).max()) > own.size):
-                ok[sel] = False
+            off = src[objs] - own.addr
+            if len(off) and (int(off.min()) < 0 or int((off + ln[objs]).max()) > own.size):
+                ok[objs] = False
                 continue
             for a, b, c in zip(d.tolist(), s_.tolist(), m.tolist()):
                 if c:
@@ -277,15 +424,25 @@ def read_flat(core: StoreCore, keys: list[str], dests: list[Any], op: str) -> li
             continue
         nz = m > 0
         if not nz.all():
-            d, s_, m, sel = d[nz], s_[nz], m[nz], sel[nz]
-            if not len(m):
-                continue
+            d, s_, m = d[nz], s_[nz], m[nz]
+        if not len(m):
+            continue
+        t_read = time.monotonic()
         rc = core.engine.batch_transfer_sync_read(name, d.tolist(), s_.tolist(), m.tolist())
         if rc is not None and rc >= 0:
             continue
-        for j, a, b, c in zip(sel.tolist(), d.tolist(), s_.tolist(), m.tolist()):  # isolate the failing keys
+        from mooncake_core.store.core import _unresponsive
+
+        if _unresponsive(core.engine, t_read):
+            # a segment that did not answer for half a timeout is not asked again key by key
+            # (one more timeout per key); every key has this one replica here
+            ok[objs] = False
+            continue
+        for j in objs.tolist():  # isolate the failing keys
+            c = int(ln[j])
+            parts = [(int(dst[j]), c)] if multi is None else dests[int(pos[j])]
             try:
-                core.read_replica(ReplicaDesc(name, b, c), [(a, c)], c)
+                core.read_replica(ReplicaDesc(name, int(src[j]), c), parts, c)
             except MooncakeError:
                 ok[j] = False
     for i, m, good in zip(pos.tolist(), ln.tolist(), ok.tolist()):

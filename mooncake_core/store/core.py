@@ -371,13 +371,17 @@ class StoreCore:
                  op: str, flat: tuple[list[int], list[int], list[Any] | None] | None = None) -> list[int]:
         """Core of every put: returns one code per key. ``srcs[i]`` = the (address, size)
         parts whose concatenation is object i; or ``flat`` = (addresses, sizes, the bytes
-        objects or None) when every object is one piece (``srcs`` may then be None): a batch
-        of those goes the array path (batch_path.put_flat)."""
+        objects or None) when every object is one piece (``srcs`` may then be None). A batch
+        goes the array path either way (batch_path.put_flat / put_parts)."""
         self.enter(op)
         try:
-            if flat is not None and len(keys) > 1:
-                got = batch_path.put_flat(self, keys, flat[0], flat[1], flat[2], self._placement(cfg),
-                                          upsert=upsert, op=op)
+            if len(keys) > 1:
+                if flat is not None:
+                    got = batch_path.put_flat(self, keys, flat[0], flat[1], flat[2], self._placement(cfg),
+                                              upsert=upsert, op=op)
+                else:
+                    assert srcs is not None
+                    got = batch_path.put_parts(self, keys, srcs, self._placement(cfg), upsert=upsert, op=op)
                 if got is not None:
                     return got
             if srcs is None:

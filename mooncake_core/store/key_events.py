@@ -16,6 +16,7 @@ the current keys under its prefix instead, after which it follows events again.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import Iterable, Literal
 
 from mooncake_core.errors import ErrorCode, MooncakeError
@@ -32,15 +33,22 @@ MAX_BATCH = 1 << 14
 
 
 class KeyEventLog:
-    """Bounded ring of ``(seq, kind_code, key)``; ``seq`` starts at 1 and increases by one."""
+    """Bounded ring of ``(seq, kind_code, key)``; ``seq`` starts at 1 and increases by one.
 
-    __slots__ = ("capacity", "_ring", "_seq")
+    Stored as two deques (the keys, the kind codes) with the sequence numbers implied by
+    position -- the newest is ``last_seq`` -- rather than one tuple per event: a full ring
+    of 131,072 events then costs ~2 MB (16 bytes an event; the key strings are the master's
+    own) instead of ~14 MB (a tuple and an int each), which at 300k objects was 45 of the
+    master's 251 bytes per object."""
+
+    __slots__ = ("capacity", "_keys", "_kinds", "_seq")
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"key event capacity must be an int >= 0 (0 = off), got {capacity!r}")
         self.capacity = capacity
-        self._ring: deque[tuple[int, int, str]] = deque(maxlen=capacity or 1)
+        self._keys: deque[str] = deque(maxlen=capacity or 1)
+        self._kinds: deque[int] = deque(maxlen=capacity or 1)
         self._seq = 0
 
     @property
@@ -52,7 +60,8 @@ class KeyEventLog:
         if not self.capacity:
             return
         self._seq += 1
-        self._ring.append((self._seq, KIND_CODES[kind], key))
+        self._keys.append(key)
+        self._kinds.append(KIND_CODES[kind])
 
     def publish_many(self, kind: KeyEventKind, keys: Iterable[str]) -> None:
         for k in keys:
@@ -69,26 +78,25 @@ class KeyEventLog:
         """
         if after > self._seq or not self.capacity:
             return [], self._seq, True
-        ring = self._ring
-        first = ring[0][0] if ring else self._seq + 1
+        first = self._seq - len(self._keys) + 1
         if after + 1 < first:
             return [], self._seq, True
         if after == self._seq:
             return [], after, False
-        # walk back from the newest event (a subscriber is usually close behind), then forward
-        backlog: list[tuple[int, int, str]] = []
-        for ev in reversed(ring):
-            if ev[0] <= after:
-                break
-            backlog.append(ev)
-        backlog.reverse()
+        # the newest (seq - after) events, taken from the right end (a subscriber is usually
+        # close behind), oldest first
+        m = self._seq - after
+        keys = list(islice(reversed(self._keys), m))
+        kinds = list(islice(reversed(self._kinds), m))
+        keys.reverse()
+        kinds.reverse()
         out: list[tuple[int, int, str]] = []
         cursor = after
         limit = max(1, min(limit, MAX_BATCH))
-        for ev in backlog:
-            cursor = ev[0]
-            if ev[2].startswith(prefix):
-                out.append(ev)
+        for seq, kind, key in zip(range(after + 1, self._seq + 1), kinds, keys):
+            cursor = seq
+            if key.startswith(prefix):
+                out.append((seq, kind, key))
                 if len(out) >= limit:
                     break
         return out, cursor, False

@@ -25,12 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from mooncake_core import envs
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.codes import INVALID, LEASE_EXPIRED, NOT_FOUND, OK, TRANSFER_FAIL
 from mooncake_core.store.internals import StoreInternals
 from mooncake_core.store.memory import memmove
-from mooncake_core.store.protocol import ReplicaDesc
+from mooncake_core.store.packing import expand_gets
+from mooncake_core.store.protocol import GetReply, ReplicaDesc
+from mooncake_core.store.range_batch import read_ranges
 from mooncake_core.store.range_plan import (
     Coverage,
     Fragment,
@@ -120,7 +124,10 @@ class RangeApi:
         if not uniq:
             return {}
         t_req = time.monotonic()
-        replies = list(self.core.master.batch_get_replica_list(uniq))
+        return self._leases_from(uniq, list(self.core.master.batch_get_replica_list(uniq)), t_req)
+
+    def _leases_from(self, uniq: list[str], replies: list[GetReply | int], t_req: float) -> dict[str, _Lease | int]:
+        """The lease (or error code) of each key of a batch get asked for at ``t_req``."""
         out: dict[str, _Lease | int] = {}
         for key, reply in zip(uniq, replies):
             if isinstance(reply, int):
@@ -133,6 +140,12 @@ class RangeApi:
             out[key] = _Lease(order, order[0].size, t_req + reply.lease_ttl_ms / 1000.0, t_req,
                               reply.epoch, reply.confirm_after_ms)
         return out
+
+    def _any_session(self, keys: list[str]) -> bool:
+        """Whether a get session caches the lease of one of ``keys``."""
+        st = self._range_state()
+        with st.lock:
+            return bool(st.get_sessions) and any(k in st.get_sessions for k in keys)
 
     def _leases_for(self, keys: list[str], use_sessions: bool) -> dict[str, _Lease | int]:
         """Leases from the get-session cache where still valid, else fresh from the master."""
@@ -306,8 +319,7 @@ class RangeApi:
                 done(f, e.code)
             return
         try:
-            leases = self._leases_for([f.key for f in frags], use_sessions)
-            self._read_fragments(frags, leases, op, tally)
+            self._read_all(frags, op, tally, use_sessions)
         except MooncakeError as e:
             log.warning("%s: %s", op, e)
             for f in frags:
@@ -315,6 +327,29 @@ class RangeApi:
         finally:
             self.core.exit()
         self.core.count(op, worst, total, t0)
+
+    def _read_all(self, frags: list[Fragment], op: str, tally: Callable[[Fragment, int], None],
+                  use_sessions: bool) -> None:
+        """Read every fragment. Without a cached session lease among them: as arrays under one
+        packed batch get (``range_batch``); else (or for replies of another shape, e.g. disk
+        replicas) fragment by fragment under per-key leases."""
+        keys = [f.key for f in frags]
+        if use_sessions and self._any_session(keys):
+            self._read_fragments(frags, self._leases_for(keys, use_sessions), op, tally)
+            return
+        uniq = list(dict.fromkeys(keys))
+        t_req = time.monotonic()
+        reply = self.core.master.batch_get_packed(uniq)
+        ix = {k: i for i, k in enumerate(uniq)}
+        kix = np.fromiter(map(ix.__getitem__, keys), np.int64, len(keys))
+        addr, off, size = (np.fromiter((getattr(f, a) for f in frags), np.int64, len(frags))
+                           for a in ("addr", "obj_off", "size"))
+        rcs = read_ranges(self.core, uniq, reply, t_req, kix, addr, off, size, op)
+        if rcs is None:
+            self._read_fragments(frags, self._leases_from(uniq, expand_gets(reply, len(uniq)), t_req), op, tally)
+            return
+        for f, rc in zip(frags, rcs.tolist()):
+            tally(f, rc)
 
     def batch_get_into_multi_buffer_ranges(self, keys: list[str], all_buffer_ptrs: list[list[int]],
                                            all_sizes: list[list[int]],

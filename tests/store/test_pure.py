@@ -263,3 +263,14 @@ def test_batch_fingerprints_match_single_ones_and_see_changes() -> None:
             changed[3 + j] ^= 0x40
             assert fingerprints(changed, np.array([3]), np.array([size]))[0] != one, (size, j)
     assert fingerprints(buf, np.array([5]), np.array([0]))[0] == 0
+
+
+def test_part_offsets_lay_pieces_end_to_end_per_key() -> None:
+    from mooncake_core.store.batch_path import part_offsets
+
+    # key 0: pieces of 3, 0, 5 bytes; key 1: none; key 2: one of 4; key 3: 2 and 1
+    key, off = part_offsets(np.array([3, 0, 1, 2]), np.array([3, 0, 5, 4, 2, 1]))
+    assert key.tolist() == [0, 0, 0, 2, 3, 3]
+    assert off.tolist() == [0, 3, 3, 0, 0, 2]
+    key, off = part_offsets(np.array([0, 0]), np.zeros(0, np.int64))
+    assert key.tolist() == [] and off.tolist() == []
