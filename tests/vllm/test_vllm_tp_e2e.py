@@ -41,10 +41,15 @@ HERE = str(Path(__file__).resolve().parent)  # corrupting_connector.py, loaded b
 #: answered 503; a concurrent request timed out at 300 s) in 2 of 3 runs with nothing else
 #: running -- too unsteady to gate the 2-core CI on. The TP rank plans, slicing and params are
 #: unit-tested in CI (test_vllm_tp_units.py); run this on a machine with >= 4 cores.
+#: Known open defect (issue 19), seen in 6 of 9 failures at load 50-67: a decode rank's first
+#: contact with a prefill TP rank (segment lookup, handshake, attach probe) hangs until the
+#: prefill's lease expires, so the prefill side of a TP worker may be starving its TE server
+#: thread; capacity alone does not explain it.
 RUN_TP_E2E = os.environ.get("MOONCAKE_TP_E2E", "") not in ("", "0")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900),
-              pytest.mark.skipif(not RUN_TP_E2E, reason="TP 2 end to end is opt-in (MOONCAKE_TP_E2E=1): five vLLM "
-                                 "TP workers on 2 cores stall the engine; see the module docstring")]
+              pytest.mark.skipif(not RUN_TP_E2E, reason="TP end to end is opt-in (MOONCAKE_TP_E2E=1): on 2 cores its TP "
+                                 "workers stall (capacity, plus the open first-contact hang until the "
+                                 "prefill's lease expires, issue 19); see the module docstring")]
 
 #: The prefill's lease and the concurrent decode's wait for ``ready``: generous. Five TP worker
 #: processes share 2 cores here; with other work on the box a TP 2 step took seconds and a
