@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,26 +49,30 @@ from vllm_harness import (VllmServer, free_port, make_tiny_model, p2p_config, st
 from mooncake_core.utils.progress import Progress  # noqa: E402
 
 
+def sse_chunks(url: str, body: dict, timeout: float = 300.0) -> Iterator[tuple[float, dict]]:
+    """(perf_counter at arrival, chunk) for each ``data:`` chunk of a streamed completion."""
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for raw in r:
+            line = raw.decode(errors="replace").strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                yield time.perf_counter(), json.loads(line[5:])
+
+
 def stream_request(url: str, prompt: list[int], max_tokens: int, timeout: float = 300.0) -> tuple[float, float, int]:
     """(ttft_s, e2e_s, tokens) of one streamed completion (tokens from the final usage chunk: the
     server may coalesce several tokens into one chunk)."""
     body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
     t0 = time.perf_counter()
     ttft = None
     n = 0
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        for raw in r:
-            line = raw.decode(errors="replace").strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if chunk.get("choices") and chunk["choices"][0].get("text") and ttft is None:
-                ttft = time.perf_counter() - t0
-            if chunk.get("usage"):
-                n = int(chunk["usage"].get("completion_tokens") or 0)
+    for t, chunk in sse_chunks(url, body, timeout):
+        if chunk.get("choices") and chunk["choices"][0].get("text") and ttft is None:
+            ttft = t - t0
+        if chunk.get("usage"):
+            n = int(chunk["usage"].get("completion_tokens") or 0)
     return (ttft if ttft is not None else float("nan")), time.perf_counter() - t0, n
 
 
@@ -156,8 +161,10 @@ def run_concurrent(url: str, prompts: list[list[int]], max_tokens: int, concurre
 
 def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int]], max_tokens: int,
              cprompts: list[list[int]], concurrency: int, tp: int = 1, warmup_lens: list[int] | None = None,
-             seed: int = 0) -> dict:
+             seed: int = 0, pin: bool = False) -> dict:
     servers, extra = servers_for(mode, py, model, logs, tp)
+    for s in servers:
+        s.pin_all = pin
     proxy = None
     try:
         start_all(servers)
@@ -242,8 +249,17 @@ def main(argv: list[str] | None = None) -> int:
                          "these lengths in tokens, then --concurrency prompts of the longest at once, so that vLLM "
                          "CPU's torch.compile of new shapes happens before the clock runs (default: none, only one "
                          "64-token request through the proxy; e.g. --warmup-lens 1 16 64 200 400 for --tp 2)")
+    ap.add_argument("--pin-instances", action="store_true",
+                    help="confine each vLLM instance's every process (API server and engine core too, not only the "
+                         "worker's threads) to its core: nodisagg and prefill core 0, decode core 1; the proxy and "
+                         "this client float. Why: vLLM CPU's engine core and worker spin (sched_yield) on their "
+                         "shared-memory queue for 1 s after every message, so an idle-again prefill takes CPU from "
+                         "the decode's processes on a 2-core box -- a co-location cost, not the hand-off's "
+                         "(BENCHMARKS.md, issue 19 decode phase). --tp 1 only")
     ap.add_argument("--logs", default=None, help="directory for server logs (default: a temp dir)")
     a = ap.parse_args(argv)
+    if a.pin_instances and a.tp != 1:
+        ap.error("--pin-instances needs --tp 1 (TP ranks are bound to cores by VLLM_CPU_OMP_THREADS_BIND)")
     env = bench_env(a.logs, "bench-vllm-")
     if env is None:
         return 2
@@ -256,10 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     for m in a.modes:
         try:
             res[m] = run_mode(m, py, model, logs, prompts, a.max_tokens, cprompts, a.concurrency, a.tp,
-                              a.warmup_lens, a.seed)
+                              a.warmup_lens, a.seed, a.pin_instances)
         except Exception as e:
             print(f"[{m}] failed: {e}", file=sys.stderr)
-    print(f"\n{a.requests} requests x {a.prompt_len} prompt tokens, {a.max_tokens} output tokens, TP {a.tp}, one at a time "
+    print(f"\n{a.requests} requests x {a.prompt_len} prompt tokens, {a.max_tokens} output tokens, TP {a.tp}"
+          f"{', instances pinned whole' if a.pin_instances else ''}, one at a time "
           f"(then {a.concurrency} in flight: cN columns); logs in {logs}")
     print("load average (1, 5, 15 min) at start %.1f %.1f %.1f, at end %.1f %.1f %.1f" % (*load0, *os.getloadavg()))
     print(f"{'mode':10} {'TTFT p50 ms':>12} {'TTFT mean':>10} {'E2E p50 ms':>11} {'E2E mean':>9} {'done':>5}"

@@ -26,6 +26,38 @@ class TracingMooncakeConnector(MooncakeCoreConnector):
         self._trace = open(path, "a", buffering=1) if path else None
         self._seen: set[str] = set()
         self._role = "sched" if self._sched is not None else "worker"
+        if self._worker is not None:
+            self._wrap_worker(self._worker)
+
+    def _wrap_worker(self, w: Any) -> None:
+        """Stamp the hand-off's worker internals too: the prefill sending ``ready`` (and the
+        decode's answer to that round trip), the decode receiving it, and its read."""
+        send_ready, on_ready = w._send_ready, w._on_ready
+
+        def _send_ready(pair: Any) -> None:
+            rid = pair[1].get("remote_request_id", "") if pair is not None else ""
+            tid = pair[1].get("mooncake_transfer_id", "") if pair is not None else ""
+            self._ev("ready_send", rid, tid=tid)
+            send_ready(pair)
+            self._ev("ready_sent", rid, tid=tid)
+
+        def _on_ready(tid: str, payload: str) -> None:
+            entry = w._waiting.get(tid)
+            rid = entry[0].request_id if entry is not None else ""
+            self._ev("ready_recv", rid, tid=tid)
+            on_ready(tid, payload)
+            self._ev("read_done", rid, tid=tid)
+
+        srv = w.te._server  # the rpc server thread's hand-off of a received notification
+        put = srv._on_notify
+
+        def _put(name: str, msg: str) -> None:
+            self._ev("notify_in", "", tid=name, kind=msg.split(" ", 1)[0][:12])
+            put(name, msg)
+
+        srv._on_notify = _put
+
+        w._send_ready, w._on_ready = _send_ready, _on_ready
 
     def _ev(self, ev: str, rid: str = "", **kw: Any) -> None:
         if self._trace is not None:

@@ -82,6 +82,19 @@ def load_events(path: Path, who: str) -> list[list[dict]]:
     return list(by.values())
 
 
+def trace_env(logs_arg: str | None, prefix: str) -> tuple[str, Path, Path, Path, Path, dict] | None:
+    """(vLLM python, logs dir, tiny model, prefill trace, decode trace, server env that finds
+    ``trace_connector``) -- or None without a vLLM venv; the trace files start empty."""
+    env = bench_env(logs_arg, prefix)
+    if env is None:
+        return None
+    py, logs, model = env
+    tp, td = logs / "trace_p.jsonl", logs / "trace_d.jsonl"
+    for f in (tp, td):
+        f.write_text("")
+    return py, logs, model, tp, td, {"PYTHONPATH": shim_pythonpath() + ":" + str(REPO / "bench")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,14 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the proxy's --handoff with --via-proxy (default mooncake-core: concurrent)")
     ap.add_argument("--logs", default=None, help="directory for logs and traces (default: a temp dir)")
     a = ap.parse_args(argv)
-    env = bench_env(a.logs, "trace-vllm-")
-    if env is None:
+    te = trace_env(a.logs, "trace-vllm-")
+    if te is None:
         return 2
-    py, logs, model = env
-    tp, td = logs / "trace_p.jsonl", logs / "trace_d.jsonl"
-    for f in (tp, td):
-        f.write_text("")
-    env = {"PYTHONPATH": shim_pythonpath() + ":" + str(REPO / "bench")}
+    py, logs, model, tp, td, env = te
     servers = [VllmServer(py, model, free_port(), 0, logs / "p.log", cfg("kv_producer", tp), env=env),
                VllmServer(py, model, free_port(), 1, logs / "d.log", cfg("kv_consumer", td), env=env)]
     rng = random.Random(0)

@@ -91,6 +91,9 @@ class VllmServer:
     kv_config: dict | None = None
     env: dict = field(default_factory=dict)
     args: list = field(default_factory=list)  # extra server flags (--kv-events-config; tensor parallelism: tp_args)
+    #: confine the whole server (API server, engine core, worker) to core ``cpu``, not only the
+    #: worker's OpenMP threads (benches: keeps one instance's idle-time spinning off the other's core)
+    pin_all: bool = False
     proc: subprocess.Popen | None = None
 
     @property
@@ -111,8 +114,10 @@ class VllmServer:
                     "PYTHONPATH": shim_pythonpath()})  # the servers run the checkout under test
         env.update(self.env)
         self._log = open(self.log_path, "wb")
+        cpus = {self.cpu % max(1, os.cpu_count() or 1)}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if self.pin_all else None)
         return self
 
     def wait_healthy(self, timeout: float = 240.0) -> None:
