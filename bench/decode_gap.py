@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="run prefill and decode with bench/trace_connector.py's TracingMooncakeConnector "
                          "(engine step times; costs a little per step) instead of MooncakeCoreConnector")
     ap.add_argument("--extra", default="{}", help="JSON merged into both connectors' kv_connector_extra_config "
-                                                  "(e.g. '{\"gil_switch_interval_s\": 0}')")
+                                                  "(e.g. '{\"sync_load_max_bytes\": 0}')")
     ap.add_argument("--logs", default=None, help="directory for logs and traces (default: a temp dir)")
     a = ap.parse_args(argv)
     env = trace_env(a.logs, "decode-gap-")
