@@ -179,6 +179,8 @@ class ProxyServer:
         self.cluster.add_instance(self.sched_mod.InstanceInfo(
             instance_id=inst.instance_id, role=inst.role,
             cache_capacity_blocks=self.cfg.cache_blocks if role == "prefill" else self.cfg.decode_kv_blocks))
+        if role == "decode" and self.calibrator is not None:  # the hand-off as a queue (handoff_queue.py)
+            self.cluster.decode_load(inst.instance_id).handoff = self.sched_mod.HandoffQueue()
         # Not schedulable until its first answered /health (probed at once, see health.py).
         self.cluster.set_healthy(inst.instance_id, False)
         self.metrics.healthy.labels(inst.instance_id, role).set(0)
@@ -509,6 +511,10 @@ class ProxyServer:
                 dpayload = ho.decode_payload(body, route, p.addr, ctx, None)
             cluster.on_decode_start(d.instance_id, req, now())
             self._inflight(d, 1)
+            hq = cluster.decode_load(d.instance_id).handoff if t_answered is not None else None
+            if hq is not None and timing is not None:
+                hq.handed_off(req.request_id, now())
+                timing.on_first = lambda: hq.first_token(req.request_id, now())
             try:
                 if ptask is None:
                     return await self.relay.stream_decode(request, route, d, dpayload, headers, rid, t0, None,
@@ -517,6 +523,8 @@ class ProxyServer:
             finally:
                 self._inflight(d, -1)
                 cluster.on_decode_done(d.instance_id, req, now())
+                if hq is not None:
+                    hq.dropped(req.request_id)  # no first token came (a no-op when one did)
                 if cal is not None and timing is not None:
                     if t_answered is not None and timing.chunks:
                         cal.observe_first_token(d.instance_id, timing.first - t_answered, now())
