@@ -344,7 +344,7 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
                  speed: float, first: dict[str, list[Result]]) -> list[dict[str, Any]]:
     """The overload phase (module doc): one replay per rejection mode at ``a.overload`` x the rate."""
     ttft_slo, tbt_slo = a.ttft_slo, a.tbt_slo
-    if a.slo_from_unloaded and (ttft_slo is None or tbt_slo is None):
+    if a.slo_from_unloaded:  # measured (and printed) even when both SLOs are given
         kt, kb = a.slo_from_unloaded
         t50, b50 = unloaded_latency(py, prefills, decode, model, events, master, profile, logs, reqs,
                                     a.overload_policy, a)
@@ -360,11 +360,14 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
     for mode in a.rejection_modes:
         extra = [x.format(horizon=a.prediction_horizon) for x in REJECTION_MODES[mode]]
         if mode != "none":
-            extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate"]
+            # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<mode>.log)
+            extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG"]
         load = os.getloadavg()[0]
         row, res = run_policy(a.overload_policy, py, prefills, decode, model, events, master, profile, logs, reqs,
                               speed * a.overload, a, extra, label=mode)
         row = overload_row(row, res, ttft_slo, tbt_slo)
+        row["per_request"] = [{"i": r.index, "status": r.status, "ttft": r.ttft, "tbt_p90": r.tbt_p90,
+                               "send_lag": r.send_lag} for r in res]  # --json: which requests missed, when
         row["load_avg_start"] = round(load, 1)
         row["load_avg_end"] = round(os.getloadavg()[0], 1)
         out.append(row)
@@ -417,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--slo-from-unloaded", type=float, nargs=2, default=None, metavar=("K_TTFT", "K_TBT"),
                    help="derive the SLOs from the unloaded latency instead: K_TTFT x the TTFT p50 and K_TBT x the "
                         "p50 of the per-request TBT p90 of --unloaded-requests requests sent one at a time "
-                        "(measured at the start of the overload phase; --ttft-slo/--tbt-slo still override)")
+                        "(measured at the start of the overload phase and printed; --ttft-slo/--tbt-slo still override)")
     g.add_argument("--unloaded-requests", type=int, default=8, help="requests of the unloaded measurement")
     g.add_argument("--slo-percentile", type=float, default=90.0,
                    help="percentile of the first half's latencies that sets the default SLOs")
