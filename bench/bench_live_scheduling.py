@@ -37,7 +37,9 @@ latencies). A request meets the SLO when its TTFT <= the TTFT SLO and its own TB
 chunk gaps) <= the TBT SLO; attainment is reported among the admitted requests (not 429) and among
 all. The SLOs default to what the first half's run of the same policy gave 90 % of its requests
 (``--slo-percentile``): its TTFT p90 and the p90 of its requests' TBT p90 -- the latency the
-engines delivered at the admitted load; ``--ttft-slo``/``--tbt-slo`` override.
+engines delivered at the admitted load; ``--slo-from-unloaded K_TTFT K_TBT`` takes K x the
+latency of requests sent one at a time instead; ``--ttft-slo``/``--tbt-slo`` override. The
+table says why the admitted requests that missed did: TTFT, TBT (their own p90), both, no answer.
 """
 
 from __future__ import annotations
@@ -199,7 +201,7 @@ def prefix_counters(servers: list[VllmServer]) -> dict[str, float]:
 def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmServer, model: Path,
                events: dict[str, str], master: str, profile: Path, logs: Path, reqs: list[TraceRequest],
                speed: float, a: argparse.Namespace, extra: list[str] | None = None,
-               label: str | None = None) -> tuple[dict[str, Any], list[Result]]:
+               label: str | None = None, concurrency_cap: int | None = None) -> tuple[dict[str, Any], list[Result]]:
     for s in (*prefills, decode):
         reset_prefix_cache(s, timeout=120)
     with MasterClient(master) as c:
@@ -211,7 +213,8 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         before = prefix_counters(prefills)
         results: list[Result] = []
         cfg = ReplayConfig(url=proxy.url, speed=speed, model="tiny", block_tokens=a.block_tokens,
-                           max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed)
+                           max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed,
+                           concurrency_cap=concurrency_cap)
         s = asyncio.run(replay(reqs, cfg, progress=not a.no_progress, results_out=results))
         time.sleep(1.0)  # the last prefill's counters
         after = prefix_counters(prefills)
@@ -249,6 +252,23 @@ def first_half_slos(results: list[Result], pct: float) -> tuple[float, float]:
     return float(np.percentile(ttft, pct)), float(np.percentile(tbt, pct))
 
 
+def unloaded_latency(py: str, prefills: list[VllmServer], decode: VllmServer, model: Path, events: dict[str, str],
+                     master: str, profile: Path, logs: Path, reqs: list[TraceRequest], policy: str,
+                     a: argparse.Namespace) -> tuple[float, float]:
+    """(TTFT p50, p50 of the requests' TBT p90) of the window's first ``a.unloaded_requests``
+    requests sent one at a time (nothing else in flight) through ``policy`` without SLO flags."""
+    import numpy as np
+
+    sub = reqs[: a.unloaded_requests]
+    row, res = run_policy(policy, py, prefills, decode, model, events, master, profile, logs, sub, 1e6, a,
+                          label="unloaded", concurrency_cap=1)
+    ttft = [r.ttft for r in res if r.ok and r.ttft is not None]
+    tbt = [t for r in res if r.ok and (t := r.tbt_p90) is not None]
+    if not ttft or not tbt:
+        raise RuntimeError(f"the unloaded requests completed none with a TBT ({row['errors']}); see {logs}")
+    return float(np.percentile(ttft, 50)), float(np.percentile(tbt, 50))
+
+
 def overload_row(row: dict[str, Any], results: list[Result], ttft_slo: float, tbt_slo: float) -> dict[str, Any]:
     """The run's row plus 429s and SLO attainment (replay.slo_attainment)."""
     slo = slo_attainment(results, ttft_slo, tbt_slo)
@@ -257,7 +277,8 @@ def overload_row(row: dict[str, Any], results: list[Result], ttft_slo: float, tb
 
 def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
     head = (f"{'mode':<12}{'sent':>5}{'429':>5}{'arr/dec':>9}{'done':>6}{'met':>5}{'attain adm':>11}"
-            f"{'attain all':>11}{'TTFT mean':>10}{'p90':>7}{'TBT p90':>9}{'factor p/d':>12}")
+            f"{'attain all':>11}{'TTFT mean':>10}{'p90':>7}{'TBT p90':>9}{'factor p/d':>12}"
+            f"{'missed T/B/both/fail':>22}{'load':>12}")
     lines = [f"overload: x{factor:g} the first half's arrival rate", head]
 
     def num(v: Any, fmt: str, scale: float = 1.0) -> str:
@@ -270,7 +291,8 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
         lines.append(f"{r['label']:<12}{r['requests']:>5}{r['rejected_429']:>5}{split:>9}{r['completed']:>6}"
                      f"{r['met']:>5}{num(r['attainment_admitted'], '.0%'):>11}{num(r['attainment_all'], '.0%'):>11}"
                      f"{num(r['ttft_mean'], '.2f'):>10}{num(r['ttft_p90'], '.2f'):>7}"
-                     f"{num(r['tbt_p90'], '.0f', 1000):>9}{fac:>12}")
+                     f"{num(r['tbt_p90'], '.0f', 1000):>9}{fac:>12}{'/'.join(str(v) for v in r['missed'].values()):>22}"
+                     f"{str(r.get('load_avg_start', '-')) + '->' + str(r.get('load_avg_end', '-')):>12}")
     slo = rows[0]
     return "\n".join(lines) + (f"\n(SLO: TTFT <= {slo['ttft_slo_s']:.2f} s and the request's TBT p90 <= "
                                f"{1000 * slo['tbt_slo_s']:.0f} ms; attainment among the admitted (not 429) and "
@@ -322,6 +344,13 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
                  speed: float, first: dict[str, list[Result]]) -> list[dict[str, Any]]:
     """The overload phase (module doc): one replay per rejection mode at ``a.overload`` x the rate."""
     ttft_slo, tbt_slo = a.ttft_slo, a.tbt_slo
+    if a.slo_from_unloaded:  # measured (and printed) even when both SLOs are given
+        kt, kb = a.slo_from_unloaded
+        t50, b50 = unloaded_latency(py, prefills, decode, model, events, master, profile, logs, reqs,
+                                    a.overload_policy, a)
+        print(f"unloaded ({a.unloaded_requests} requests one at a time, load avg {os.getloadavg()[0]:.1f}): "
+              f"TTFT p50 {t50:.3f} s, TBT p90 p50 {1000 * b50:.0f} ms -> SLOs x{kt:g} / x{kb:g}", flush=True)
+        ttft_slo, tbt_slo = ttft_slo or kt * t50, tbt_slo or kb * b50
     if ttft_slo is None or tbt_slo is None:
         t, b = first_half_slos(first[a.overload_policy], a.slo_percentile)
         ttft_slo, tbt_slo = ttft_slo or t, tbt_slo or b
@@ -331,12 +360,16 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
     for mode in a.rejection_modes:
         extra = [x.format(horizon=a.prediction_horizon) for x in REJECTION_MODES[mode]]
         if mode != "none":
-            extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate"]
+            # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<mode>.log)
+            extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG"]
         load = os.getloadavg()[0]
         row, res = run_policy(a.overload_policy, py, prefills, decode, model, events, master, profile, logs, reqs,
                               speed * a.overload, a, extra, label=mode)
         row = overload_row(row, res, ttft_slo, tbt_slo)
+        row["per_request"] = [{"i": r.index, "status": r.status, "ttft": r.ttft, "tbt_p90": r.tbt_p90,
+                               "send_lag": r.send_lag} for r in res]  # --json: which requests missed, when
         row["load_avg_start"] = round(load, 1)
+        row["load_avg_end"] = round(os.getloadavg()[0], 1)
         out.append(row)
         print(f"overload {mode}: {row['requests']} sent, {row['rejected_429']} x 429, {row['met']}/{row['admitted']}"
               f" admitted met the SLO; load avg {load:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
@@ -384,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--tbt-slo", type=float, default=None,
                    help="TBT SLO (s) on a request's own TBT p90 (default: the --slo-percentile of the first "
                         "half's per-request TBT p90s)")
+    g.add_argument("--slo-from-unloaded", type=float, nargs=2, default=None, metavar=("K_TTFT", "K_TBT"),
+                   help="derive the SLOs from the unloaded latency instead: K_TTFT x the TTFT p50 and K_TBT x the "
+                        "p50 of the per-request TBT p90 of --unloaded-requests requests sent one at a time "
+                        "(measured at the start of the overload phase and printed; --ttft-slo/--tbt-slo still override)")
+    g.add_argument("--unloaded-requests", type=int, default=8, help="requests of the unloaded measurement")
     g.add_argument("--slo-percentile", type=float, default=90.0,
                    help="percentile of the first half's latencies that sets the default SLOs")
     g.add_argument("--prediction-horizon", type=float, default=10.0,
@@ -393,9 +431,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("nothing to run: give --policies or --overload")
     if a.overload < 0:
         ap.error(f"--overload must be >= 0, got {a.overload}")
-    if a.overload and (a.ttft_slo is None or a.tbt_slo is None) and a.overload_policy not in a.policies:
+    if a.overload and (a.ttft_slo is None or a.tbt_slo is None) and not a.slo_from_unloaded \
+            and a.overload_policy not in a.policies:
         ap.error(f"--overload derives the SLOs from the first half's {a.overload_policy} run: add it to "
-                 "--policies or give --ttft-slo and --tbt-slo")
+                 "--policies, give --ttft-slo and --tbt-slo, or --slo-from-unloaded")
     py = vllm_python()
     if py is None:
         print("bench_live_scheduling: the vLLM venv is missing (scripts/install_vllm.sh, or set VLLM_VENV)", file=sys.stderr)

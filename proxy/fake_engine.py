@@ -36,6 +36,7 @@ class Behaviour:
     health_delay: float = 0.0    # seconds before answering GET /health (a busy engine)
     prefill_delay: float = 0.0   # extra delay before a non-streamed answer
     first_chunk_delay: float = 0.0  # delay before a stream's first chunk (a decode's KV pull)
+    first_chunk_serial: bool = False  # those delays one stream after another (pulls queue up)
     model: str = "fake-model"
     engine_id: str = "fake-engine"
     dp_size: int = 1              # data-parallel ranks reported by the bootstrap /query route
@@ -60,6 +61,7 @@ class FakeEngine:
     behaviour: Behaviour = field(default_factory=Behaviour)
     records: list[Record] = field(default_factory=list)
     record: bool = True
+    _first_chunk_lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -134,7 +136,10 @@ class FakeEngine:
                 return web.Response(body=_enc.encode(out), content_type="application/json")
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            if b.first_chunk_delay:
+            if b.first_chunk_delay and b.first_chunk_serial:
+                async with self._first_chunk_lock:
+                    await asyncio.sleep(b.first_chunk_delay)
+            elif b.first_chunk_delay:
                 await asyncio.sleep(b.first_chunk_delay)
             for i in range(b.chunks):
                 if i and b.chunk_delay:

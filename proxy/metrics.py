@@ -103,7 +103,8 @@ class ProxyMetrics:
         self.first_token_delay = Gauge("mooncake_proxy_decode_first_token_seconds",
                                        "Online calibration (--calibrate): moving mean of the delay from a "
                                        "prefill's answer to the decode instance's first token (KV pull, "
-                                       "queue, first step), added to the TTFT SLO check", ["instance"],
+                                       "queue, first step; the TTFT SLO check uses the hand-off queue, "
+                                       "scheduling/handoff_queue.py)", ["instance"],
                                        registry=r)
         self.kv_events = Counter("mooncake_proxy_kv_events", "vLLM KV cache events applied",
                                  ["instance", "type"], registry=r)

@@ -61,6 +61,8 @@ class StreamTiming:
     first: float = 0.0
     last: float = 0.0
     chunks: int = 0
+    #: called when the first chunk arrives (the hand-off queue's first-token event, while the stream goes on)
+    on_first: Callable[[], object] | None = None
 
     def mean_gap(self) -> float | None:
         """Mean time between chunks (one token each in vLLM's SSE), None below two gaps."""
@@ -221,6 +223,8 @@ class Relay:
                     if timing is not None:
                         if not timing.chunks:
                             timing.first = now
+                            if timing.on_first is not None:
+                                timing.on_first()
                         timing.chunks += 1
                         timing.last = now
                     await out.write(chunk)

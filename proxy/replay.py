@@ -72,9 +72,16 @@ def slo_attainment(results: list[Result], ttft_slo: float | None, tbt_slo: float
     that failed counts as a miss) and of all requests (a 429 counts as a miss)."""
     admitted = [r for r in results if r.status != 429]
     met = sum(1 for r in admitted if slo_met(r, ttft_slo, tbt_slo))
+    failed = [r for r in admitted if not r.ok or r.ttft is None]
+    done = [r for r in admitted if r.ok and r.ttft is not None]
+    late = {r.index for r in done if ttft_slo is not None and r.ttft is not None and r.ttft > ttft_slo}
+    slow = {r.index for r in done if tbt_slo is not None and (t := r.tbt_p90) is not None and t > tbt_slo}
     return {"ttft_slo_s": ttft_slo, "tbt_slo_s": tbt_slo, "admitted": len(admitted), "met": met,
             "attainment_admitted": met / len(admitted) if admitted else None,
-            "attainment_all": met / len(results) if results else None}
+            "attainment_all": met / len(results) if results else None,
+            # why the admitted ones missed: TTFT only, TBT only, both, no answer
+            "missed": {"ttft": len(late - slow), "tbt": len(slow - late), "both": len(late & slow),
+                       "failed": len(failed)}}
 
 
 @dataclass

@@ -14,6 +14,7 @@ error, timeout) still becomes a proper 502/504 JSON error instead of a truncated
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -179,6 +180,8 @@ class ProxyServer:
         self.cluster.add_instance(self.sched_mod.InstanceInfo(
             instance_id=inst.instance_id, role=inst.role,
             cache_capacity_blocks=self.cfg.cache_blocks if role == "prefill" else self.cfg.decode_kv_blocks))
+        if role == "decode" and self.calibrator is not None:  # the hand-off as a queue (handoff_queue.py)
+            self.cluster.decode_load(inst.instance_id).handoff = self.sched_mod.HandoffQueue()
         # Not schedulable until its first answered /health (probed at once, see health.py).
         self.cluster.set_healthy(inst.instance_id, False)
         self.metrics.healthy.labels(inst.instance_id, role).set(0)
@@ -431,6 +434,13 @@ class ProxyServer:
             pc[0].inc(len(req.block_hashes))
             if decision.cached_blocks:
                 pc[1].inc(decision.cached_blocks)
+        if log.isEnabledFor(logging.DEBUG):  # predicted vs realized TTFT, request by request (the SLO bench)
+            dl = self.cluster.decode_load(d_inst.instance_id)
+            log.debug("admitted", extra={
+                "request_id": rid, "prefill": p_inst.instance_id, "est_prefill_s": round(decision.est_ttft_s, 3),
+                "est_ttft_s": round(self.cluster.first_token_in(d_inst.instance_id, now, decision.est_ttft_s), 3),
+                "handoff_pending": dl.handoff.pending if dl.handoff is not None else None,
+                "in_prefill_to_decode": len(dl.incoming)})
         return await self._run_pair(request, route, rid, body, req, decision, p_inst, d_inst, t0)
 
     def _inflight(self, inst: Instance, delta: int) -> None:
@@ -509,6 +519,17 @@ class ProxyServer:
                 dpayload = ho.decode_payload(body, route, p.addr, ctx, None)
             cluster.on_decode_start(d.instance_id, req, now())
             self._inflight(d, 1)
+            hq = cluster.decode_load(d.instance_id).handoff if t_answered is not None else None
+            if hq is not None and timing is not None:
+                hq.handed_off(req.request_id, now())
+
+                def first_token() -> None:
+                    service = hq.first_token(req.request_id, now())
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug("first token", extra={"request_id": rid, "ttft_s": round(time.perf_counter() - t0, 3),
+                                                        "handoff_service_s": service})
+
+                timing.on_first = first_token
             try:
                 if ptask is None:
                     return await self.relay.stream_decode(request, route, d, dpayload, headers, rid, t0, None,
@@ -517,6 +538,8 @@ class ProxyServer:
             finally:
                 self._inflight(d, -1)
                 cluster.on_decode_done(d.instance_id, req, now())
+                if hq is not None:
+                    hq.dropped(req.request_id)  # no first token came (a no-op when one did)
                 if cal is not None and timing is not None:
                     if t_answered is not None and timing.chunks:
                         cal.observe_first_token(d.instance_id, timing.first - t_answered, now())

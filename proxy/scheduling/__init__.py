@@ -23,6 +23,7 @@ from .calibration import LatencyCalibrator
 from .cluster import STORE, ClusterState, DecodeEntry, DecodeLoad, PrefillEntry, PrefillLoad
 from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
+from .handoff_queue import HandoffQueue
 from .hashing import BlockHasher
 from .lru import LruBlockCache
 from .policies import POLICIES, PrefillPlan, Scheduler, make_scheduler, policy_names
@@ -32,4 +33,5 @@ __all__ = [
     "CostModel", "SloConfig", "make_scheduler", "policy_names", "POLICIES", "Scheduler", "PrefillPlan",
     "LruBlockCache", "STORE", "PrefillEntry", "DecodeEntry", "PrefillLoad", "DecodeLoad",
     "REJECTION_MODES", "split_rejection", "decode_stage_rejection", "LatencyCalibrator",
+    "HandoffQueue",
 ]

@@ -11,7 +11,10 @@ weighted mean of log(observed / predicted-by-the-profile), so one outlier moves 
 A third, additive estimate: per decode instance, the delay from a prefill's end to that
 instance's first token (``observe_first_token``: the KV pull, the decode's queue, its first step).
 The profile has no term for it, yet on a contended box it can be most of the client's TTFT; the
-proxy stores it in ``DecodeLoad.first_token_s`` and the TTFT SLO check adds it.
+proxy stores it in ``DecodeLoad.first_token_s`` (and its gauge). A moving mean of past delays
+comes too late under a burst (everything is admitted before the first slow hand-off reports), so
+the live proxy's TTFT check uses the hand-off queue instead (``handoff_queue.py``,
+``DecodeLoad.handoff``); the flat value is what the check adds where no queue is installed.
 
 A factor nobody confirms fades: once a side has had no sample for ``stale_s`` seconds,
 :meth:`tick` halves its log-factor every ``half_life_s`` -- otherwise a factor learned in a burst,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Protocol, Sequence
 
 from .datatypes import Decision, InstanceInfo, RequestInfo, Role, ROLES
+from .handoff_queue import HandoffQueue
 from .lru import LruBlockCache
 
 __all__ = ["ClusterState", "PrefillEntry", "DecodeEntry", "PrefillLoad", "DecodeLoad", "STORE"]
@@ -80,12 +81,15 @@ class DecodeLoad:
     half the expected output) — the average footprint over each request's life.
     ``first_token_s``: the delay from a prefill's end to this instance's first token (KV pull,
     queueing, first step) as the caller measures it (the live proxy's ``--calibrate``; 0 in the
-    simulator, whose TTFT ends with the prefill); the TTFT SLO check adds it."""
+    simulator, whose TTFT ends with the prefill); the TTFT SLO check adds it. ``handoff``: the
+    hand-off stage as a queue (the live proxy's ``--calibrate``); when set, it replaces the flat
+    ``first_token_s`` (:meth:`ClusterState.first_token_in`)."""
 
     entries: dict[str, DecodeEntry] = field(default_factory=dict)
     kv_tokens: int = 0
     incoming: dict[str, PrefillEntry] = field(default_factory=dict)
     first_token_s: float = 0.0
+    handoff: HandoffQueue | None = None
 
     @property
     def running(self) -> int:
@@ -363,6 +367,16 @@ class ClusterState:
     def decode_load(self, instance_id: str) -> DecodeLoad:
         self._require(instance_id, "decode")
         return self._decode[instance_id]
+
+    def first_token_in(self, decode_id: str, now: float, prefill_s: float) -> float:
+        """Predicted seconds from ``now`` to the first token on decode ``decode_id`` of a request
+        whose prefill (queue included) takes ``prefill_s``: the flat ``first_token_s`` on top, or,
+        with a hand-off queue, that queue's estimate counting the requests still in prefill headed
+        there as ahead of it (they were admitted first)."""
+        load = self.decode_load(decode_id)
+        if load.handoff is None:
+            return prefill_s + load.first_token_s
+        return load.handoff.first_token_in(now, prefill_s, len(load.incoming))
 
     def on_prefill_start(self, instance_id: str, req: RequestInfo, now: float, *,
                          cached_blocks: int | None = None, decode_id: str | None = None,

@@ -88,13 +88,14 @@ class Scheduler(abc.ABC):
         decode_id, tbt = dchoice
         slo = self.slo
         if slo.ttft_s is not None:
-            handoff = cl.decode_load(decode_id).first_token_s
-            if plan.est_ttft_s + handoff > slo.ttft_s:
+            ttft = cl.first_token_in(decode_id, now, plan.est_ttft_s)
+            if ttft > slo.ttft_s:
+                handoff = ttft - plan.est_ttft_s
                 return Rejection(
-                    f"TTFT SLO: predicted {plan.est_ttft_s + handoff:.3f}s > {slo.ttft_s:.3f}s on prefill "
+                    f"TTFT SLO: predicted {ttft:.3f}s > {slo.ttft_s:.3f}s on prefill "
                     f"{plan.instance_id!r} (queue {plan.est_queue_s:.3f}s"
-                    + (f", then {handoff:.3f}s to decode {decode_id!r}'s first token)" if handoff else ")"),
-                    retry, plan.est_ttft_s + handoff, tbt)
+                    + (f", then {handoff:.3f}s to decode {decode_id!r}'s first token)" if handoff > 0 else ")"),
+                    retry, ttft, tbt)
         if slo.tbt_s is not None and tbt > slo.tbt_s:
             return Rejection(
                 f"TBT SLO: predicted {tbt * 1000:.1f}ms > {slo.tbt_s * 1000:.1f}ms on decode "

@@ -110,3 +110,30 @@ async def test_calibration_adds_the_decode_first_token_delay(make_env) -> None:
     delay = gauge(await metrics(env), "mooncake_proxy_decode_first_token_seconds",
                   instance=f"decode@{env.decode_urls[0]}")
     assert 0.35 < delay < 2.0
+
+
+async def test_ttft_check_sees_the_hand_off_queue_before_any_answer(make_env) -> None:
+    # The decode pulls one request's KV after another, 0.3 s each. After one warm-up request the
+    # proxy knows that service time; 8 requests arriving at once are then admitted only while
+    # (queued + 1) x 0.3 s fits the 1.0 s TTFT SLO -- none of them has answered when the rest
+    # arrive, so a latency-only estimate (0.3 s for everyone) would admit all 8, the last at ~2.4 s.
+    import asyncio
+    import time
+
+    env = await make_env(policy="conductor", ttft_slo=1.0, calibrate=True,
+                         decode_behaviour=Behaviour(chunks=2, first_chunk_delay=0.3, first_chunk_serial=True))
+    await env.post_ok(BODY, 1)
+
+    async def one() -> tuple[int, float]:
+        t0 = time.perf_counter()
+        async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+            await r.content.readany()
+            ttft = time.perf_counter() - t0
+            await r.read()
+            return r.status, ttft
+
+    got = await asyncio.gather(*(one() for _ in range(8)))
+    ok = [t for st, t in got if st == 200]
+    assert sorted({st for st, _ in got}) == [200, 429], got
+    assert 2 <= len(ok) <= 4, got
+    assert max(ok) < 1.6, got  # ~0.9 s for the third; the fourth would have been 1.2 s

@@ -180,6 +180,7 @@ def test_slo_attainment_counts_admitted_and_all() -> None:
                res(8, 502, None)]
     a = slo_attainment(results, 1.0, 0.2)
     assert (a["admitted"], a["met"]) == (5, 2)  # the 502 was admitted and missed
+    assert a["missed"] == {"ttft": 1, "tbt": 1, "both": 0, "failed": 1}
     assert a["attainment_admitted"] == pytest.approx(2 / 5) and a["attainment_all"] == pytest.approx(2 / 7)
     assert slo_attainment([], 1.0, None)["attainment_admitted"] is None
 

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from mooncake_proxy.scheduling import (POLICIES, ClusterState, CostModel, Decision, InstanceInfo, Rejection,
-                                       RequestInfo, SloConfig, make_scheduler)
+from mooncake_proxy.scheduling import (POLICIES, ClusterState, CostModel, Decision, HandoffQueue, InstanceInfo,
+                                       Rejection, RequestInfo, SloConfig, make_scheduler)
 
 BS = 4  # tokens per block in these tests
 # 1 ms per prefill token, no attention term; decode step 10 ms + 1 ms/request; transfer 1 ms/block.
@@ -169,6 +169,36 @@ def test_ttft_slo_adds_the_decode_first_token_delay() -> None:
     r = s.schedule(req(), now=0.0)
     assert isinstance(r, Rejection) and r.est_ttft_s == pytest.approx(1.03)
     assert "then 0.990s to decode 'd0'" in r.reason
+
+
+def test_ttft_slo_counts_the_hand_off_queue_without_any_feedback() -> None:
+    # The decode's hand-off stage takes 0.3 s per request (learned from one request). Requests
+    # admitted and still in prefill or waiting for their first token are ahead of a new one, so
+    # the TTFT check rejects once (queued + 1) x 0.3 s passes the SLO -- before any of them answered.
+    cl = cluster(n_prefill=1, n_decode=1)
+    hq = cl.decode_load("d0").handoff = HandoffQueue()
+    hq.handed_off("warm", 0.0)
+    assert hq.first_token("warm", 0.3) == pytest.approx(0.3)
+    s = make_scheduler("conductor", cl, COST, SloConfig(ttft_s=1.0))
+    admitted = []
+    for i in range(6):
+        d = s.schedule(req(f"r{i}", blocks=[100 + i]), now=1.0)
+        if isinstance(d, Rejection):
+            assert "to decode 'd0'" in d.reason and d.est_ttft_s == pytest.approx(1.2)
+            break
+        cl.on_scheduled(d, req(f"r{i}", blocks=[100 + i]), 1.0)
+        admitted.append(d)
+    assert len(admitted) == 3  # first tokens predicted at 0.3, 0.6, 0.9 s; the 4th at 1.2 s
+    # a stalled pull: the oldest handed-off request is 2 s past its service time -> all wait
+    cl2 = cluster(n_prefill=1, n_decode=1)
+    hq2 = cl2.decode_load("d0").handoff = HandoffQueue()
+    hq2.handed_off("warm", 0.0)
+    hq2.first_token("warm", 0.1)
+    hq2.handed_off("stuck", 1.0)
+    s2 = make_scheduler("conductor", cl2, COST, SloConfig(ttft_s=1.0))
+    assert isinstance(s2.schedule(req(), now=1.5), Decision)
+    r = s2.schedule(req(), now=3.1)
+    assert isinstance(r, Rejection) and r.est_ttft_s == pytest.approx(2.0 + 0.2)
 
 
 def test_tbt_slo_rejection() -> None:
