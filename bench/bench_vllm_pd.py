@@ -161,7 +161,7 @@ def run_concurrent(url: str, prompts: list[list[int]], max_tokens: int, concurre
 
 def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int]], max_tokens: int,
              cprompts: list[list[int]], concurrency: int, tp: int = 1, warmup_lens: list[int] | None = None,
-             seed: int = 0, pin: bool = False) -> dict:
+             seed: int = 0, pin: bool = False, gap: float = 0.0) -> dict:
     servers, extra = servers_for(mode, py, model, logs, tp)
     for s in servers:
         s.pin_all = pin
@@ -179,7 +179,9 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
         ttfts, e2es = [], []
         error = ""
         prog = Progress(f"[{mode}]", len(prompts), unit="requests")
-        for p in prompts:
+        for i, p in enumerate(prompts):
+            if gap and i:
+                time.sleep(gap)  # let vLLM CPU's post-message spin end (see --gap)
             try:
                 t, e, n = stream_request(url, p, max_tokens)
                 if n != max_tokens:
@@ -256,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
                          "shared-memory queue for 1 s after every message, so an idle-again prefill takes CPU from "
                          "the decode's processes on a 2-core box -- a co-location cost, not the hand-off's "
                          "(BENCHMARKS.md, issue 19 decode phase). --tp 1 only")
+    ap.add_argument("--gap", type=float, default=0.0, metavar="S",
+                    help="seconds of idle between the one-at-a-time requests (default 0: back to back). Why: vLLM "
+                         "CPU's engine core and worker spin (sched_yield) for 1 s after every message, so on a 2-core "
+                         "box a request sent right after the previous one finished competes with the other "
+                         "instance's spin; --gap 1.2 measures the hand-off without that co-location cost")
     ap.add_argument("--logs", default=None, help="directory for server logs (default: a temp dir)")
     a = ap.parse_args(argv)
     if a.pin_instances and a.tp != 1:
@@ -272,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in a.modes:
         try:
             res[m] = run_mode(m, py, model, logs, prompts, a.max_tokens, cprompts, a.concurrency, a.tp,
-                              a.warmup_lens, a.seed, a.pin_instances)
+                              a.warmup_lens, a.seed, a.pin_instances, a.gap)
         except Exception as e:
             print(f"[{m}] failed: {e}", file=sys.stderr)
     print(f"\n{a.requests} requests x {a.prompt_len} prompt tokens, {a.max_tokens} output tokens, TP {a.tp}"
