@@ -51,7 +51,9 @@ worker), ``metadata_server`` (default ``P2PHANDSHAKE``: no metadata service need
 ``protocol`` (tcp), ``kv_lease_s`` (default 30: how long a prefill holds blocks for a decode),
 ``sync_load_max_bytes`` (default 4 MiB: a request's KV up to this size is read inside the step
 that starts it and reported received by that same step; 0 makes every read asynchronous),
-``prefill_wait_s`` (default 120: concurrent hand-off, how long a decode waits for ``ready``).
+``prefill_wait_s`` (default 120: concurrent hand-off, how long a decode waits for ``ready``),
+``idle_wait_ms`` (default 50: how long a worker may sleep, woken by the Transfer Engine, in a step
+without scheduled tokens while transfers are outstanding; 0 = busy polling; ``idle.py``).
 Tensor parallelism (``tensor_parallel_size`` N on either side): every worker registers its own
 KV slice (its KV heads) with its own Transfer Engine segment and reports it in the handshake
 (``MooncakeHandshake``, keyed by TP rank); the prefill's params list every rank's segment
