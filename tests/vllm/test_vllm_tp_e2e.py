@@ -18,7 +18,7 @@ threads run on core r. Through our ``mooncake_proxy`` we check that
 * the prefill frees its blocks once every rank has been confirmed, and noise written over the
   received blocks changes the output (the decode really uses the transferred slices).
 
-The start-up of three servers on 2 cores takes a couple of minutes; every wait has a timeout.
+The start-up of three servers on 2 cores takes one to two minutes; every wait has a timeout.
 """
 
 from __future__ import annotations
@@ -34,20 +34,17 @@ from tp_checks import (LEASE_S, MAX_TOKENS, PREFILL_WAIT_S, STARTUP_S, check_thr
 from vllm_harness import VllmServer, completion, free_port, p2p_config, prompt_ids, start_all, tp_args
 
 HERE = str(Path(__file__).resolve().parent)  # corrupting_connector.py, loaded by the decodes
-#: Opt-in: the five TP worker processes (plus three engine cores) load a 2-core box to a load
-#: average of ~40 by themselves, and there the prefill's TP 2 engine stalled (its /health
-#: answered 503; a concurrent request timed out at 300 s) in 2 of 3 runs with nothing else
-#: running -- too unsteady to gate the 2-core CI on. The TP rank plans, slicing and params are
-#: unit-tested in CI (test_vllm_tp_units.py); run this on a machine with >= 4 cores.
-#: Known open defect (issue 19), seen in 6 of 9 failures at load 50-67: a decode rank's first
-#: contact with a prefill TP rank (segment lookup, handshake, attach probe) hangs until the
-#: prefill's lease expires, so the prefill side of a TP worker may be starving its TE server
-#: thread; capacity alone does not explain it.
+#: Opt-in (MOONCAKE_TP_E2E=1); tests/vllm/test_vllm_tp_ci.py runs the TP 1 -> 2 case in CI.
+#: The stalls that kept this opt-in (6 of 9 cases failed, each at a decode rank's first contact
+#: with a prefill rank, which hung until the prefill's lease expired) were CPU starvation, not
+#: capacity: a TP 2 instance holding KV stepped without work in a busy loop (engine core <-> both
+#: workers over vLLM's spinning shm queues) and on 2 cores nothing else ran -- not the decode,
+#: not even ``cat /proc/<pid>/stat`` -- until the lease ran out. Fixed by the connector's idle
+#: wait (connectors/vllm/idle.py); with it all 9 cases passed in 134 s at load average ~10.
 RUN_TP_E2E = os.environ.get("MOONCAKE_TP_E2E", "") not in ("", "0")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900),
-              pytest.mark.skipif(not RUN_TP_E2E, reason="TP end to end is opt-in (MOONCAKE_TP_E2E=1): on 2 cores its TP "
-                                 "workers stall (capacity, plus the open first-contact hang until the "
-                                 "prefill's lease expires, issue 19); see the module docstring")]
+              pytest.mark.skipif(not RUN_TP_E2E, reason="the full TP end to end is opt-in (MOONCAKE_TP_E2E=1): three servers, "
+                                 "five TP workers; test_vllm_tp_ci.py runs TP 1 -> 2 in CI")]
 
 
 @pytest.fixture(scope="module")
