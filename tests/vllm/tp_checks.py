@@ -1,7 +1,6 @@
-"""Checks shared by the TP end-to-end modules (test_vllm_tp_e2e.py, opt-in: every TP pairing;
-test_vllm_tp_ci.py, in CI: TP 1 -> TP 2): one prompt handed off directly or through our
-``mooncake_proxy``, its output compared with the decode's own computation and what each decode
-rank moved checked from its ``kv pulled`` log lines."""
+"""Checks of the TP end-to-end test (test_vllm_tp_e2e.py): one prompt handed off directly or
+through our ``mooncake_proxy``, its output compared with the decode's own computation and what
+each decode rank moved checked from its ``kv pulled`` log lines."""
 
 from __future__ import annotations
 
