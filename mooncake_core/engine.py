@@ -373,6 +373,7 @@ class TransferEngine:
                 log.error("async transfer failed", extra={"target": target, "batch_id": state.batch_id,
                                                           "error": str(e)})
                 state.finish(str(e) or type(e).__name__)
+            self._inbox.poke()  # wakes wait_notifies: a waiting event loop checks its batches
 
         try:
             peer.dispatch.submit(run)
@@ -381,6 +382,7 @@ class TransferEngine:
                 peers.get(target).dispatch.submit(run)
             except Exception:
                 b.finish(str(e))
+                self._inbox.poke()
         return b.batch_id
 
     # ================================================================== transfers (Mooncake API)
@@ -489,6 +491,18 @@ class TransferEngine:
     def get_notifies(self) -> list[TransferNotify]:
         """Notifications received since the last call (drained)."""
         return self._inbox.drain()
+
+    def notify_events(self) -> int:
+        """Count of notifications received and asynchronous batches finished so far (extension;
+        the ``since`` of ``wait_notifies``)."""
+        return self._inbox.events()
+
+    def wait_notifies(self, since: int, timeout_s: float) -> bool:
+        """Sleep until a notification arrives or an asynchronous batch finishes after the count
+        ``since`` (``notify_events``) was taken -- True -- or ``timeout_s`` passes -- False
+        (extension). Lets an event loop with nothing to do but wait for peers sleep instead of
+        polling ``get_notifies`` / ``transfer_check_status`` (see ``NotifyInbox``)."""
+        return self._inbox.wait(since, timeout_s)
 
     def send_probe(self, peer_server_name: str) -> int:
         """0 if the peer's engine answers on its rpc port within the timeout, -1 otherwise."""

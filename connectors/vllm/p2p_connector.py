@@ -51,7 +51,9 @@ worker), ``metadata_server`` (default ``P2PHANDSHAKE``: no metadata service need
 ``protocol`` (tcp), ``kv_lease_s`` (default 30: how long a prefill holds blocks for a decode),
 ``sync_load_max_bytes`` (default 4 MiB: a request's KV up to this size is read inside the step
 that starts it and reported received by that same step; 0 makes every read asynchronous),
-``prefill_wait_s`` (default 120: concurrent hand-off, how long a decode waits for ``ready``).
+``prefill_wait_s`` (default 120: concurrent hand-off, how long a decode waits for ``ready``),
+``idle_wait_ms`` (default 50: how long a worker may sleep, woken by the Transfer Engine, in a step
+without scheduled tokens while transfers are outstanding; 0 = busy polling; ``idle.py``).
 Tensor parallelism (``tensor_parallel_size`` N on either side): every worker registers its own
 KV slice (its KV heads) with its own Transfer Engine segment and reports it in the handshake
 (``MooncakeHandshake``, keyed by TP rank); the prefill's params list every rank's segment
@@ -87,6 +89,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from mooncake_core import envs
 from mooncake_connectors.vllm import stats as S
 from mooncake_connectors.vllm.connector_stats import P2P_PROM, StatsHook
+from mooncake_connectors.vllm.idle import IDLE_WAIT_MS, idle_wait_s
 from mooncake_connectors.vllm.layout import (Slab, coalesce, heads_outer, pair_blocks, plan,
                                              remote_slabs_from_regions, slabs_of)
 from mooncake_connectors.vllm.leases import Rendezvous, SendTracker
@@ -194,6 +197,8 @@ class MooncakeConnectorMetadata(KVConnectorMetadata):
     releases: list[tuple[tuple[str, ...], int, str]] = field(default_factory=list)
     # decode: requests aborted while their KV was loading (their blocks stay until reported)
     cancels: list[str] = field(default_factory=list)
+    # the step schedules no tokens: it only polls the connector (idle.idle_wait_s)
+    idle: bool = False
 
 
 # =====================================================================================  connector
@@ -226,7 +231,7 @@ class MooncakeCoreConnector(StatsHook, KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         assert self._sched is not None
-        return self._sched.build_connector_meta()
+        return self._sched.build_connector_meta(getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0)
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._sched is not None
@@ -394,9 +399,9 @@ class _Scheduler:
                 self.stats.add(S.REMOTE_LOCAL_HITS)
         params["do_remote_prefill"] = False  # exactly one transfer per request
 
-    def build_connector_meta(self) -> MooncakeConnectorMetadata:
+    def build_connector_meta(self, idle: bool = False) -> MooncakeConnectorMetadata:
         meta = MooncakeConnectorMetadata(reqs_to_recv=self._recv, reqs_to_send=self._send,
-                                         releases=self._releases, cancels=self._cancels)
+                                         releases=self._releases, cancels=self._cancels, idle=idle)
         self._recv, self._send, self._releases, self._cancels = [], {}, [], []
         return meta
 
@@ -530,6 +535,9 @@ class _Worker:
         self.block_size = vllm_config.cache_config.block_size
         self.lease_s = float(_extra(vllm_config, "kv_lease_s", 30.0))
         self.prefill_wait_s = float(_extra(vllm_config, "prefill_wait_s", PREFILL_WAIT_S))
+        self.idle_wait_ms = float(_extra(vllm_config, "idle_wait_ms", IDLE_WAIT_MS))
+        self._idle_step = False  # this step schedules no tokens (MooncakeConnectorMetadata.idle)
+        self._events_seen = 0  # te.notify_events() when the last poll drained the notifications
         self._rdv = Rendezvous()                           # prefill: wants <-> finished requests
         self._waiting: dict[str, tuple[RecvReq, float]] = {}  # decode: transfer id -> (req, deadline)
         self._cancelled: set[str] = set()                  # decode: aborted while an async read runs
@@ -595,6 +603,7 @@ class _Worker:
         return self._notify(segment, transfer_id, confirmation(kind, self.tp_rank % n_readers, n_readers), inline)
 
     def start_load(self, meta: MooncakeConnectorMetadata) -> None:
+        self._idle_step = meta.idle
         for rid in meta.cancels:
             self._cancel(rid)
         for segs, remote_tp, tid in meta.releases:
@@ -774,6 +783,13 @@ class _Worker:
     # ---------------------------------------------------------------- polling (both roles)
     def poll(self) -> KVConnectorTransferResults:
         res = KVConnectorTransferResults()
+        results = bool(self._read_now or self._failed_now or self._cancelled_now or self._send_done)
+        pending = bool(self._pulls or self._waiting or self._sends.held())
+        wait = idle_wait_s(self._idle_step, results, pending, self.idle_wait_ms)
+        self._idle_step = False  # once per step (a step without metadata must not sleep)
+        if wait:
+            self.te.wait_notifies(self._events_seen, wait)
+        self._events_seen = self.te.notify_events()  # taken before draining: no event is missed
         now = time.time()
         self._drain_notifies(now)  # first: a ``ready`` starts its read in this very poll
         mono = time.monotonic()

@@ -213,6 +213,8 @@ class CmaTransport(Transport):
             if key in self._probed:
                 return self._probed[key]
         ok = self._probe(desc)
+        if ok is None:  # the peer did not answer in time: use tcp now, ask again next time
+            return False
         with self._lock:
             self._probed[key] = ok
         return ok
@@ -242,9 +244,10 @@ class CmaTransport(Transport):
             return False
         return True
 
-    def _probe(self, desc: SegmentDescriptor) -> bool:
+    def _probe(self, desc: SegmentDescriptor) -> bool | None:
         """Is ``desc.pid`` really the peer, and may we attach to it? Then read one byte from its
-        first region (or nothing if it has none).
+        first region (or nothing if it has none). None: the peer did not report its regions in
+        time -- not an answer, so not remembered (a busy peer would otherwise be on tcp for good).
 
         Why the ownership check: a descriptor comes from the peer (P2P handshake) or from the
         metadata service, and cross-memory attach writes into whatever process ``pid`` names. A
@@ -261,9 +264,9 @@ class CmaTransport(Transport):
         try:  # its own word on what it registered, not the descriptor's (see _check_claims)
             starts, _ = self._target_regions(desc, time.monotonic() + PROBE_TIMEOUT)
         except TransferError as e:
-            log.warning("same-host peer did not report its regions over its control channel; using tcp",
-                        extra={"segment": desc.name, "pid": desc.pid, "error": str(e)})
-            return False
+            log.warning("same-host peer did not report its regions over its control channel; using tcp "
+                        "for now", extra={"segment": desc.name, "pid": desc.pid, "error": str(e)})
+            return None
         if not len(starts):
             return os.path.exists(f"/proc/{desc.pid}")
         b = ctypes.create_string_buffer(1)

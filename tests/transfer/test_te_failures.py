@@ -294,3 +294,27 @@ def test_same_host_peer_exit_and_pid_reuse_guard(start_peer, engine_factory):
     desc = SegmentDescriptor("x:1", "127.0.0.1", 1, buffers=[Region(4096, 4096)], boot_id=boot, pidns=pidns,
                              pid=other, start_time=process_start_time(other) + 1)
     assert CmaTransport().can_reach(desc) is False
+
+
+def test_same_host_peer_too_busy_to_answer_the_attach_probe_is_asked_again(start_peer, monkeypatch):
+    """A peer that does not report its regions within the probe timeout (busy, or starved of CPU as
+    a vLLM TP prefill was, issue 19) gets tcp for that call only: the next look at it probes again
+    and attaches. Remembering the timeout as "cannot attach" put such a peer on tcp for good."""
+    from mooncake_core.transfer import cma
+    from mooncake_core.transfer.control import ControlChannel
+    from mooncake_core.transfer.descriptor import SegmentDescriptor
+    peer = start_peer("P2PHANDSHAKE", size=MB, seed=8)
+    host, port = peer.segment.rsplit(":", 1)
+    desc = SegmentDescriptor.from_json(ControlChannel().fetch_descriptor(host, int(port), peer.segment,
+                                                                         time.monotonic() + 10))
+    monkeypatch.setattr(cma, "PROBE_TIMEOUT", 0.5)
+    t = cma.CmaTransport()
+    os.kill(peer.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        assert t.can_reach(desc) is False  # no answer in time: tcp for now
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        os.kill(peer.pid, signal.SIGCONT)
+    assert t.can_reach(desc) is True  # asked again, and it answers
+    t.close()
