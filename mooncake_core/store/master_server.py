@@ -56,6 +56,7 @@ def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, C
         P.UpsertStartReq: lambda r: st.put_start(r.client_id, r.key, r.size, r.cfg, upsert=True),
         P.PutEndReq: lambda r: st.put_end(r.client_id, r.key),
         P.PutRevokeReq: lambda r: st.put_revoke(r.client_id, r.key),
+        P.PutCommitReq: lambda r: st.put_commit(r.client_id, r.key, r.size, r.cfg, r.reserved, r.next_size),
         P.BatchPutStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg),
         P.BatchUpsertStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg, upsert=True),
         P.BatchPutEndReq: lambda r: st.batch_put_end(r.client_id, r.keys),
