@@ -186,13 +186,18 @@ def fingerprints(mem: Any, offs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     words = np.ndarray(shape=(len(buf) - 7,), dtype=np.uint64, buffer=buf, strides=(1,))
     w = _FP_W[:FP_WORDS]
     size0 = int(sizes[0])
-    if n >= _STRIDED_MIN and bool((sizes == size0).all()) and bool((np.diff(offs) == size0).all()):
-        # laid end to end: sample k of every object is one strided slice (64 numpy calls: for
-        # fewer objects the one gather below is cheaper -- ~135 against ~275 us for 100 here)
+    if n > 1 and bool((sizes == size0).all()) and bool((np.diff(offs) == size0).all()):
         start = int(offs[0])
-        acc = np.zeros(n, np.uint64)
-        for k, at in enumerate(((size0 - 8) * _FP_K // (FP_WORDS - 1)).tolist()):
-            acc += words[start + at:start + at + (n - 1) * size0 + 1:size0] * w[k]
+        if n >= _STRIDED_MIN:
+            # laid end to end: sample k of every object is one strided slice (64 numpy calls)
+            acc = np.zeros(n, np.uint64)
+            for k, at in enumerate(((size0 - 8) * _FP_K // (FP_WORDS - 1)).tolist()):
+                acc += words[start + at:start + at + (n - 1) * size0 + 1:size0] * w[k]
+        else:
+            # fewer objects: one (objects x samples) take from a strided 2-D view (~2x cheaper
+            # than the strided slices or the general gather below for 100 objects)
+            rows = np.lib.stride_tricks.as_strided(words[start:], shape=(n, size0 - 7), strides=(size0, 1))
+            acc = (rows[:, (size0 - 8) * _FP_K // (FP_WORDS - 1)] * w).sum(axis=1, dtype=np.uint64)
     else:
         pos = offs[:, None] + (sizes[:, None] - 8) * _FP_K[None, :] // (FP_WORDS - 1)
         acc = (words[pos] * w).sum(axis=1, dtype=np.uint64)
@@ -200,7 +205,7 @@ def fingerprints(mem: Any, offs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
 
 
 #: objects from which a batch laid end to end is fingerprinted by strided slices
-_STRIDED_MIN = 256
+_STRIDED_MIN = 512
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 _libc: Any = None
 

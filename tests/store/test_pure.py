@@ -249,11 +249,14 @@ def test_batch_fingerprints_match_single_ones_and_see_changes() -> None:
 
     from mooncake_core.store.memory import bytes_addr, fingerprint, fingerprints
 
-    buf = bytearray(os.urandom(1 << 19))
+    buf = bytearray(os.urandom(1 << 20))
     frozen = bytes(buf)
-    offs, sizes = np.arange(0, 300 * 1024, 1024), np.full(300, 1024)  # >= 256: the strided path
-    laid = fingerprints(buf, offs, sizes)
-    assert (fingerprints(buf, offs[::-1].copy(), sizes)[::-1] == laid).all()
+    for n in (100, 600):  # laid end to end: a 2-D take below 512 objects, strided slices from 512
+        offs, sizes = np.arange(0, n * 1024, 1024), np.full(n, 1024)
+        laid = fingerprints(buf, offs, sizes)
+        assert (fingerprints(buf, offs[::-1].copy(), sizes)[::-1] == laid).all(), n  # the general gather
+        assert (fingerprints(buf, offs[1:] + 5, sizes[1:]) == fingerprints(buf, offs[1:][::-1] + 5,
+                                                                          sizes[1:])[::-1]).all(), n
     assert int(laid[7]) == fingerprint(bytes_addr(frozen) + 7 * 1024, 1024)
     for size in (1, 7, 8, 9, 100, 504, 5000):
         one = fingerprints(buf, np.array([3]), np.array([size]))[0]
