@@ -131,7 +131,7 @@ class MasterDashboard:
                         for s in st.segments.values()]
             clients = [{"id": c.client_id, "segments": sorted(c.segments),
                         "last_heartbeat_s": round(max(0.0, mono - c.last_seen), 2)} for c in st.clients.values()]
-            keys, inflight = len(st.objects), len(st.inflight)
+            keys, inflight = len(st.objects), st.puts_in_flight
             disk_used, offloading = st.disk_used, len(st.offloading)
             cfg, epoch = st.cfg, st.epoch
             hits, misses, evictions = st.stats.hits, st.stats.misses, st.stats.evictions

@@ -113,7 +113,7 @@ class _StateCollector:
         st, lock = self.server.state, self.server.lock
         with lock:
             segs = [(s.name, s.alloc.used, s.size) for s in st.segments.values()]
-            n_keys, n_inflight, n_clients = len(st.objects), len(st.inflight), len(st.clients)
+            n_keys, n_inflight, n_clients = len(st.objects), st.puts_in_flight, len(st.clients)
             stats = {k: getattr(st.stats, k) for k in st.stats.__slots__}
             disk_used = st.disk_used
             n_offloading = len(st.offloading)

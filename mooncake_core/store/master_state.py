@@ -194,6 +194,11 @@ class MasterState:
         self._drop_disk(key, meta, lease)
 
     @property
+    def puts_in_flight(self) -> int:
+        """Puts started and not yet ended, the clients' reservations (``put_commit``) aside."""
+        return sum(1 for k in self.inflight if not k.startswith(RESERVATION_PREFIX))
+
+    @property
     def capacity(self) -> int:
         return sum(s.size for s in self.segments.values())
 
