@@ -198,6 +198,16 @@ class MasterState:
         """Puts started and not yet ended, the clients' reservations (``put_commit``) aside."""
         return sum(1 for k in self.inflight if not k.startswith(RESERVATION_PREFIX))
 
+    def reservations_by_segment(self) -> dict[str, int]:
+        """Segment name -> ranges in it held by the clients' reservations (``put_commit``):
+        allocations that are not objects (yet). O(puts in flight)."""
+        out: dict[str, int] = {}
+        for k, p in self.inflight.items():
+            if k.startswith(RESERVATION_PREFIX):
+                for seg, _ in p.reps:
+                    out[seg.name] = out.get(seg.name, 0) + 1
+        return out
+
     @property
     def capacity(self) -> int:
         return sum(s.size for s in self.segments.values())

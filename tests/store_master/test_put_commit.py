@@ -23,6 +23,7 @@ def test_commit_publishes_and_reserves_the_next_put() -> None:
     assert got.reservation[0].addr != reps[0].addr, "the reservation is a range of its own"
     assert not st.exist_key(RESERVATION_PREFIX + "c0"), "a reservation is never an object"
     assert st.puts_in_flight == 0, "nor a put in flight (metrics, dashboard)"
+    assert st.reservations_by_segment() == {"seg0": 1}
     assert used(st) == 2048
     # the next put was written into the reservation: published from there, one call
     nxt = st.put_commit("c0", "b", 1024, Cfg(), True, 1024)
