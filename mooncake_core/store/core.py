@@ -29,14 +29,14 @@ import numpy as np
 
 from mooncake_core import envs
 from mooncake_core.errors import MooncakeError
-from mooncake_core.store import batch_path
+from mooncake_core.store import batch_path, single_put
 from mooncake_core.store.codes import EXISTS, INTERNAL, INVALID, LEASE_EXPIRED, NOT_FOUND, OK, RPC_FAIL, TRANSFER_FAIL
 from mooncake_core.store.config import StoreConfig
 from mooncake_core.store.internals import EngineLike, Parts
 from mooncake_core.store.maintenance import Maintenance
 from mooncake_core.store.master_client import MasterClient
-from mooncake_core.store.memory import (PREFAULT_MIN, buffer_addr, fingerprint, fingerprints, memmove, new_bytes,
-                                        populate_range, prefault_enabled, spans)
+from mooncake_core.store.memory import (PREFAULT_MIN, buffer_addr, fingerprint, fingerprint_in, fingerprints,
+                                        memmove, new_bytes, populate_range, prefault_enabled, spans)
 from mooncake_core.store.offload import OffloadFiles, mem_view
 from mooncake_core.store.owned import OwnedIndex
 from mooncake_core.store.protocol import GetReply, ReplicaDesc, ReplicateConfigMsg
@@ -97,6 +97,9 @@ class StoreCore:
         self.master_epoch = 0  # epoch of the master our segment is mounted at (0 = not yet)
         self.maintenance = Maintenance(self)
         self._metrics: dict[str, Any] | None = None
+        self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}  # see count()
+        self._msgs: dict[tuple, ReplicateConfigMsg] = {}  # see _placement()
+        self.single = single_put.ReservationSlot()  # our next single put's reservation
         self._http_server: Any = None
         # data-path calls in flight: close() waits for them before unmapping our segment, so
         # a concurrent memcpy from/to it never touches freed memory
@@ -208,7 +211,7 @@ class StoreCore:
         seg = self.segment
         assert seg is not None
         reply = self.master.mount_segment(self.client_id, self.segment_name, seg.addr, seg.size, self.master_epoch)
-        self.master_epoch = reply.epoch
+        self.master_epoch = reply.epoch  # a reservation of another epoch is not used (single_put)
         if reply.root_fs_dir and reply.enable_offload and self.offload is None:
             self._use_offload_dir(reply.root_fs_dir)
 
@@ -232,11 +235,18 @@ class StoreCore:
         m = self._metrics
         if m is None:
             return
-        m["ops"].labels(op, "ok" if rc >= 0 else str(rc)).inc()
+        # the labelled children are looked up once per (op, result): ``labels()`` costs a few
+        # microseconds (argument checks, a lock, a dict), a share of every single put and get
+        result = "ok" if rc >= 0 else str(rc)
+        ch = self._children.get((op, result))
+        if ch is None:
+            ch = self._children[(op, result)] = (m["ops"].labels(op, result), m["bytes"].labels(op),
+                                                  m["latency"].labels(op))
+        ch[0].inc()
         if nbytes:
-            m["bytes"].labels(op).inc(nbytes)
+            ch[1].inc(nbytes)
         if t0 is not None:
-            m["latency"].labels(op).observe(time.perf_counter() - t0)
+            ch[2].observe(time.perf_counter() - t0)
 
     def close(self) -> int:
         with self.lock:
@@ -279,6 +289,7 @@ class StoreCore:
         self._engine = None
         self._master = None
         self.owned.clear()
+        self.single.clear()
 
     def _release_engine(self) -> None:
         """Unregister our memory; close the engine if we started it (an engine handed to
@@ -392,10 +403,25 @@ class StoreCore:
             self.exit()
 
     def _placement(self, cfg: ReplicateConfig) -> ReplicateConfigMsg:
+        """The placement message of ``cfg`` (validated by the caller), built once per distinct
+        config: a fresh one (``to_msg`` validates again) costs ~10 us, a share of every single
+        put. The cached messages are shared: nothing below mutates them (they are encoded)."""
+        segs = cfg.preferred_segments
+        ck: tuple | None = (cfg.replica_num, cfg.soft_pin_action, cfg.soft_pin_ttl_ms, bool(cfg.with_hard_pin),
+                            cfg.preferred_segment, tuple(segs) if isinstance(segs, (list, tuple)) else segs,
+                            bool(cfg.prefer_alloc_in_same_node) and self.segment is not None, self.segment_name)
+        try:
+            msg = self._msgs.get(ck) if ck is not None else None
+        except TypeError:  # an unhashable field: build it every time
+            msg, ck = None, None
+        if msg is not None:
+            return msg
         msg = cfg.to_msg()
         if cfg.prefer_alloc_in_same_node and self.segment is not None \
                 and self.segment_name not in msg.preferred_segments:
             msg.preferred_segments.insert(0, self.segment_name)  # local first: a memcpy
+        if ck is not None and len(self._msgs) < 256:
+            self._msgs[ck] = msg
         return msg
 
     def _put_many_locked(self, keys: list[str], srcs: list[Parts], cfg: ReplicateConfig, *, upsert: bool,
@@ -405,6 +431,8 @@ class StoreCore:
         master = self.master
         n = len(keys)
         sizes = [parts[0][1] if len(parts) == 1 else sum(sz for _, sz in parts) for parts in srcs]
+        if n == 1 and not upsert and self.single.enabled:
+            return [single_put.put(self, keys[0], srcs[0], sizes[0], msg, op, t0)]
         allocs: list[list[ReplicaDesc] | int]
         try:
             if n == 1:
@@ -512,6 +540,17 @@ class StoreCore:
         if seg is None or not published:
             return
         name = self.segment_name
+        if len(published) == 1 and seg.view is not None:  # a single put: no numpy (fixed costs)
+            key, replicas, version = published[0]
+            mine = next((r for r in replicas if r.segment_name == name), None)
+            if not isinstance(version, int) or version <= 0 or mine is None:
+                self.owned.discard([key])
+            else:
+                off = mine.addr - seg.addr
+                fp = fingerprint_in(seg.view, off, mine.size) if 0 <= off <= seg.size - mine.size \
+                    else fingerprint(mine.addr, mine.size)
+                self.owned.add(key, mine, fp, version)
+            return
         keys: list[str] = []
         addrs: list[int] = []
         sizes: list[int] = []

@@ -47,18 +47,24 @@ CONNECT_WAIT_S = 1.0
 DEFAULT_BUSY_POLL_US = 50  # the default of MC_MASTER_BUSY_POLL_US (envs.py)
 
 
+#: bytes of a connection's reply buffer (a larger reply is gathered past it)
+RECV_BUFFER = 65536
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets, drops unsent bytes
 
 
 class _Conn:
     """A pooled connection and the kernel send/receive timeout currently set on it."""
 
-    __slots__ = ("poller", "sock", "timeout")
+    __slots__ = ("buf", "poller", "sock", "timeout", "view")
 
     def __init__(self, sock: socket.socket, spin: float):
         self.sock = sock
         self.timeout = 0.0
         self.poller = Poller(spin)
+        # replies land in this buffer: ``recv(65536)`` would malloc and shrink a 64 KiB bytes
+        # object per call (CPU, and heap trims that take the process's mmap lock)
+        self.buf = bytearray(RECV_BUFFER)
+        self.view = memoryview(self.buf)
 
     def set_timeout(self, seconds: float) -> None:
         seconds = max(seconds, 0.001)
@@ -201,19 +207,30 @@ class MasterClient:
         when the connection broke / the reply did not come in time (OSError also possible)."""
         sock = c.sock
         sock.sendall(P.request_frame(rid, body))
+        got: int | None = None
         if self._spin:  # busy-poll only as the lone call in flight (see __init__)
             with self._waiting_lock:
                 self._waiting += 1
                 alone = self._waiting == 1
             try:
-                buf = c.poller.recv(sock, 65536) if alone else None
-                if buf is None:
-                    buf = sock.recv(65536)
+                got = c.poller.recv_into(sock, c.view, RECV_BUFFER) if alone else None
+                if got is None:
+                    got = sock.recv_into(c.view, RECV_BUFFER)
             finally:
                 with self._waiting_lock:
                     self._waiting -= 1
         else:
-            buf = sock.recv(65536)
+            got = sock.recv_into(c.view, RECV_BUFFER)
+        if got >= 4:
+            n = P.unpack_len(c.buf)
+            if got == 4 + n:  # the whole reply, and nothing else: parse it in place
+                try:
+                    _, rid_got, code, payload = P.parse_reply(c.view[4:got])
+                except ValueError:
+                    return None
+                if rid_got == rid:
+                    return code, payload, True
+        buf: bytes = bytes(c.view[:got])
         while True:
             if not buf:
                 return None  # master closed the connection (restart / crash)
@@ -390,6 +407,12 @@ class MasterClient:
     def put_end(self, client_id: str, key: str) -> int:
         """Publish a put: the object's version (> 0), or 0 when nothing was published."""
         return self._call(P.PutEndReq(client_id, key))
+
+    def put_commit(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg, *, reserved: bool,
+                   next_size: int) -> P.PutCommitReply:
+        """put_end of ``key`` (``reserved``: written into our reservation, no put_start) and
+        a reservation of ``next_size`` bytes for the next put, in one round trip."""
+        return self._call(P.PutCommitReq(client_id, key, size, cfg, reserved, next_size))
 
     def put_revoke(self, client_id: str, key: str) -> None:
         self._call(P.PutRevokeReq(client_id, key))

@@ -126,12 +126,13 @@ class MasterDashboard:
         self._sample(now)
         with srv.lock:
             mono = st.clock()
+            resv = st.reservations_by_segment()
             segments = [{"name": s.name, "owner": s.client_id, "host": _host_of(s.name), "capacity": s.size,
-                         "used": s.alloc.used, "objects": s.alloc.num_allocations}
+                         "used": s.alloc.used, "objects": s.alloc.num_allocations - resv.get(s.name, 0)}
                         for s in st.segments.values()]
             clients = [{"id": c.client_id, "segments": sorted(c.segments),
                         "last_heartbeat_s": round(max(0.0, mono - c.last_seen), 2)} for c in st.clients.values()]
-            keys, inflight = len(st.objects), len(st.inflight)
+            keys, inflight = len(st.objects), st.puts_in_flight
             disk_used, offloading = st.disk_used, len(st.offloading)
             cfg, epoch = st.cfg, st.epoch
             hits, misses, evictions = st.stats.hits, st.stats.misses, st.stats.evictions

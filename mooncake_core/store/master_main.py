@@ -20,6 +20,7 @@ from mooncake_core.store.flags import FlagError, HelpRequested, apply_config_fil
 from mooncake_core.store.limits import RequestLimits
 from mooncake_core.store.master_server import MasterServer
 from mooncake_core.store.master_state import MasterConfig, MasterState
+from mooncake_core.utils.gcfreeze import freeze_after_full_collections
 from mooncake_core.utils.log import get_logger, setup_logging
 from mooncake_core.utils.net import local_ip
 
@@ -142,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                              "etcd": v["etcd_endpoints"]})
         else:
             server.start()
+        freeze_after_full_collections()  # millions of records: keep full GCs short
         log.info("mooncake_master ready", extra={
             "rpc_address": advertise, "port": server.port, "ha": v["enable_ha"],
             "offload": cfg.enable_offload, "lease_ttl_ms": cfg.default_kv_lease_ttl_ms,

@@ -56,6 +56,7 @@ def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, C
         P.UpsertStartReq: lambda r: st.put_start(r.client_id, r.key, r.size, r.cfg, upsert=True),
         P.PutEndReq: lambda r: st.put_end(r.client_id, r.key),
         P.PutRevokeReq: lambda r: st.put_revoke(r.client_id, r.key),
+        P.PutCommitReq: lambda r: st.put_commit(r.client_id, r.key, r.size, r.cfg, r.reserved, r.next_size),
         P.BatchPutStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg),
         P.BatchUpsertStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg, upsert=True),
         P.BatchPutEndReq: lambda r: st.batch_put_end(r.client_id, r.keys),
@@ -112,7 +113,7 @@ class _StateCollector:
         st, lock = self.server.state, self.server.lock
         with lock:
             segs = [(s.name, s.alloc.used, s.size) for s in st.segments.values()]
-            n_keys, n_inflight, n_clients = len(st.objects), len(st.inflight), len(st.clients)
+            n_keys, n_inflight, n_clients = len(st.objects), st.puts_in_flight, len(st.clients)
             stats = {k: getattr(st.stats, k) for k in st.stats.__slots__}
             disk_used = st.disk_used
             n_offloading = len(st.offloading)

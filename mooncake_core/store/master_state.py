@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.key_events import KeyEventKind, KeyEventLog, watch_reply
 from mooncake_core.store.protocol import (
-    BatchGetReply, GetReply, HeartbeatReply, KeyEventsReply, MountReply, Placements, ReplicaDesc,
+    BatchGetReply, GetReply, HeartbeatReply, KeyEventsReply, MountReply, Placements, PutCommitReply, ReplicaDesc,
     ReplicateConfigMsg,
 )
 from mooncake_core.store import master_batch, master_reports, master_tier
@@ -56,6 +56,10 @@ from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.store.master")
+
+#: in-flight name of a client's reservation (see ``MasterState.put_commit``): a NUL-prefixed
+#: string no client library produces as a key
+RESERVATION_PREFIX = "\x00reservation:"
 
 
 class MasterState:
@@ -188,6 +192,21 @@ class MasterState:
         self._release(meta.reps(), meta.size, lease, now)
         meta.set_reps([])
         self._drop_disk(key, meta, lease)
+
+    @property
+    def puts_in_flight(self) -> int:
+        """Puts started and not yet ended, the clients' reservations (``put_commit``) aside."""
+        return sum(1 for k in self.inflight if not k.startswith(RESERVATION_PREFIX))
+
+    def reservations_by_segment(self) -> dict[str, int]:
+        """Segment name -> ranges in it held by the clients' reservations (``put_commit``):
+        allocations that are not objects (yet). O(puts in flight)."""
+        out: dict[str, int] = {}
+        for k, p in self.inflight.items():
+            if k.startswith(RESERVATION_PREFIX):
+                for seg, _ in p.reps:
+                    out[seg.name] = out.get(seg.name, 0) + 1
+        return out
 
     @property
     def capacity(self) -> int:
@@ -400,6 +419,23 @@ class MasterState:
         over the stored objects. ``direct``: see _direct_target."""
         if size.__class__ is not int or size <= 0:
             raise err(ErrorCode.INVALID_PARAMS, f"put {key!r}: size must be an int > 0, got {size!r}")
+        promote = self._claim(key, size, upsert, now)
+        reps: list[Rep] | None = None
+        if direct is not None and size <= direct.size:
+            off = direct.alloc.allocate(size)
+            if off is not None:
+                reps = [(direct, off)]
+        if reps is None:  # a choice to make, or no room: the general path (it may evict)
+            reps = self._allocate(key, size, cfg, now)
+        self.inflight[key] = PendingPut(client_id, self._sizes.get(size) or self._intern_size(size), reps, now,
+                                        upsert, promote, bool(cfg.with_hard_pin), soft_ttl)
+        return reps
+
+    def _claim(self, key: str, size: int, upsert: bool, now: float) -> bool:
+        """The key checks of a put about to be recorded in flight: -705 when the key exists
+        (unless upserting) or another put of it is in progress; an abandoned put of it
+        (older than ``put_start_discard_timeout_s``) is taken over. Returns whether the put
+        brings a disk-only object back to memory."""
         promote = False
         meta = self.objects.get(key)
         if meta is not None and not upsert:
@@ -420,16 +456,7 @@ class MasterState:
             for r in p.reps:
                 self._free(r, p.size)
             del self.inflight[key]
-        reps: list[Rep] | None = None
-        if direct is not None and size <= direct.size:
-            off = direct.alloc.allocate(size)
-            if off is not None:
-                reps = [(direct, off)]
-        if reps is None:  # a choice to make, or no room: the general path (it may evict)
-            reps = self._allocate(key, size, cfg, now)
-        self.inflight[key] = PendingPut(client_id, self._sizes.get(size) or self._intern_size(size), reps, now,
-                                        upsert, promote, bool(cfg.with_hard_pin), soft_ttl)
-        return reps
+        return promote
 
     def upsert_start(self, client_id: str, key: str, size: int,
                      cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
@@ -541,6 +568,78 @@ class MasterState:
         self.stats.puts += 1
         self.key_events.publish("put", key)
         return self._new_version()
+
+    # ---------------------------------------------------------------- single puts in one round trip
+    def put_commit(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg | None, reserved: bool,
+                   next_size: int) -> PutCommitReply:
+        """``put_end`` of ``key`` and a *reservation* for the client's next single put, in one
+        round trip; with ``reserved`` the put was written into the reservation the client
+        held (no ``put_start``): it is published from there.
+
+        Why: a single put otherwise costs two round trips (put_start, put_end), and on a
+        loaded host each is a wake-up of the master and of the client. The reservation is
+        the allocation the next put_start would make, made one put earlier with the same
+        placement rules (``cfg``; never evicting for it): an in-flight put under a name of
+        the client's own (``RESERVATION_PREFIX`` + client id), so every rule for in-flight
+        puts (unmount, client expiry, release timeout, quarantine) covers it. At most one
+        per client: a new one replaces (quarantines) the previous one. The client writes
+        into a reservation only while it is young (``core.RESERVATION_MAX_AGE_S``, well
+        within ``recovery_hold_s``: a master that restarted meanwhile does not know it and
+        answers -704, and its hold keeps the range unused until such a late write is over).
+
+        Codes: -705 when ``key`` exists or another put of it is in progress (the reservation
+        stays, unchanged); -704 when the client holds no reservation; -600 when the
+        reservation does not fit this put (size, pinning)."""
+        check_key(key)
+        cfg = cfg or ReplicateConfigMsg()
+        self._check_cfg(cfg, key)
+        now = self.clock()
+        if reserved:
+            version = self._commit_reserved(client_id, key, size, cfg, now)
+        else:
+            version = self._put_end_one(client_id, key, now)
+        reps = self._reserve(client_id, next_size, cfg, now) if next_size else []
+        return PutCommitReply(version, [ReplicaDesc(seg.name, seg.base + off, next_size, "memory", "", "processing")
+                                        for seg, off in reps], self.epoch)
+
+    def _commit_reserved(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg, now: float) -> int:
+        rk = RESERVATION_PREFIX + client_id
+        p = self.inflight.get(rk)
+        if p is None or p.client_id != client_id:
+            raise err(ErrorCode.OBJECT_NOT_FOUND, f"put_commit {key!r}: client {client_id!r} holds no reservation "
+                       f"(released, or the master changed)")
+        if p.size != size or p.hard != bool(cfg.with_hard_pin) or p.soft_ttl != self._soft_ttl(cfg):
+            raise err(ErrorCode.INVALID_PARAMS, f"put_commit {key!r}: the reservation ({p.size} bytes) does not "
+                       f"fit this put ({size} bytes, or other pinning)")
+        promote = self._claim(key, size, False, now)
+        del self.inflight[rk]
+        self.inflight[key] = PendingPut(client_id, p.size, p.reps, now, False, promote, p.hard, p.soft_ttl)
+        return self._put_end_one(client_id, key, now)
+
+    def _reserve(self, client_id: str, size: int, cfg: ReplicateConfigMsg, now: float) -> list[Rep]:
+        """Allocate the client's next reservation (replacing its previous one); [] when
+        there is no room without evicting, or ``size`` is not a positive int."""
+        rk = RESERVATION_PREFIX + client_id
+        old = self.inflight.pop(rk, None)
+        if old is not None:
+            self._quarantine(client_id, old.reps, old.size)
+        if size.__class__ is not int or size <= 0:
+            return []
+        reps: list[Rep] | None = None
+        direct = self._direct_target(cfg, now)
+        if direct is not None:
+            off = direct.alloc.allocate(size) if size <= direct.size else None
+            reps = None if off is None else [(direct, off)]
+        else:
+            segs = self.segments if now >= self._holds_until else {
+                n: s for n, s in self.segments.items() if s.hold_until <= now}
+            if segs:
+                reps = self._place(size, min(cfg.replica_num, len(segs)), cfg.preferred_segments, segs)
+        if not reps:
+            return []
+        self.inflight[rk] = PendingPut(client_id, self._intern_size(size), reps, now, False, False,
+                                       bool(cfg.with_hard_pin), self._soft_ttl(cfg))
+        return reps
 
     def put_revoke(self, client_id: str, key: str) -> None:
         check_key(key)

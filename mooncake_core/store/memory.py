@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import operator
+import struct
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -21,8 +23,8 @@ import numpy as np
 from mooncake_core import envs
 from mooncake_core.store.offload import mem_view
 
-__all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "bytes_addrs", "fingerprint", "fingerprints",
-           "madvise_populate", "memmove", "new_bytes", "populate_range", "prefault_enabled", "spans"]
+__all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "bytes_addrs", "fingerprint", "fingerprint_in",
+           "fingerprints", "madvise_populate", "memmove", "new_bytes", "populate_range", "prefault_enabled", "spans"]
 
 memmove = ctypes.memmove
 _PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
@@ -125,6 +127,35 @@ def fingerprint(addr: int, size: int) -> int:
     return int(fingerprints(mem_view(addr, size), np.zeros(1, np.int64), np.array([size], np.int64))[0])
 
 
+_FP_W_INT = [int(w) for w in _FP_W]
+_FP_STRUCTS: dict[int, struct.Struct | None] = {}
+
+
+def _fp_struct(size: int) -> struct.Struct | None:
+    """One ``Struct`` reading the ``FP_WORDS`` sampled words of a ``size``-byte object (pad
+    bytes between them), or None when they overlap (objects under ~512 bytes)."""
+    st = _FP_STRUCTS.get(size, False)
+    if st is False:
+        ats = [(size - 8) * k // (FP_WORDS - 1) for k in range(FP_WORDS)]
+        gaps = [b - a - 8 for a, b in zip(ats, ats[1:])]
+        st = None if min(gaps) < 0 else struct.Struct("<" + "".join(
+            f"Q{g}x" if g else "Q" for g in gaps) + "Q")
+        if len(_FP_STRUCTS) < 4096:
+            _FP_STRUCTS[size] = st
+    return st  # type: ignore[return-value]
+
+
+def fingerprint_in(mem: Any, off: int, size: int) -> int:
+    """``fingerprints`` of the one object ``[off, off + size)`` of ``mem``: the same value, in
+    plain Python (one ``struct`` unpack and 64 multiplications, ~5 us) -- the numpy path costs
+    tens of microseconds of fixed overhead for a single object, a share of every single put."""
+    st = _fp_struct(size) if size >= 8 else None
+    if st is None or off < 0 or off + size > len(mem):
+        return int(fingerprints(mem, np.array([off], np.int64), np.array([size], np.int64))[0])
+    w = _FP_W_INT
+    return (sum(map(operator.mul, st.unpack_from(mem, off), w)) + size * w[FP_WORDS]) & _MASK64
+
+
 def fingerprints(mem: Any, offs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """Fingerprints (``uint64``) of the objects ``[offs[i], offs[i] + sizes[i])`` of the byte
     buffer ``mem``, all at once: ``FP_WORDS`` unaligned 8-byte words per object (see
@@ -156,17 +187,25 @@ def fingerprints(mem: Any, offs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     w = _FP_W[:FP_WORDS]
     size0 = int(sizes[0])
     if n > 1 and bool((sizes == size0).all()) and bool((np.diff(offs) == size0).all()):
-        # laid end to end: sample k of every object is one strided slice
         start = int(offs[0])
-        acc = np.zeros(n, np.uint64)
-        for k, at in enumerate(((size0 - 8) * _FP_K // (FP_WORDS - 1)).tolist()):
-            acc += words[start + at:start + at + (n - 1) * size0 + 1:size0] * w[k]
+        if n >= _STRIDED_MIN:
+            # laid end to end: sample k of every object is one strided slice (64 numpy calls)
+            acc = np.zeros(n, np.uint64)
+            for k, at in enumerate(((size0 - 8) * _FP_K // (FP_WORDS - 1)).tolist()):
+                acc += words[start + at:start + at + (n - 1) * size0 + 1:size0] * w[k]
+        else:
+            # fewer objects: one (objects x samples) take from a strided 2-D view (~2x cheaper
+            # than the strided slices or the general gather below for 100 objects)
+            rows = np.lib.stride_tricks.as_strided(words[start:], shape=(n, size0 - 7), strides=(size0, 1))
+            acc = (rows[:, (size0 - 8) * _FP_K // (FP_WORDS - 1)] * w).sum(axis=1, dtype=np.uint64)
     else:
         pos = offs[:, None] + (sizes[:, None] - 8) * _FP_K[None, :] // (FP_WORDS - 1)
         acc = (words[pos] * w).sum(axis=1, dtype=np.uint64)
     return acc + sizes.astype(np.uint64) * _FP_W[FP_WORDS]
 
 
+#: objects from which a batch laid end to end is fingerprinted by strided slices
+_STRIDED_MIN = 512
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 _libc: Any = None
 

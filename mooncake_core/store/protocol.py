@@ -192,6 +192,15 @@ class MountReply(msgspec.Struct, array_like=True):
     epoch: int = 0  #: pass back as MountSegmentReq.prev_epoch when re-mounting after a master change
 
 
+class PutCommitReply(msgspec.Struct, array_like=True):
+    """Answer to put_commit: the published version (as put_end's), the reservation for the
+    next put (no replica: none) and the epoch of the master that granted it."""
+
+    version: int
+    reservation: list[ReplicaDesc]
+    epoch: int = 0
+
+
 class MasterInfo(msgspec.Struct, array_like=True):
     version: int
     rpc_address: str
@@ -276,6 +285,20 @@ class UpsertStartReq(_Req, tag="upsert_start"):
 class PutEndReq(_Req, tag="put_end"):
     client_id: str
     key: str
+
+
+class PutCommitReq(_Req, tag="put_commit"):
+    """``put_end`` of ``key`` plus a reservation for the client's next single put (one round
+    trip; see ``MasterState.put_commit``). ``reserved``: ``key`` was written into the
+    reservation the client held (no ``put_start``). ``next_size``: bytes to reserve, placed
+    by ``cfg`` (0: none). Answer: ``PutCommitReply``."""
+
+    client_id: str
+    key: str
+    size: int
+    cfg: ReplicateConfigMsg
+    reserved: bool
+    next_size: int
 
 
 class PutRevokeReq(_Req, tag="put_revoke"):
@@ -376,7 +399,7 @@ class WatchKeysReq(_Req, tag="watch_keys"):
 
 Request = Union[
     PingReq, AuthChallengeReq, AuthReq, MountSegmentReq, UnmountSegmentReq, HeartbeatReq, ReportObjectsReq,
-    PutStartReq, UpsertStartReq, PutEndReq, PutRevokeReq, BatchPutStartReq,
+    PutStartReq, UpsertStartReq, PutEndReq, PutCommitReq, PutRevokeReq, BatchPutStartReq,
     BatchUpsertStartReq, BatchPutEndReq, BatchPutRevokeReq, GetReplicaListReq,
     BatchGetReplicaListReq, ExistKeyReq, BatchExistKeyReq, GetSizeReq, RemoveReq,
     RemoveAllReq, RemoveByRegexReq, BatchRemoveReq, OffloadDoneReq, OffloadFailedReq,
@@ -395,6 +418,7 @@ RESULT_TYPES: dict[type, object] = {
     PutStartReq: list[ReplicaDesc],
     UpsertStartReq: list[ReplicaDesc],
     PutEndReq: int,
+    PutCommitReq: PutCommitReply,
     PutRevokeReq: None,
     BatchPutStartReq: Placements,
     BatchUpsertStartReq: Placements,
@@ -426,7 +450,7 @@ __all__ = [
     "PROTOCOL_VERSION", "MAX_FRAME", "HEADER_SIZE", "REPLY_HEADER_SIZE", "LEN_SIZE", "pack_header",
     "unpack_header", "pack_status", "unpack_status", "unpack_len", "request_frame", "reply_frame",
     "parse_reply", "ReplicaDesc", "ReplicateConfigMsg", "OffloadTask", "HeartbeatReply",
-    "GetReply", "Placements", "BatchGetReply",
+    "GetReply", "Placements", "BatchGetReply", "PutCommitReply",
     "MountReply", "MasterInfo", "KeyEventsReply", "Request", "RESULT_TYPES", "request_encoder",
     "request_decoder", "result_encoder", "result_decoders",
 ] + [t.__name__ for t in RESULT_TYPES]

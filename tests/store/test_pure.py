@@ -249,11 +249,14 @@ def test_batch_fingerprints_match_single_ones_and_see_changes() -> None:
 
     from mooncake_core.store.memory import bytes_addr, fingerprint, fingerprints
 
-    buf = bytearray(os.urandom(1 << 18))
+    buf = bytearray(os.urandom(1 << 20))
     frozen = bytes(buf)
-    offs, sizes = np.arange(0, 100 * 1024, 1024), np.full(100, 1024)
-    laid = fingerprints(buf, offs, sizes)
-    assert (fingerprints(buf, offs[::-1].copy(), sizes)[::-1] == laid).all()
+    for n in (100, 600):  # laid end to end: a 2-D take below 512 objects, strided slices from 512
+        offs, sizes = np.arange(0, n * 1024, 1024), np.full(n, 1024)
+        laid = fingerprints(buf, offs, sizes)
+        assert (fingerprints(buf, offs[::-1].copy(), sizes)[::-1] == laid).all(), n  # the general gather
+        assert (fingerprints(buf, offs[1:] + 5, sizes[1:]) == fingerprints(buf, offs[1:][::-1] + 5,
+                                                                          sizes[1:])[::-1]).all(), n
     assert int(laid[7]) == fingerprint(bytes_addr(frozen) + 7 * 1024, 1024)
     for size in (1, 7, 8, 9, 100, 504, 5000):
         one = fingerprints(buf, np.array([3]), np.array([size]))[0]
@@ -263,6 +266,12 @@ def test_batch_fingerprints_match_single_ones_and_see_changes() -> None:
             changed[3 + j] ^= 0x40
             assert fingerprints(changed, np.array([3]), np.array([size]))[0] != one, (size, j)
     assert fingerprints(buf, np.array([5]), np.array([0]))[0] == 0
+    # a single put fingerprints its object without numpy: the same values
+    from mooncake_core.store.memory import fingerprint_in
+
+    for size in (8, 9, 100, 504, 512, 513, 1024, 1000, 4096, 5000, 65536):
+        for off in (0, 3, 1001):
+            assert fingerprint_in(buf, off, size) == int(fingerprints(buf, np.array([off]), np.array([size]))[0])
 
 
 def test_part_offsets_lay_pieces_end_to_end_per_key() -> None:
@@ -274,3 +283,23 @@ def test_part_offsets_lay_pieces_end_to_end_per_key() -> None:
     assert off.tolist() == [0, 3, 3, 0, 0, 2]
     key, off = part_offsets(np.array([0, 0]), np.zeros(0, np.int64))
     assert key.tolist() == [] and off.tolist() == []
+
+
+def test_reservation_slot_hands_a_fitting_young_reservation_to_one_put() -> None:
+    from mooncake_core.store.protocol import ReplicaDesc, ReplicateConfigMsg
+    from mooncake_core.store.single_put import RESERVATION_MAX_AGE_S, Reservation, ReservationSlot
+
+    msg, other = ReplicateConfigMsg(), ReplicateConfigMsg()
+    slot = ReservationSlot()
+    assert slot.take(1024, msg, 7, 100.0) == (None, True)
+    assert slot.take(1024, msg, 7, 100.0) == (None, False), "busy: another put owns the slot"
+    r = Reservation([ReplicaDesc("s", 4096, 1024)], 1024, msg, 100.0, 7)
+    slot.give(r)
+    assert slot.take(1024, msg, 7, 100.1) == (r, True)
+    slot.give(r)
+    for size, m, epoch, now in ((2048, msg, 7, 100.1), (1024, other, 7, 100.1), (1024, msg, 8, 100.1),
+                                (1024, msg, 7, 100.0 + RESERVATION_MAX_AGE_S)):
+        assert slot.take(size, m, epoch, now) == (None, True), (size, epoch, now)
+        assert slot.current is None, "a reservation that does not fit is dropped"
+        slot.give(r)
+    assert slot.take(1024, msg, 0, 100.2) == (r, True), "epoch 0: a client without a mount trusts the age"
