@@ -11,6 +11,8 @@ Modes (each starts its own servers, runs the prompts one at a time, stops them):
   ours      prefill (core 0) + decode (core 1) with MooncakeCoreConnector, through mooncake_proxy
             (``--handoff vllm``: prefill first, then the decode with the prefill's answer)
   ours-conc same, ``--handoff mooncake-core``: prefill and decode sent at once (after the first)
+  ours-ft   same as ours plus ``--prefill-first-token``: the proxy streams the prefill's own first
+            token, the decode continues from the prompt + that token (proxy/first_token.py)
   nixl      same with vLLM's NixlConnector (needs ``pip install --no-deps nixl-cu12==1.5.1
             nixl==1.5.1`` in the vLLM venv: ``scripts/install_vllm.sh --with-nixl``), UCX over tcp
   nixl-mc   NixlConnector with "backends": ["MooncakeCore"] (our NIXL plugin: scripts/install_nixl.sh)
@@ -80,7 +82,7 @@ def servers_for(mode: str, py: str, model: Path, logs: Path, tp: int = 1) -> tup
     args, tenv = tp_args(tp)
     if mode == "nodisagg":
         return [VllmServer(py, model, free_port(), 0, logs / "single.log", env=tenv, args=args)], {}
-    if mode in ("ours", "ours-conc"):
+    if mode in OURS:
         return [VllmServer(py, model, free_port(), 0, logs / f"{mode}_p.log", p2p_config("kv_producer"),
                            env=tenv, args=args),
                 VllmServer(py, model, free_port(), 1, logs / f"{mode}_d.log", p2p_config("kv_consumer"),
@@ -115,7 +117,9 @@ def servers_for(mode: str, py: str, model: Path, logs: Path, tp: int = 1) -> tup
     raise ValueError(f"unknown mode {mode!r}")
 
 
+OURS = ("ours", "ours-conc", "ours-ft")  # MooncakeCoreConnector on both instances
 HANDOFF = {"builtin": "mooncake", "ours-conc": "mooncake-core"}  # the proxy's --handoff (default: vllm)
+PROXY_FLAGS = {"ours-ft": ("--prefill-first-token",)}  # more proxy flags per mode
 
 
 def warm_up(servers: list[VllmServer], lens: list[int], concurrency: int, seed: int) -> None:
@@ -174,7 +178,8 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
             url = servers[0].url
         else:
             proxy, url = start_proxy(servers[0], servers[1], HANDOFF.get(mode, "vllm"),
-                                     logs / f"{mode}_proxy.log", extra.get("bootstrap"))
+                                     logs / f"{mode}_proxy.log", extra.get("bootstrap"),
+                                     extra=PROXY_FLAGS.get(mode, ()))
         stream_request(url, [5] * 64, 2)  # warm-up (first request compiles / connects)
         ttfts, e2es = [], []
         error = ""
@@ -205,7 +210,7 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
             except Exception as ex:
                 out["c_error"] = f"concurrent run failed: {ex}"
                 print(f"[{mode}] {out['c_error']}", file=sys.stderr)
-        if mode in ("ours", "ours-conc"):
+        if mode in OURS:
             per_tid: dict[str, int] = {}  # one line per decode rank: sum them per transfer
             for tid, b in re.findall(r"kv pulled request=\S+ transfer=(\S+) blocks=\d+ bytes=(\d+)",
                                      servers[1].log_text()):
@@ -238,13 +243,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=400, help="tokens per prompt (default 400)")
     ap.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (default 32)")
     ap.add_argument("--modes", nargs="+", default=["nodisagg", "ours", "nixl"],
-                    choices=["nodisagg", "ours", "ours-conc", "nixl", "nixl-mc", "builtin"],
-                    help="modes to run, in order")
+                    choices=["nodisagg", *OURS, "nixl", "nixl-mc", "builtin"],
+                    help="modes to run, in order: nodisagg (one plain instance), ours (MooncakeCoreConnector, "
+                         "proxy --handoff vllm), ours-conc (--handoff mooncake-core, concurrent), ours-ft "
+                         "(--handoff vllm --prefill-first-token: the prefill's token streamed at once), nixl "
+                         "(NixlConnector on UCX), nixl-mc (NixlConnector on our MooncakeCore backend), builtin "
+                         "(vLLM's MooncakeConnector on our engine)")
     ap.add_argument("--concurrency", type=int, default=8,
                     help="requests in flight for the second column (default 8; 1 skips it)")
     ap.add_argument("--seed", type=int, default=0, help="prompt RNG seed")
     ap.add_argument("--tp", type=int, default=1,
-                    help="tensor_parallel_size of every instance of the nodisagg/ours/ours-conc modes (default 1; "
+                    help="tensor_parallel_size of every instance of the nodisagg and ours* modes (default 1; "
                          "2 on a 2-core box puts rank r on core r)")
     ap.add_argument("--warmup-lens", type=int, nargs="+", default=None, metavar="N",
                     help="before timing, send every instance directly (one instance at a time) a prompt of each of "
@@ -294,10 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         errs = "; ".join(e for e in (r["error"], r.get("c_error", "")) if e)
         print(f"{m:10} {r['ttft_p50'] * 1e3:12.1f} {r['ttft_mean'] * 1e3:10.1f} {r['e2e_p50'] * 1e3:11.1f} "
               f"{r['e2e_mean'] * 1e3:9.1f} {r['n']:5d}" + conc + (f"  ({errs})" if errs else ""))
-    for ours in ("ours", "ours-conc"):
+    for ours in OURS:
         if ours not in res:
             continue
-        for ref in ("nodisagg", "nixl", "builtin", "ours"):
+        for ref in ("nodisagg", "nixl", "builtin", *OURS):
             if ref in res and ref != ours:
                 o, f = res[ours], res[ref]
                 line = (f"{ours} / {ref}: TTFT p50 {o['ttft_p50'] / f['ttft_p50']:.2f}x, "

@@ -119,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vllm: prefill first (max_tokens=1, kv_transfer_params), then decode with what "
                         "prefill returned; mooncake: both at once with a shared transfer_id and the "
                         "prefill bootstrap address; sglang: both at once with bootstrap_host/port/room")
+    g.add_argument("--prefill-first-token", action="store_true",
+                   help="with --handoff vllm: stream the prefill's own first token to the client as "
+                        "soon as the prefill answers, and send the decode the prompt's token ids plus "
+                        "that token (one token less to generate), so TTFT no longer waits for the "
+                        "decode. Applies to streamed /v1/completions with one prompt and one choice "
+                        "and without logprobs, echo, stop strings or presence/frequency penalties; "
+                        "other requests take the normal hand-off (docs/proxy.md)")
     g.add_argument("--health-interval", type=float, default=5.0,
                    help="seconds between /health probes of a healthy instance (0 = no periodic "
                         "probes); new and failing instances are probed at once and then with a fast "
@@ -218,9 +225,13 @@ def config_from_args(a: argparse.Namespace):
     for flag, n in (("--cache-blocks", a.cache_blocks), ("--decode-kv-blocks", a.decode_kv_blocks)):
         if n < 0:
             raise SystemExit(f"{flag} must be >= 0 (0 = unlimited), got {n}")
+    if a.prefill_first_token and a.handoff != "vllm":
+        raise SystemExit(f"--prefill-first-token needs --handoff vllm (got --handoff {a.handoff}): the "
+                         "decode's prompt carries the prefill's first token, so the decode can only be "
+                         "sent after the prefill answered")
     return ProxyConfig(
         prefill_urls=prefill, decode_urls=decode, prefill_bootstrap_ports=bports, policy=a.policy,
-        handoff=a.handoff, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
+        handoff=a.handoff, prefill_first_token=a.prefill_first_token, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
         retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,

@@ -76,6 +76,11 @@ class ProxyMetrics:
                                ["instance", "role"], registry=r)
         self.healthy = Gauge("mooncake_proxy_instance_healthy", "1 if the instance passes health checks",
                              ["instance", "role"], registry=r)
+        self.first_token = Counter("mooncake_proxy_prefill_first_token",
+                                   "--prefill-first-token: requests whose first token the proxy streamed from "
+                                   "the prefill (streamed), that the prefill alone answered (prefill_only), "
+                                   "that took the normal hand-off (ineligible), or whose prefill answer lacked "
+                                   "token ids (fallback)", ["outcome"], registry=r)
         self.decisions = Counter("mooncake_proxy_scheduler_decisions",
                                  "Scheduler decisions by chosen prefill/decode pair",
                                  ["policy", "prefill", "decode"], registry=r)

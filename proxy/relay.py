@@ -32,6 +32,7 @@ __all__ = ["Relay", "RelayTimeouts", "StreamTiming", "UpstreamError", "forward_h
 _dec = msgspec.json.Decoder()
 _enc = msgspec.json.Encoder()
 
+_SSE = "text/event-stream; charset=utf-8"
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding",
                 "date", "server"}
 
@@ -159,6 +160,16 @@ class Relay:
             return {}
         return out if isinstance(out, dict) else {}
 
+    async def send_sse(self, request: web.Request, route: str, rid: str, t0: float, data: bytes) -> web.StreamResponse:
+        """A whole SSE answer the proxy has already (``--prefill-first-token``: the prefill's one
+        token was all the request asked for)."""
+        out = web.StreamResponse(status=200, headers={"Content-Type": _SSE, "X-Request-Id": rid})
+        await out.prepare(request)
+        self._observe_ttft(route, time.perf_counter() - t0)
+        await out.write(data)
+        await out.write_eof()
+        return out
+
     async def race_decode(self, request: web.Request, route: str, d: Instance, payload: dict[str, Any],
                           headers: dict[str, str], rid: str, t0: float,
                           ptask: asyncio.Task[dict[str, Any]],
@@ -192,16 +203,33 @@ class Relay:
     async def stream_decode(self, request: web.Request, route: str, d: Instance, payload: dict[str, Any],
                             headers: dict[str, str], rid: str, t0: float,
                             started: list[bool] | None,
-                            timing: StreamTiming | None = None) -> web.StreamResponse:
-        """Stream the decode answer through; the client response starts at the first byte."""
+                            timing: StreamTiming | None = None, prefix: bytes | None = None,
+                            rewrite: Callable[[bytes], bytes] | None = None) -> web.StreamResponse:
+        """Stream the decode answer through; the client response starts at the first byte.
+
+        ``prefix`` (``--prefill-first-token``): SSE bytes the client gets *before* the decode is
+        even asked -- the response starts with them, so a decode failure after that can only cut
+        the connection. ``rewrite`` maps each received piece to what is written (it may hold back
+        an unfinished event; what it still holds at the end is written then).
+        """
         t = aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s,
                                   sock_read=self.timeouts.request_s)
         out: web.StreamResponse | None = None
+        if prefix is not None:
+            out = web.StreamResponse(status=200, headers={"Content-Type": _SSE, "X-Request-Id": rid})
+            await out.prepare(request)
+            await out.write(prefix)
+            self._observe_ttft(route, time.perf_counter() - t0)
         try:
             async with self.session().post(d.url + route, data=_enc.encode(payload),
                                            headers=headers, timeout=t) as resp:
                 if resp.status >= 400:
-                    raise await self.status_error(d, "decode", resp)
+                    err = await self.status_error(d, "decode", resp)
+                    if out is None:
+                        raise err
+                    log.warning("decode refused the request after its first token was sent; aborting",
+                                extra={"request_id": rid, "error": err.message})
+                    return _abort(request, out)
                 it = resp.content.iter_any().__aiter__()
                 tbt = self._tbt_of(route)
                 last = 0.0
@@ -211,6 +239,8 @@ class Relay:
                     except StopAsyncIteration:
                         break
                     now = time.perf_counter()
+                    if rewrite is not None:
+                        chunk = rewrite(chunk)
                     if out is None:
                         if started is not None:
                             started.append(True)
@@ -250,6 +280,8 @@ class Relay:
             out = _start_response(resp, rid)
             await out.prepare(request)
             self._observe_ttft(route, time.perf_counter() - t0)
+        if rewrite is not None and (rest := rewrite(b"")):
+            await out.write(rest)
         await out.write_eof()
         return out
 

@@ -28,6 +28,7 @@ from mooncake_core import auth
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.tls import server_context
 
+from . import first_token as ftok
 from . import scheduling
 from .admin import AdminApi
 from .bootstrap import BootstrapDirectory, BootstrapError
@@ -59,6 +60,8 @@ class ProxyConfig:
     prefill_bootstrap_ports: list[int | None] = field(default_factory=list)
     policy: str = "load_balance"
     handoff: str = "vllm"
+    #: --prefill-first-token: stream the prefill's first token at once (first_token.py)
+    prefill_first_token: bool = False
     ttft_slo: float | None = None
     tbt_slo: float | None = None
     prediction_horizon: float | None = None
@@ -491,17 +494,36 @@ class ProxyServer:
             ppayload = ho.prefill_payload(body, route, p.addr, ctx)
             if decision.remote_source == self.sched_mod.STORE and decision.remote_blocks:
                 ppayload = with_store_hint(ppayload, decision, self.cfg.block_size)
+            prefix: bytes | None = None
+            rewrite: ftok.UsageShift | None = None
             if not ho.is_concurrent(p.addr):
+                first = self._first_token_wanted(body, route, rid)
+                if first:
+                    ppayload = ftok.prefill_body(ppayload, body)
                 presp = await self.relay.post_json(p, route, ppayload, pheaders, "prefill")
                 prefill_finished()
                 if cal is not None:
                     t_answered = time.perf_counter()
                     self._calibrated("prefill", cal.observe_prefill(decision.est_ttft_s / f_pre, now() - t_sent, now()))
                 ho.on_prefill_answer(p.addr, presp)
+                ft = ftok.parse_first_token(presp) if first else None
+                if first and ft is None:
+                    self.metrics.first_token.labels("fallback").inc()
+                    log.warning("--prefill-first-token: the prefill's answer has no token ids (an engine "
+                                "without return_token_ids?); normal hand-off",
+                                extra={"request_id": rid, "instance": p.url})
+                if ft is not None and not ftok.needs_decode(body, ft):
+                    self.metrics.first_token.labels("prefill_only").inc()
+                    return await self.relay.send_sse(request, route, rid, t0, ftok.first_chunks(body, ft, final=True))
                 rejected = self._decode_stage_check(d, req)
                 if rejected is not None:
                     return rejected
-                dpayload = ho.decode_payload(body, route, p.addr, ctx, presp)
+                if ft is not None:
+                    self.metrics.first_token.labels("streamed").inc()
+                    prefix, rewrite = ftok.first_chunks(body, ft, final=False), ftok.UsageShift(ft)
+                    dpayload = ho.decode_payload(ftok.decode_body(body, ft), route, p.addr, ctx, presp)
+                else:
+                    dpayload = ho.decode_payload(body, route, p.addr, ctx, presp)
             else:
                 ptask = asyncio.create_task(self.relay.post_json(p, route, ppayload, pheaders, "prefill"))
 
@@ -533,7 +555,7 @@ class ProxyServer:
             try:
                 if ptask is None:
                     return await self.relay.stream_decode(request, route, d, dpayload, headers, rid, t0, None,
-                                                          timing)
+                                                          timing, prefix=prefix, rewrite=rewrite)
                 return await self.relay.race_decode(request, route, d, dpayload, headers, rid, t0, ptask, timing)
             finally:
                 self._inflight(d, -1)
@@ -557,6 +579,18 @@ class ProxyServer:
                 elif not ptask.cancelled():
                     ptask.exception()  # retrieved: no "never retrieved" warning
             prefill_finished()
+
+    def _first_token_wanted(self, body: dict[str, Any], route: str, rid: str) -> bool:
+        """Whether this request takes the ``--prefill-first-token`` path (first_token.py)."""
+        if not self.cfg.prefill_first_token:
+            return False
+        why = ftok.ineligible(body, route)
+        if why is None:
+            return True
+        self.metrics.first_token.labels("ineligible").inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("--prefill-first-token: normal hand-off", extra={"request_id": rid, "reason": why})
+        return False
 
     def _decode_stage_check(self, d: Instance, req: Any) -> web.StreamResponse | None:
         """``--rejection decode`` / ``early+decode``: the paper's baseline check once the prefill is

@@ -17,6 +17,7 @@ import re
 import subprocess
 import time
 import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -24,7 +25,8 @@ import pytest
 from concurrent.futures import ThreadPoolExecutor
 
 from mooncake_connectors.vllm.params import concurrent_decode_params, concurrent_prefill_params
-from vllm_harness import LEASE_S, completion, free_port, http_json, http_text, metric, prompt_ids, wait_until
+from vllm_harness import (LEASE_S, completion, free_port, http_json, http_text, metric, prompt_ids, start_proxy,
+                          stop_proxy, wait_until)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -128,6 +130,73 @@ def test_through_mooncake_proxy(pd_pair, python_exe, tmp_path, handoff):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def sse(url: str, body: dict, timeout: float = 180.0) -> list:
+    """The ``data:`` events of a streamed completion, decoded (``"[DONE]"`` as the string)."""
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    out = []
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for ev in r.read().decode().split("\n\n"):
+            if ev.strip():
+                assert ev.startswith("data: "), ev
+                out.append("[DONE]" if ev[6:] == "[DONE]" else json.loads(ev[6:]))
+    return out
+
+
+def test_prefill_first_token_through_proxy(pd_pair, tmp_path):
+    """``--prefill-first-token``: the client's first chunk is the prefill's token, the decode gets
+    the prompt plus that token and loads the prompt's KV from the prefill; the streamed text and
+    the usage equal a plain run's. A one-token request is answered by the prefill alone (and
+    leaves no KV held for a decode that never comes); an ineligible one takes the normal path."""
+    p, d = pd_pair
+    proc, url = start_proxy(p, d, "vllm", tmp_path / "proxy.log", extra=("--prefill-first-token",))
+    try:
+        for seed, n in ((30, 150), (31, 64), (32, 97)):  # prompt ends mid-block, on a block, mid-block
+            prompt = prompt_ids(seed, n)
+            want = http_json(d.url + "/v1/completions", {
+                "model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                "cache_salt": uuid.uuid4().hex})["choices"][0]["text"]
+            hits0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
+            evs = sse(url, {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0,
+                            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+            hits1 = metric(http_text(d.url + "/metrics"), EXT_HITS)
+            assert evs[-1] == "[DONE]"
+            texts = [e["choices"][0]["text"] for e in evs[:-1] if e["choices"]]
+            assert "".join(texts) == want, "first token from the prefill + decode's rest differ from a plain run"
+            assert evs[-2]["usage"] == {"prompt_tokens": n, "completion_tokens": 12, "total_tokens": n + 12}
+            assert len({e["id"] for e in evs[:-1]}) == 1, "chunk ids change at the seam"
+            assert hits1 - hits0 == n, "the decode did not load the prompt's KV from the prefill"
+        m = http_text(url + "/metrics")
+        assert metric(m, 'mooncake_proxy_prefill_first_token_total{outcome="streamed"}') == 3
+
+        # one token asked: the prefill answers alone and holds no KV afterwards
+        prompt = prompt_ids(33, 90)
+        evs = sse(url, {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": True})
+        one = http_json(d.url + "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1,
+                                                    "temperature": 0, "cache_salt": uuid.uuid4().hex})
+        assert [e["choices"][0]["text"] for e in evs[:-1]] == [one["choices"][0]["text"]]
+        assert evs[0]["choices"][0]["finish_reason"] == "length" and evs[-1] == "[DONE]"
+        m = http_text(url + "/metrics")
+        assert metric(m, 'mooncake_proxy_prefill_first_token_total{outcome="prefill_only"}') == 1
+        wait_until(lambda: metric(http_text(p.url + "/metrics"), USAGE) == 0.0, LEASE_S / 2,
+                   "prefill KV usage 0 after a one-token request (nothing held for a decode)")
+
+        # sampled decoding through the seam: a complete, well-counted answer
+        evs = sse(url, {"model": "tiny", "prompt": prompt_ids(34, 120), "max_tokens": 10, "temperature": 1.0,
+                        "seed": 7, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+        assert evs[-2]["usage"]["completion_tokens"] == 10 and evs[-1] == "[DONE]"
+
+        # ineligible (stop strings): the normal hand-off, same answer as before
+        prompt = prompt_ids(35, 100)
+        evs = sse(url, {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                        "stop": ["never-in-this-vocab"], "stream": True})
+        assert evs[-1] == "[DONE]" and len([e for e in evs[:-1] if e["choices"]]) >= 1
+        m = http_text(url + "/metrics")
+        assert metric(m, 'mooncake_proxy_prefill_first_token_total{outcome="ineligible"}') == 1
+    finally:
+        stop_proxy(proc)
 
 
 def concurrent_pair(p_url: str, d_url: str, prompt: list[int], segment: str, decode_first: bool,

@@ -206,9 +206,11 @@ def tp_args(tp: int) -> tuple[list[str], dict]:
 
 
 def start_proxy(prefill: VllmServer, decode: VllmServer, handoff: str, log: Path,
-                bootstrap: int | None = None, timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
+                bootstrap: int | None = None, timeout: float = 60.0,
+                extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     """Our ``mooncake_proxy`` in front of one prefill and one decode; returns (process, url) once it
-    answers ``/v1/models``. ``handoff`` is the proxy's ``--handoff`` (``mooncake`` needs ``bootstrap``)."""
+    answers ``/v1/models``. ``handoff`` is the proxy's ``--handoff`` (``mooncake`` needs ``bootstrap``),
+    ``extra`` more proxy flags."""
     port = free_port()
     if handoff == "mooncake":
         inst = ["--prefill", prefill.url, str(bootstrap), "--decode", decode.url]
@@ -216,7 +218,7 @@ def start_proxy(prefill: VllmServer, decode: VllmServer, handoff: str, log: Path
         inst = ["--prefiller-hosts", "127.0.0.1", "--prefiller-ports", str(prefill.port),
                 "--decoder-hosts", "127.0.0.1", "--decoder-ports", str(decode.port)]
     proc = subprocess.Popen([sys.executable, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", str(port),
-                             *inst, "--handoff", handoff], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+                             *inst, "--handoff", handoff, *extra], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:
