@@ -143,3 +143,15 @@ def test_usage_shift_passes_events_without_usage_verbatim_and_flushes_a_tail():
     assert shift(ev) == ev
     assert shift(b'data: {"id":"x"') == b""
     assert shift(b"") == b'data: {"id":"x"'  # an unterminated last event is written as it came
+
+
+def test_cli_flag_needs_the_sequential_vllm_handoff():
+    from mooncake_proxy.cli import build_parser, config_from_args
+
+    def cfg(*extra: str):
+        return config_from_args(build_parser().parse_args(["--prefill", "http://p:1", "--decode", "http://d:2", *extra]))
+
+    assert cfg().prefill_first_token is False
+    assert cfg("--prefill-first-token").prefill_first_token is True
+    with pytest.raises(SystemExit, match="--prefill-first-token needs --handoff vllm .*mooncake-core"):
+        cfg("--prefill-first-token", "--handoff", "mooncake-core")
