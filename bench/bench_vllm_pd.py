@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 sys.path.insert(0, str(REPO / "tests"))  # checkout_shim, venvs (the harness's imports)
 
+from checkout_shim import shim_pythonpath  # noqa: E402
 from vllm_harness import (VllmServer, free_port, make_tiny_model, p2p_config, start_all,  # noqa: E402
                           start_proxy, stop_proxy, tp_args, vllm_python)
 
@@ -117,6 +118,8 @@ def servers_for(mode: str, py: str, model: Path, logs: Path, tp: int = 1) -> tup
     raise ValueError(f"unknown mode {mode!r}")
 
 
+NO_SPIN = Path(__file__).resolve().parent / "vllm_no_spin"  # sitecustomize for --no-idle-spin
+NO_SPIN_MARK = "[bench no-idle-spin]"
 OURS = ("ours", "ours-conc", "ours-ft")  # MooncakeCoreConnector on both instances
 HANDOFF = {"builtin": "mooncake", "ours-conc": "mooncake-core"}  # the proxy's --handoff (default: vllm)
 PROXY_FLAGS = {"ours-ft": ("--prefill-first-token",)}  # more proxy flags per mode
@@ -165,13 +168,17 @@ def run_concurrent(url: str, prompts: list[list[int]], max_tokens: int, concurre
 
 def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int]], max_tokens: int,
              cprompts: list[list[int]], concurrency: int, tp: int = 1, warmup_lens: list[int] | None = None,
-             seed: int = 0, pin: bool = False, gap: float = 0.0) -> dict:
+             seed: int = 0, pin: bool = False, gap: float = 0.0, no_spin: bool = False) -> dict:
     servers, extra = servers_for(mode, py, model, logs, tp)
     for s in servers:
         s.pin_all = pin
+        if no_spin:
+            s.env = {**s.env, "PYTHONPATH": os.pathsep.join([str(NO_SPIN), shim_pythonpath()])}
     proxy = None
     try:
         start_all(servers)
+        if no_spin and not all(NO_SPIN_MARK in s.log_text() for s in servers):
+            raise RuntimeError(f"--no-idle-spin: a server's log lacks {NO_SPIN_MARK!r} (patch not applied)")
         if warmup_lens:
             warm_up(servers, warmup_lens, concurrency, seed)
         if mode == "nodisagg":
@@ -272,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
                          "CPU's engine core and worker spin (sched_yield) for 1 s after every message, so on a 2-core "
                          "box a request sent right after the previous one finished competes with the other "
                          "instance's spin; --gap 1.2 measures the hand-off without that co-location cost")
+    ap.add_argument("--no-idle-spin", action="store_true",
+                    help="diagnostic: start every vLLM process of every mode with bench/vllm_no_spin on PYTHONPATH, "
+                         "whose sitecustomize cuts vLLM CPU's 1 s post-message spin on its shared-memory queues to "
+                         "2 ms (BENCH_VLLM_SPIN_S). Why: on a 2-core box that spin is what two co-located instances "
+                         "cost each other; with and without it separates that from the hand-off's own cost. vLLM "
+                         "itself is not changed on disk")
     ap.add_argument("--logs", default=None, help="directory for server logs (default: a temp dir)")
     a = ap.parse_args(argv)
     if a.pin_instances and a.tp != 1:
@@ -288,11 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     for m in a.modes:
         try:
             res[m] = run_mode(m, py, model, logs, prompts, a.max_tokens, cprompts, a.concurrency, a.tp,
-                              a.warmup_lens, a.seed, a.pin_instances, a.gap)
+                              a.warmup_lens, a.seed, a.pin_instances, a.gap, a.no_idle_spin)
         except Exception as e:
             print(f"[{m}] failed: {e}", file=sys.stderr)
     print(f"\n{a.requests} requests x {a.prompt_len} prompt tokens, {a.max_tokens} output tokens, TP {a.tp}"
-          f"{', instances pinned whole' if a.pin_instances else ''}, one at a time "
+          f"{', instances pinned whole' if a.pin_instances else ''}"
+          f"{', vLLM idle spin cut to 2 ms (--no-idle-spin)' if a.no_idle_spin else ''}, one at a time "
           f"(then {a.concurrency} in flight: cN columns); logs in {logs}")
     print("load average (1, 5, 15 min) at start %.1f %.1f %.1f, at end %.1f %.1f %.1f" % (*load0, *os.getloadavg()))
     print(f"{'mode':10} {'TTFT p50 ms':>12} {'TTFT mean':>10} {'E2E p50 ms':>11} {'E2E mean':>9} {'done':>5}"
