@@ -441,6 +441,14 @@ class MasterClient:
     def batch_put_end_packed(self, client_id: str, keys: list[str]) -> bytes:
         return self._call(P.BatchPutEndReq(client_id, keys if isinstance(keys, list) else list(keys)))
 
+    def batch_put_commit(self, client_id: str, keys: list[str], sizes: bytes, cfg: ReplicateConfigMsg, *,
+                         reserved: bool, next_sizes: bytes) -> P.BatchPutCommitReply:
+        """batch_put_end of ``keys`` (``reserved``: written into our batch reservation, of the
+        packed ``sizes``, no put_start) and a reservation for objects of the packed
+        ``next_sizes`` (empty: none), in one round trip."""
+        return self._call(P.BatchPutCommitReq(client_id, keys if isinstance(keys, list) else list(keys), sizes, cfg,
+                                              reserved, next_sizes))
+
     def batch_put_revoke(self, client_id: str, keys: list[str]) -> list[int]:
         return unpack(I64, self._call(P.BatchPutRevokeReq(client_id, list(keys))), len(keys),
                       "batch_put_revoke reply")

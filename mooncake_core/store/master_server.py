@@ -60,6 +60,8 @@ def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, C
         P.BatchPutStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg),
         P.BatchUpsertStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg, upsert=True),
         P.BatchPutEndReq: lambda r: st.batch_put_end(r.client_id, r.keys),
+        P.BatchPutCommitReq: lambda r: st.batch_put_commit(r.client_id, r.keys, r.sizes, r.cfg, r.reserved,
+                                                           r.next_sizes),
         P.BatchPutRevokeReq: lambda r: st.batch_put_revoke(r.client_id, r.keys),
         P.GetReplicaListReq: lambda r: st.get_replica_list(r.key),
         P.BatchGetReplicaListReq: lambda r: st.batch_get_replica_list(r.keys),
