@@ -390,7 +390,8 @@ def _commit(core: StoreCore, keys: list[str], blob: bytes, msg: ReplicateConfigM
     got = core.master.batch_put_commit(core.client_id, keys, blob, msg, reserved=reserved, next_sizes=next_blob)
     addrs = np.frombuffer(got.addrs, np.uint64).astype(np.int64)
     if got.segment and len(addrs) == len(sizes):
-        keep[0] = BatchReservation(got.segment, addrs, sizes, next_blob, msg, t, got.epoch)
+        # a copy: a caller reusing its list of sizes must not change what the ranges were made for
+        keep[0] = BatchReservation(got.segment, addrs, list(sizes), next_blob, msg, t, got.epoch)
     return np.frombuffer(got.versions, np.int64)
 
 

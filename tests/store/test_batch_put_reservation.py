@@ -83,3 +83,20 @@ def test_a_batch_reservation_the_master_forgot_falls_back_to_put_start(master_fa
     third = [payload(200 + i, 2048) for i in range(8)]
     assert c.put_batch([f"c{i}" for i in range(8)], third) == 0, "and a new reservation from the new master"
     assert [sha(g) for g in c.get_batch([f"c{i}" for i in range(8)])] == [sha(v) for v in third]
+
+
+def test_a_reused_list_of_sizes_does_not_reuse_a_reservation_made_for_others(cluster) -> None:
+    """batch_put_from with one list of sizes changed in place between calls: the second batch
+    is not written into ranges laid out for the first one's sizes."""
+    m, w, c, d = cluster
+    small = [payload(300 + i, 1024) for i in range(8)]
+    big = [payload(400 + i, 4096) for i in range(8)]
+    bufs = [ctypes.create_string_buffer(v, len(v)) for v in small + big]
+    addr = [ctypes.addressof(b) for b in bufs]
+    sizes = [1024] * 8
+    assert d.batch_put_from([f"s{i}" for i in range(8)], addr[:8], sizes) == [0] * 8
+    sizes[:] = [4096] * 8  # the same list object, other sizes
+    assert d.batch_put_from([f"b{i}" for i in range(8)], addr[8:], sizes) == [0] * 8
+    for i in range(8):
+        assert w.cmd(op="get", key=f"s{i}") == want(small[i])
+        assert w.cmd(op="get", key=f"b{i}") == want(big[i])
