@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from mooncake_core.store.internals import Parts
     from mooncake_core.store.protocol import ReplicateConfigMsg
 
-__all__ = ["get_arrays", "part_offsets", "put_flat", "put_parts", "read_flat"]
+__all__ = ["BatchReservation", "get_arrays", "part_offsets", "put_flat", "put_parts", "read_flat"]
 
 log = get_logger("mooncake.store.client")
 
@@ -104,6 +104,28 @@ def put_flat(core: StoreCore, keys: list[str], src_addrs: list[int] | None, size
     ``parts`` (from ``put_parts``): objects of several pieces instead -- (the per-key
     pieces, then per piece: its key, its offset in the object, address and length)."""
     t0 = time.perf_counter()
+    slot = core.batch if parts is None and not upsert and core.batch.enabled else None
+    if slot is None:
+        return _put_flat(core, keys, src_addrs, sizes, values, msg, upsert, op, parts, t0, None)
+    resv, owner = slot.take(sizes, msg, core.master_epoch, time.monotonic())
+    keep: list[BatchReservation | None] = [None]
+    try:
+        if resv is not None:
+            got = _put_reserved(core, keys, src_addrs, sizes, values, msg, resv, op, t0, keep)
+            if got is not None:
+                return got
+        return _put_flat(core, keys, src_addrs, sizes, values, msg, upsert, op, parts, t0, keep if owner else None)
+    finally:
+        if owner:
+            slot.give(keep[0])
+
+
+def _put_flat(core: StoreCore, keys: list[str], src_addrs: list[int] | None, sizes: list[int],
+              values: list[Any] | None, msg: ReplicateConfigMsg, upsert: bool, op: str,
+              parts: tuple[list[Parts], np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None, t0: float,
+              keep: list[BatchReservation | None] | None) -> list[int] | None:
+    """``put_flat`` through batch_put_start; ``keep``: ask for a batch reservation when
+    publishing, and put it in ``keep[0]``."""
     n = len(keys)
     master = core.master
     try:
@@ -160,7 +182,7 @@ def put_flat(core: StoreCore, keys: list[str], src_addrs: list[int] | None, size
             results[i] = TRANSFER_FAIL
     done = pos[ok]
     if len(done):
-        _end(core, keys, done, seg[ok], dst[ok], ln[ok], pl.segments, results, upsert, op)
+        _end(core, keys, done, seg[ok], dst[ok], ln[ok], pl.segments, results, upsert, op, msg, sizes, keep)
     total = int(ln[ok].sum()) if len(ln) else 0
     core.count(op, min(results), total, t0)
     return results
@@ -276,12 +298,26 @@ def _write_pieces(core: StoreCore, name: str, ksel: np.ndarray | None, psel: np.
 
 
 def _end(core: StoreCore, keys: list[str], done: np.ndarray, seg: np.ndarray, dst: np.ndarray, ln: np.ndarray,
-         segments: list[str], results: list[int], upsert: bool, op: str) -> None:
-    """put_end of the written objects (one round trip), their codes, and the owned index."""
+         segments: list[str], results: list[int], upsert: bool, op: str, msg: ReplicateConfigMsg, sizes: list[int],
+         keep: list[BatchReservation | None] | None) -> None:
+    """put_end of the written objects (one round trip), their codes, and the owned index.
+    ``keep``: publish with batch_put_commit instead, asking for a reservation for a next
+    batch of ``sizes`` (put in ``keep[0]``)."""
     n = len(keys)
     dk = keys if len(done) == n else [keys[i] for i in done.tolist()]
     try:
-        vers = np.frombuffer(core.master.batch_put_end_packed(core.client_id, dk), np.int64)
+        vers = None
+        if keep is not None:
+            try:
+                # the time before the grant: a reservation's age is never under-counted
+                vers = _commit(core, dk, b"", msg, False, _blob(sizes), time.monotonic(), sizes, keep)
+            except MooncakeError as e:
+                if e.code != INVALID or "malformed request" not in str(e):
+                    raise
+                core.batch.enabled = False  # an older master: batch_put_end from now on
+                log.info("master has no batch_put_commit (%s); batch puts take two round trips", e)
+        if vers is None:
+            vers = np.frombuffer(core.master.batch_put_end_packed(core.client_id, dk), np.int64)
         if len(vers) != len(dk):
             raise MooncakeError(INTERNAL, f"put_end: the master answered {len(vers)} codes for {len(dk)} keys")
     except MooncakeError as e:
@@ -309,15 +345,97 @@ def _end(core: StoreCore, keys: list[str], done: np.ndarray, seg: np.ndarray, ds
         core.owned.discard([keys[i] for i in done[~mine].tolist()])
     if own is None or not mine.any():
         return
-    view = own.view
     if mine.all():
-        mk, md, ml, mv = dk, dst, ln, vers
+        _own(core, dk, dst, ln, vers)
     else:
-        mk = [keys[i] for i in done[mine].tolist()]
-        md, ml, mv = dst[mine], ln[mine], vers[mine]
-    if view is None:
-        return
-    core.owned.add_batch(core.segment_name, mk, md, ml, fingerprints(view, md - own.addr, ml), mv)
+        _own(core, [keys[i] for i in done[mine].tolist()], dst[mine], ln[mine], vers[mine])
+
+
+def _own(core: StoreCore, keys: list[str], dst: np.ndarray, ln: np.ndarray, vers: np.ndarray) -> None:
+    """Owned-index entries of objects just published in our own segment."""
+    own = core.segment
+    view = own.view if own is not None else None
+    if own is not None and view is not None:
+        core.owned.add_batch(core.segment_name, keys, dst, ln, fingerprints(view, dst - own.addr, ln), vers)
+
+
+class BatchReservation:
+    """Space the master set aside for our next batch put (``master_batch.put_commits``): one
+    range per object of ``size`` (the sizes, in order) at ``addrs`` in ``segment``, for
+    placement ``msg``, asked for at ``t`` (monotonic) from the master of ``epoch``. Used
+    through a ``single_put.ReservationSlot`` by one batch at a time, under the same rules as
+    a single put's reservation (young, same epoch; see ``single_put``)."""
+
+    __slots__ = ("addrs", "blob", "epoch", "msg", "segment", "size", "t")
+
+    def __init__(self, segment: str, addrs: np.ndarray, size: list[int], blob: bytes, msg: ReplicateConfigMsg,
+                 t: float, epoch: int):
+        self.segment = segment
+        self.addrs = addrs
+        self.size = size
+        self.blob = blob
+        self.msg = msg
+        self.t = t
+        self.epoch = epoch
+
+
+def _blob(sizes: list[int]) -> bytes:
+    return np.fromiter(sizes, np.uint64, len(sizes)).tobytes()
+
+
+def _commit(core: StoreCore, keys: list[str], blob: bytes, msg: ReplicateConfigMsg, reserved: bool, next_blob: bytes,
+            t: float, sizes: list[int], keep: list[BatchReservation | None]) -> np.ndarray:
+    """batch_put_commit: the versions (as batch_put_end's); the next reservation into
+    ``keep[0]``. Raises MooncakeError (INTERNAL for a reply that does not add up)."""
+    got = core.master.batch_put_commit(core.client_id, keys, blob, msg, reserved=reserved, next_sizes=next_blob)
+    addrs = np.frombuffer(got.addrs, np.uint64).astype(np.int64)
+    if got.segment and len(addrs) == len(sizes):
+        # a copy: a caller reusing its list of sizes must not change what the ranges were made for
+        keep[0] = BatchReservation(got.segment, addrs, list(sizes), next_blob, msg, t, got.epoch)
+    return np.frombuffer(got.versions, np.int64)
+
+
+def _put_reserved(core: StoreCore, keys: list[str], src_addrs: list[int] | None, sizes: list[int],
+                  values: list[Any] | None, msg: ReplicateConfigMsg, r: BatchReservation, op: str, t0: float,
+                  keep: list[BatchReservation | None]) -> list[int] | None:
+    """Write the batch into reservation ``r`` and publish it with one batch_put_commit (asking
+    for the next reservation): one code per key, or None when ``r`` cannot be used -- a
+    write failed, or the master does not know ``r`` any more (-704) or finds it does not fit
+    (-600) -- and the batch_put_start path should put the batch instead."""
+    assert src_addrs is not None
+    n = len(keys)
+    ln = np.fromiter(sizes, np.int64, n)
+    pos = np.arange(n)
+    if _write_group(core, r.segment, None, pos, np.fromiter(src_addrs, np.int64, n), r.addrs, ln, values, set(),
+                    op, keys) is not None:
+        return None
+    try:
+        vers = _commit(core, keys, r.blob, msg, True, r.blob, time.monotonic(), sizes, keep)
+    except MooncakeError as e:
+        if e.code in (NOT_FOUND, INVALID):
+            log.debug("%s: batch reservation refused (%s); taking the put_start path", op, e)
+            return None
+        log.warning("%s", e)
+        return [e.code] * n
+    if len(vers) != n:
+        log.warning("%s: batch_put_commit answered %d codes for %d keys", op, len(vers), n)
+        return [INTERNAL] * n
+    results = [OK] * n
+    pub = vers > 0
+    if not pub.all():
+        for i in np.flatnonzero(~pub).tolist():
+            c = int(vers[i])
+            if c < 0 and c != EXISTS:  # an existing key keeps its old value: success, as for put_start
+                results[i] = c
+    if r.segment == core.segment_name:
+        if pub.all():
+            _own(core, keys, r.addrs, ln, vers)
+        elif pub.any():
+            _own(core, [keys[i] for i in np.flatnonzero(pub).tolist()], r.addrs[pub], ln[pub], vers[pub])
+    else:
+        core.owned.discard([keys[i] for i in np.flatnonzero(pub).tolist()])
+    core.count(op, min(results), int(ln[pub].sum()), t0)
+    return results
 
 
 

@@ -100,6 +100,7 @@ class StoreCore:
         self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}  # see count()
         self._msgs: dict[tuple, ReplicateConfigMsg] = {}  # see _placement()
         self.single = single_put.ReservationSlot()  # our next single put's reservation
+        self.batch = single_put.ReservationSlot()  # our next batch put's (batch_path.BatchReservation)
         self._http_server: Any = None
         # data-path calls in flight: close() waits for them before unmapping our segment, so
         # a concurrent memcpy from/to it never touches freed memory
@@ -290,6 +291,7 @@ class StoreCore:
         self._master = None
         self.owned.clear()
         self.single.clear()
+        self.batch.clear()
 
     def _release_engine(self) -> None:
         """Unregister our memory; close the engine if we started it (an engine handed to

@@ -16,7 +16,7 @@ the current keys under its prefix instead, after which it follows events again.
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice
+from itertools import islice, repeat
 from typing import Iterable, Literal
 
 from mooncake_core.errors import ErrorCode, MooncakeError
@@ -64,8 +64,14 @@ class KeyEventLog:
         self._kinds.append(KIND_CODES[kind])
 
     def publish_many(self, kind: KeyEventKind, keys: Iterable[str]) -> None:
-        for k in keys:
-            self.publish(kind, k)
+        """``publish`` of each key in order (a list at C speed: a batch's puts)."""
+        if not self.capacity:
+            return
+        if not isinstance(keys, list):
+            keys = list(keys)
+        self._seq += len(keys)
+        self._keys.extend(keys)
+        self._kinds.extend(repeat(KIND_CODES[kind], len(keys)))
 
     def since(self, after: int, prefix: str = "",
               limit: int = MAX_BATCH) -> tuple[list[tuple[int, int, str]], int, bool]:

@@ -11,17 +11,24 @@ own code, a failure of one never fails the others. ``MasterState`` delegates her
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from mooncake_core.errors import ErrorCode, MooncakeError
-from mooncake_core.store.master_records import ObjectMeta, PendingPut, Segment, check_key, err
+from mooncake_core.store.master_records import (BATCH_RESERVATION_SUFFIX, RESERVATION_PREFIX, ObjectMeta, PendingPut,
+                                                 Rep, Segment, check_key, err)
 from mooncake_core.store.packing import I32, I64, U8, U32, U64, Packer, pack
-from mooncake_core.store.protocol import BatchGetReply, Placements, ReplicaDesc, ReplicateConfigMsg
+from mooncake_core.store.protocol import BatchGetReply, BatchPutCommitReply, Placements, ReplicaDesc, ReplicateConfigMsg
 
 if TYPE_CHECKING:
     from mooncake_core.store.master_state import MasterState
 
-__all__ = ["get_replica_lists", "put_ends", "put_revokes", "put_starts"]
+__all__ = ["BatchReservation", "get_replica_lists", "put_commits", "put_ends", "put_revokes", "put_starts"]
+
+#: a batch reservation holds at most this many bytes, and at most a quarter of its segment's
+#: free bytes: it is memory nobody else can use until the client's next batch
+MAX_BATCH_RESERVATION = 64 << 20
+#: and at most this many objects
+MAX_BATCH_RESERVATION_KEYS = 65536
 
 
 def put_starts(st: MasterState, client_id: str, keys: list[str], sizes: list[int],
@@ -114,9 +121,8 @@ def put_ends(st: MasterState, client_id: str, keys: list[str]) -> bytes:
     one = st._put_end_one
     out = array(I64)
     inflight, objects = st.inflight, st.objects
-    publish = st.key_events.publish
+    published: list[str] = []
     st._last_version = max(st.version_clock(), st._last_version + 1) - 1
-    puts = 0
     for k in keys:
         p = inflight.get(k) if k.__class__ is str else None
         if (p is not None and p.client_id == client_id and not p.hard and p.soft_ttl is None
@@ -125,8 +131,7 @@ def put_ends(st: MasterState, client_id: str, keys: list[str]) -> bytes:
             objects[k] = ObjectMeta(p.size, p.reps)
             if st.reported:
                 st.reported.pop(k, None)
-            puts += 1
-            publish("put", k)
+            published.append(k)
             st._last_version += 1
             out.append(st._last_version)
             continue
@@ -136,7 +141,8 @@ def put_ends(st: MasterState, client_id: str, keys: list[str]) -> bytes:
             out.append(one(client_id, k, now))
         except MooncakeError as e:
             out.append(e.code)
-    st.stats.puts += puts
+    st.stats.puts += len(published)
+    st.key_events.publish_many("put", published)
     return pack(I64, out)
 
 
@@ -203,3 +209,145 @@ def get_replica_lists(st: MasterState, keys: list[str]) -> BatchGetReply:
     c, n, segments, sx, ad = pk.blobs()
     return BatchGetReply(c, pack(U64, sizes), n, segments, sx, ad, disk, ttl_ms, st.epoch, st._confirm_after_ms)
 
+
+
+class BatchReservation(PendingPut):
+    """A client's reservation for its next batch: one in-flight range (``reps``, ``size``
+    bytes: the objects' rounded sizes end to end) for the objects of ``sizes`` (the packed
+    ``u64`` blob the client asked with), in order. As an in-flight put every rule for those
+    (unmount, client expiry, release timeout) covers it as one range."""
+
+    __slots__ = ("sizes",)
+
+    def __init__(self, client_id: str, size: int, reps: list[Rep], start: float, hard: bool,
+                 soft_ttl: float | None, sizes: bytes):
+        super().__init__(client_id, size, reps, start, False, False, hard, soft_ttl)
+        self.sizes = sizes
+
+
+def batch_reservation_key(client_id: str) -> str:
+    return RESERVATION_PREFIX + client_id + BATCH_RESERVATION_SUFFIX
+
+
+def put_commits(st: MasterState, client_id: str, keys: list[str], sizes: bytes, cfg: ReplicateConfigMsg | None,
+                reserved: bool, next_sizes: bytes) -> BatchPutCommitReply:
+    """``put_ends`` of ``keys`` and a reservation for the client's next batch (of
+    ``next_sizes``), in one round trip -- the batch form of ``MasterState.put_commit``.
+
+    Why: a batch put is otherwise two round trips (put_start, put_end), and with batches of
+    ~100 small objects each round trip's wake-ups and the per-key in-flight records are a
+    large share of the batch. With ``reserved`` the client wrote object i into the i-th
+    range of the reservation it held (no put_start); each key is published from there: a
+    fresh key (nothing stored, nothing in flight) inline, anything else through the
+    single-put rules (``_claim``, then ``_put_end_one``: -705 when it exists or is in
+    flight, takeover of an abandoned put) -- a key that is not published has its range
+    freed. Codes of the whole call: -704 when the client holds no batch reservation, -600
+    when it was for other sizes (the reservation stays) or ``sizes`` is malformed."""
+    cfg = cfg or ReplicateConfigMsg()
+    st._check_cfg(cfg, keys[0] if keys else "")
+    now = st.clock()
+    rk = batch_reservation_key(client_id)
+    if reserved:
+        p = st.inflight.get(rk)
+        if not isinstance(p, BatchReservation) or p.client_id != client_id or not st._mounted(p.reps[0][0]):
+            raise err(ErrorCode.OBJECT_NOT_FOUND, f"batch_put_commit of {len(keys)} keys: client {client_id!r} holds "
+                       f"no batch reservation (released, or the master changed)")
+        if p.sizes != sizes or len(sizes) != 8 * len(keys) or p.hard != bool(cfg.with_hard_pin) \
+                or p.soft_ttl != st._soft_ttl(cfg):
+            raise err(ErrorCode.INVALID_PARAMS, f"batch_put_commit of {len(keys)} keys: the batch reservation "
+                       f"does not fit them (other sizes, or other pinning)")
+        del st.inflight[rk]
+        versions = _commit_reserved(st, client_id, keys, p, now)
+    else:
+        versions = put_ends(st, client_id, keys)
+    seg, addrs = _reserve(st, client_id, next_sizes, cfg, now)
+    return BatchPutCommitReply(versions, seg, addrs, st.epoch)
+
+
+def _commit_reserved(st: MasterState, client_id: str, keys: list[str], p: BatchReservation, now: float) -> bytes:
+    seg, off = p.reps[0]
+    sizes = [st._sizes.get(n) or st._intern_size(n) for n in array(U64, p.sizes).tolist()]
+    offs = seg.alloc.split(off, sizes)
+    out = array(I64)
+    inflight, objects, reported = st.inflight, st.objects, st.reported
+    st._last_version = max(st.version_clock(), st._last_version + 1) - 1
+    plain = not p.hard and p.soft_ttl is None
+    new = ObjectMeta.__new__
+    published: list[str] = []
+    for k, size, o in zip(keys, sizes, offs):
+        if plain and k.__class__ is str and k and k not in objects and k not in inflight:
+            m = new(ObjectMeta)  # ObjectMeta(size, [(seg, o)]), without the calls
+            m.size, m.lease, m.extra, m.seg, m.off = size, 0, None, seg, o
+            objects[k] = m
+            if reported:
+                reported.pop(k, None)
+            published.append(k)
+            st._last_version += 1
+            out.append(st._last_version)
+            continue
+        try:
+            check_key(k)
+            promote = st._claim(k, size, False, now)
+            inflight[k] = PendingPut(client_id, size, [(seg, o)], now, False, promote, p.hard, p.soft_ttl)
+            out.append(st._put_end_one(client_id, k, now))
+        except MooncakeError as e:
+            st._free((seg, o), size)  # written by the client, read by nobody: free at once
+            out.append(e.code)
+    st.stats.puts += len(published)
+    st.key_events.publish_many("put", published)
+    return pack(I64, out)
+
+
+def _reserve(st: MasterState, client_id: str, next_sizes: bytes, cfg: ReplicateConfigMsg,
+             now: float) -> tuple[str, bytes]:
+    """Replace the client's batch reservation by one for objects of ``next_sizes``: (its
+    segment, the objects' addresses packed), or ("", b"") when none is made -- no sizes,
+    malformed ones, more than one replica to place, too big, or no room without evicting."""
+    rk = batch_reservation_key(client_id)
+    old = st.inflight.pop(rk, None)
+    if old is not None:
+        st._quarantine(client_id, old.reps, old.size)
+    if not next_sizes or len(next_sizes) % 8 or len(next_sizes) > 8 * MAX_BATCH_RESERVATION_KEYS:
+        return "", b""
+    sizes = array(U64, next_sizes).tolist()
+    seg = st._direct_target(cfg, now)
+    if seg is None:
+        segs = st.segments if now >= st._holds_until else {n: s for n, s in st.segments.items() if s.hold_until <= now}
+        if not segs or min(cfg.replica_num, len(segs)) != 1:
+            return "", b""
+    if min(sizes) <= 0 or not st.segments:
+        return "", b""
+    # every segment rounds alike (cfg.alignment), so the total is known before placing it
+    rounded = next(iter(st.segments.values())).alloc.rounded
+    total = rounded(sizes[0]) * len(sizes) if sizes.count(sizes[0]) == len(sizes) else sum(map(rounded, sizes))
+    if total > MAX_BATCH_RESERVATION:
+        return "", b""
+    reps: list[Rep] | None
+    if seg is not None:
+        off = seg.alloc.allocate(total) if 4 * total <= seg.alloc.free_bytes else None
+        reps = None if off is None else [(seg, off)]
+    else:
+        reps = st._place(total, 1, cfg.preferred_segments, segs)
+        if reps and 3 * total > reps[0][0].alloc.free_bytes:
+            st._free(reps[0], total)
+            reps = None
+    if not reps:
+        return "", b""
+    seg, off = reps[0]
+    st.inflight[rk] = BatchReservation(client_id, total, reps, now, bool(cfg.with_hard_pin), st._soft_ttl(cfg),
+                                       next_sizes)
+    base = seg.base + off
+    return seg.name, pack(U64, [base + o - off for o in _offsets(off, sizes, rounded)])
+
+
+def _offsets(off: int, sizes: list[int], rounded: Callable[[int], int]) -> list[int]:
+    """Where objects of ``sizes`` start when laid end to end from ``off`` (each taking
+    ``rounded(size)``); one ``rounded`` call when they are all alike (a batch usually is)."""
+    if sizes.count(sizes[0]) == len(sizes):
+        r = rounded(sizes[0])
+        return list(range(off, off + r * len(sizes), r))
+    out = []
+    for n in sizes:
+        out.append(off)
+        off += rounded(n)
+    return out

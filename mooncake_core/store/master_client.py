@@ -32,7 +32,7 @@ from mooncake_core.store.packing import I64, U64, expand_gets, expand_placements
 from mooncake_core.store.protocol import (
     GetReply, HeartbeatReply, MasterInfo, MountReply, ReplicaDesc, ReplicateConfigMsg,
 )
-from mooncake_core.utils.busypoll import Poller, env_busy_poll_s
+from mooncake_core.utils.busypoll import POLL_MAX_REQUEST, Poller, env_busy_poll_s
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import parse_host_port
 
@@ -208,7 +208,7 @@ class MasterClient:
         sock = c.sock
         sock.sendall(P.request_frame(rid, body))
         got: int | None = None
-        if self._spin:  # busy-poll only as the lone call in flight (see __init__)
+        if self._spin and len(body) <= POLL_MAX_REQUEST:  # small calls, the lone one in flight (see __init__)
             with self._waiting_lock:
                 self._waiting += 1
                 alone = self._waiting == 1
@@ -440,6 +440,14 @@ class MasterClient:
 
     def batch_put_end_packed(self, client_id: str, keys: list[str]) -> bytes:
         return self._call(P.BatchPutEndReq(client_id, keys if isinstance(keys, list) else list(keys)))
+
+    def batch_put_commit(self, client_id: str, keys: list[str], sizes: bytes, cfg: ReplicateConfigMsg, *,
+                         reserved: bool, next_sizes: bytes) -> P.BatchPutCommitReply:
+        """batch_put_end of ``keys`` (``reserved``: written into our batch reservation, of the
+        packed ``sizes``, no put_start) and a reservation for objects of the packed
+        ``next_sizes`` (empty: none), in one round trip."""
+        return self._call(P.BatchPutCommitReq(client_id, keys if isinstance(keys, list) else list(keys), sizes, cfg,
+                                              reserved, next_sizes))
 
     def batch_put_revoke(self, client_id: str, keys: list[str]) -> list[int]:
         return unpack(I64, self._call(P.BatchPutRevokeReq(client_id, list(keys))), len(keys),

@@ -144,6 +144,12 @@ class ObjectMeta:
         self.extra.disk = d
 
 
+#: in-flight name of a client's reservation (``RESERVATION_PREFIX`` + client id; a batch
+#: reservation adds ``BATCH_RESERVATION_SUFFIX``): never a valid user key's put in progress
+RESERVATION_PREFIX = "\x00reservation:"
+BATCH_RESERVATION_SUFFIX = "\x00batch"
+
+
 class PendingPut:
     __slots__ = ("client_id", "size", "reps", "start", "upsert", "promote", "hard", "soft_ttl")
 

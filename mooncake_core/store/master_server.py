@@ -33,7 +33,7 @@ from mooncake_core.store import protocol as P
 from mooncake_core.store.limits import RequestLimits
 from mooncake_core.store.master_state import MasterState
 from mooncake_core.store.packing import U64, unpack
-from mooncake_core.utils.busypoll import Poller
+from mooncake_core.utils.busypoll import POLL_MAX_REQUEST, Poller
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import bind_listener
 
@@ -60,6 +60,8 @@ def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, C
         P.BatchPutStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg),
         P.BatchUpsertStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg, upsert=True),
         P.BatchPutEndReq: lambda r: st.batch_put_end(r.client_id, r.keys),
+        P.BatchPutCommitReq: lambda r: st.batch_put_commit(r.client_id, r.keys, r.sizes, r.cfg, r.reserved,
+                                                           r.next_sizes),
         P.BatchPutRevokeReq: lambda r: st.batch_put_revoke(r.client_id, r.keys),
         P.GetReplicaListReq: lambda r: st.get_replica_list(r.key),
         P.BatchGetReplicaListReq: lambda r: st.batch_get_replica_list(r.keys),
@@ -228,6 +230,7 @@ class MasterServer:
         if registry is not None:
             registry.register(_StateCollector(self))
         self._handlers = _handlers(state, self._info)
+        self._served_big = False  # a request over POLL_MAX_REQUEST bytes since the loop last polled
         self._rbuf = bytearray(RECV_BUFFER)
         self._rview = memoryview(self._rbuf)
 
@@ -314,7 +317,9 @@ class MasterServer:
                     if ev & select.EPOLLOUT and conn.sock.fileno() >= 0:
                         self._flush(conn, ep, conns)
                 now = time.monotonic()
-                if poller.should_poll():
+                if self._served_big:  # a batch: its client is busy with the answer for a while
+                    self._served_big = False
+                elif poller.should_poll():
                     polling = True
                     hot_until = now + spin
                 if now >= next_tick:
@@ -381,6 +386,8 @@ class MasterServer:
         if not got:
             self._close(conn, ep, conns)
             return
+        if got > POLL_MAX_REQUEST:
+            self._served_big = True
         data = self._rview[:got]  # valid until the next recv; decoded Structs own their data
         buf = conn.inbuf
         if not buf and not conn.outbuf and len(data) >= 4 and P.unpack_len(data) + 4 == len(data):

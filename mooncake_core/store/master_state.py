@@ -44,14 +44,14 @@ from typing import Any, Callable, Iterable
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.key_events import KeyEventKind, KeyEventLog, watch_reply
 from mooncake_core.store.protocol import (
-    BatchGetReply, GetReply, HeartbeatReply, KeyEventsReply, MountReply, Placements, PutCommitReply, ReplicaDesc,
-    ReplicateConfigMsg,
+    BatchGetReply, BatchPutCommitReply, GetReply, HeartbeatReply, KeyEventsReply, MountReply, Placements,
+    PutCommitReply, ReplicaDesc, ReplicateConfigMsg,
 )
 from mooncake_core.store import master_batch, master_reports, master_tier
 from mooncake_core.store.master_absence import Absences
-from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE, ClientInfo,
-                                                 Extra, MasterConfig, ObjectMeta, PendingPut, Rep,
-                                                 Segment, Stats, check_key, err)
+from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE,
+                                                 RESERVATION_PREFIX, ClientInfo, Extra, MasterConfig, ObjectMeta,
+                                                 PendingPut, Rep, Segment, Stats, check_key, err)
 from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 
@@ -59,7 +59,6 @@ log = get_logger("mooncake.store.master")
 
 #: in-flight name of a client's reservation (see ``MasterState.put_commit``): a NUL-prefixed
 #: string no client library produces as a key
-RESERVATION_PREFIX = "\x00reservation:"
 
 
 class MasterState:
@@ -670,6 +669,11 @@ class MasterState:
 
     def batch_put_end(self, client_id: str, keys: list[str]) -> bytes:
         return master_batch.put_ends(self, client_id, keys)
+
+    def batch_put_commit(self, client_id: str, keys: list[str], sizes: bytes, cfg: ReplicateConfigMsg | None,
+                         reserved: bool, next_sizes: bytes) -> BatchPutCommitReply:
+        """batch_put_end plus a reservation for the client's next batch (master_batch.put_commits)."""
+        return master_batch.put_commits(self, client_id, keys, sizes, cfg, reserved, next_sizes)
 
     def batch_put_revoke(self, client_id: str, keys: list[str]) -> bytes:
         return master_batch.put_revokes(self, client_id, keys)

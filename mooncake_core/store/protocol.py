@@ -183,6 +183,18 @@ class BatchGetReply(msgspec.Struct, array_like=True):
     confirm_after_ms: int = 0
 
 
+class BatchPutCommitReply(msgspec.Struct, array_like=True):
+    """Answer to batch_put_commit: per key of the request an ``i64`` as batch_put_end's (the
+    version > 0, 0 when nothing was published, or a code); the reservation for the client's
+    next batch -- one absolute address (``u64``) per reserved object, all in ``segment``
+    (none: empty) -- and the epoch of the master that granted it."""
+
+    versions: bytes
+    segment: str
+    addrs: bytes
+    epoch: int = 0
+
+
 class MountReply(msgspec.Struct, array_like=True):
     """Answer to mount_segment: what the client needs to know about the master's setup."""
 
@@ -329,6 +341,21 @@ class BatchPutEndReq(_Req, tag="batch_put_end"):
     keys: list[str]
 
 
+class BatchPutCommitReq(_Req, tag="batch_put_commit"):
+    """``batch_put_end`` of ``keys`` plus a reservation for the client's next batch, in one
+    round trip (see ``master_batch.put_commits``). ``reserved``: the keys were written into
+    the batch reservation the client held (no ``batch_put_start``), one per reserved object
+    in order, of the ``sizes`` (``u64`` per key) it was asked for. ``next_sizes``: the objects
+    to reserve (``u64`` each), placed by ``cfg``; empty: none. Answer: ``BatchPutCommitReply``."""
+
+    client_id: str
+    keys: list[str]
+    sizes: bytes
+    cfg: ReplicateConfigMsg
+    reserved: bool
+    next_sizes: bytes
+
+
 class BatchPutRevokeReq(_Req, tag="batch_put_revoke"):
     """Answer: one ``i64`` per key, 0 or a code."""
 
@@ -400,7 +427,7 @@ class WatchKeysReq(_Req, tag="watch_keys"):
 Request = Union[
     PingReq, AuthChallengeReq, AuthReq, MountSegmentReq, UnmountSegmentReq, HeartbeatReq, ReportObjectsReq,
     PutStartReq, UpsertStartReq, PutEndReq, PutCommitReq, PutRevokeReq, BatchPutStartReq,
-    BatchUpsertStartReq, BatchPutEndReq, BatchPutRevokeReq, GetReplicaListReq,
+    BatchUpsertStartReq, BatchPutEndReq, BatchPutCommitReq, BatchPutRevokeReq, GetReplicaListReq,
     BatchGetReplicaListReq, ExistKeyReq, BatchExistKeyReq, GetSizeReq, RemoveReq,
     RemoveAllReq, RemoveByRegexReq, BatchRemoveReq, OffloadDoneReq, OffloadFailedReq,
     WatchKeysReq,
@@ -423,6 +450,7 @@ RESULT_TYPES: dict[type, object] = {
     BatchPutStartReq: Placements,
     BatchUpsertStartReq: Placements,
     BatchPutEndReq: bytes,
+    BatchPutCommitReq: BatchPutCommitReply,
     BatchPutRevokeReq: bytes,
     GetReplicaListReq: GetReply,
     BatchGetReplicaListReq: BatchGetReply,
@@ -450,7 +478,7 @@ __all__ = [
     "PROTOCOL_VERSION", "MAX_FRAME", "HEADER_SIZE", "REPLY_HEADER_SIZE", "LEN_SIZE", "pack_header",
     "unpack_header", "pack_status", "unpack_status", "unpack_len", "request_frame", "reply_frame",
     "parse_reply", "ReplicaDesc", "ReplicateConfigMsg", "OffloadTask", "HeartbeatReply",
-    "GetReply", "Placements", "BatchGetReply", "PutCommitReply",
+    "GetReply", "Placements", "BatchGetReply", "PutCommitReply", "BatchPutCommitReply",
     "MountReply", "MasterInfo", "KeyEventsReply", "Request", "RESULT_TYPES", "request_encoder",
     "request_decoder", "result_encoder", "result_decoders",
 ] + [t.__name__ for t in RESULT_TYPES]

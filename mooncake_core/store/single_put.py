@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mooncake_core.errors import MooncakeError
 from mooncake_core.store.codes import EXISTS, INVALID, NOT_FOUND, OK, TRANSFER_FAIL
@@ -70,13 +70,13 @@ class ReservationSlot:
         #: False once the master turned ``put_commit`` down (an older master): two round trips
         self.enabled = True
 
-    def take(self, size: int, msg: ReplicateConfigMsg, epoch: int,
-             now: float) -> tuple[Reservation | None, bool]:
+    def take(self, size: Any, msg: ReplicateConfigMsg, epoch: int, now: float) -> tuple[Any, bool]:
         """(the reservation if it fits a put of ``size`` bytes placed by ``msg`` -- the same
         message object, young at ``now``, granted in ``epoch`` (0: not known) -- else None;
         whether the caller now owns the slot and must ``give``). The slot is emptied either
         way: a reservation that does not fit is dropped (the master replaces it when the
-        next one is asked for)."""
+        next one is asked for). The same slot keeps a batch's reservation
+        (``batch_path.BatchReservation``: ``size`` is then the list of sizes)."""
         with self._lock:
             if self._busy:
                 return None, False  # another thread's put holds it
@@ -87,7 +87,7 @@ class ReservationSlot:
             return r, True
         return None, True
 
-    def give(self, r: Reservation | None) -> None:
+    def give(self, r: Any) -> None:
         with self._lock:
             self.current = r
             self._busy = False

@@ -176,6 +176,44 @@ class RangeAllocator:
             return top
         return None
 
+    def rounded(self, size: int) -> int:
+        """What an allocation of ``size`` bytes takes (rounded up to the alignment)."""
+        need = self._need.get(size)
+        if need is None:
+            self._check_size(size)
+            need = self._round(size)
+        return need
+
+    def split(self, offset: int, sizes: list[int]) -> list[int]:
+        """Turn the live allocation at ``offset`` into consecutive allocations of ``sizes``
+        (each taking ``rounded(size)``; together exactly what the allocation took), as if
+        each had been allocated on its own: each is freed on its own from now on. Returns
+        their offsets. Why: a client's batch reservation (``master_batch``) is allocated as
+        one range -- one allocation instead of one per object -- and published as one
+        object per key. With ``track=False`` the caller vouches for the total (the store
+        master knows it); otherwise a mismatch is a ValueError and nothing changes."""
+        offs: list[int] = []
+        at = offset
+        if sizes and sizes.count(sizes[0]) == len(sizes):  # all alike (a batch usually is)
+            r = self.rounded(sizes[0])
+            offs = list(range(offset, offset + r * len(sizes), r))
+            at = offset + r * len(sizes)
+        else:
+            for n in sizes:
+                offs.append(at)
+                at += self.rounded(n)
+        if self._track:
+            held = self._allocated.get(offset)
+            if held is None or held != at - offset:
+                raise ValueError(f"RangeAllocator: split of [{offset}, {at}) does not match the allocation "
+                                 f"there ({held!r} bytes)")
+            del self._allocated[offset]
+            for o, n in zip(offs, sizes):
+                self._allocated[o] = self.rounded(n)
+        if sizes:
+            self._count += len(sizes) - 1
+        return offs
+
     def reserve(self, offset: int, size: int) -> None:
         """Mark ``[offset, offset+size)`` as allocated at a fixed place.
 

@@ -164,3 +164,18 @@ def make_client(master: Master, segment: int = 0, **extra: Any):
     rc = s.setup(cfg)
     assert rc == 0, f"setup failed with {rc}; master log:\n{master.log_tail()}"
     return s
+
+
+def restart_master(m: Any, segments: int = 1, hold_s: float = 1.0) -> None:
+    """Restart master ``m``, wait until ``segments`` segments are re-mounted, then ``hold_s``
+    more (past its recovery hold: within it nothing is allocated)."""
+    from mooncake_core.store.master_client import MasterClient
+
+    m.stop()
+    m.start()
+    deadline = time.monotonic() + 20
+    with MasterClient(m.addr, timeout=2.0) as mc:
+        while mc.ping().num_segments < segments:  # the owners re-mounted their segments
+            assert time.monotonic() < deadline, f"segment never re-mounted\n{m.log_tail()}"
+            time.sleep(0.1)
+    time.sleep(hold_s)

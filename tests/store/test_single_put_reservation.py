@@ -5,7 +5,6 @@ real worker processes, real sockets."""
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 
@@ -13,7 +12,7 @@ from mooncake_core.store import single_put
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.store.master_state import RESERVATION_PREFIX
 
-from .helpers import payload, sha
+from .helpers import payload, restart_master, sha
 
 
 def wget(w, key: str) -> dict:
@@ -64,14 +63,7 @@ def test_a_reservation_the_master_forgot_falls_back_to_put_start(master_factory,
     a, b = payload(1, 4096), payload(2, 4096)
     assert c.put("a", a) == 0 and c.put("a2", a) == 0
     assert c._core.single.current is not None
-    m.stop()
-    m.start()
-    deadline = time.monotonic() + 20
-    with MasterClient(m.addr, timeout=2.0) as mc:
-        while mc.ping().num_segments < 1:  # the worker re-mounted its segment
-            assert time.monotonic() < deadline, f"segment never re-mounted\n{m.log_tail()}"
-            time.sleep(0.1)
-    time.sleep(1.0)  # past the recovery hold
+    restart_master(m)  # the worker re-mounts its segment; then past the recovery hold
     caplog.set_level(logging.DEBUG, logger="mooncake.store.client")
     assert c.put("b", b) == 0
     assert "reservation refused" in caplog.text, "the stale reservation was not tried"

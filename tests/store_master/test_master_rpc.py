@@ -449,3 +449,23 @@ def test_bad_busy_poll_env_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setenv("MC_MASTER_BUSY_POLL_US", "fast")
     with pytest.raises(ValueError, match="MC_MASTER_BUSY_POLL_US"):
         MasterClient("127.0.0.1:1")
+
+
+def test_batches_do_not_back_the_poller_off(start_master) -> None:
+    """A batch's answer takes longer than a poll (each key is handled): polling for it and
+    counting the misses backed the connection off for the single calls that followed (issue 18).
+    Batches over ``POLL_MAX_REQUEST`` bytes are neither polled for nor counted."""
+    from mooncake_core.utils.busypoll import POLL_MAX_REQUEST
+
+    m = start_master()
+    with MasterClient(m.addr) as c:
+        c.mount_segment("cA", "127.0.0.1:7001", 0x7F0000000000, 64 * MiB)
+        assert c.exist_key("warm-up") is False
+        conn = c._pool[-1][1]
+        conn.poller.record(True)
+        for b in range(30):
+            keys = [f"batch-{b}-{i:04d}" for i in range(200)]
+            assert len(P.request_encoder.encode(P.BatchPutStartReq("cA", keys, b"", Cfg()))) > POLL_MAX_REQUEST
+            c.batch_put_start("cA", keys, [1024] * len(keys))
+            c.batch_put_end("cA", keys)
+        assert c._pool[-1][1] is conn and conn.poller._misses == 0 and conn.poller._skip == 0

@@ -176,3 +176,25 @@ def test_untracked_randomized_matches_tracked() -> None:
         # the untracked allocator still counts its live allocations (the master's per-segment
         # object count on /dashboard)
         assert t.num_allocations == u.num_allocations == len(live)
+
+
+def test_split_turns_one_allocation_into_consecutive_ones() -> None:
+    for track in (True, False):
+        a = RangeAllocator(1 << 16, alignment=64, track=track)
+        run = a.allocate(64 + 128 + 64)
+        assert run is not None and a.num_allocations == 1
+        offs = a.split(run, [10, 100, 64])
+        assert offs == [run, run + 64, run + 192] and a.num_allocations == 3 and a.used == 256
+        a.free(offs[1], 100)  # each is freed on its own, exactly its range
+        assert a.free_blocks() == [(run + 64, 128), (run + 256, (1 << 16) - run - 256)]
+        a.free(offs[0], 10)
+        a.free(offs[2], 64)
+        assert a.free_blocks() == [(0, 1 << 16)] and a.num_allocations == 0 and a.used == 0
+        same = a.allocate(3 * 1024)
+        assert same is not None and a.split(same, [1000] * 3) == [same, same + 1024, same + 2048]
+    t = RangeAllocator(1 << 16, alignment=64)
+    off = t.allocate(256)
+    assert off is not None
+    with pytest.raises(ValueError, match="does not match"):
+        t.split(off, [64, 64])  # 128 of the 256 bytes
+    assert t.num_allocations == 1 and t.size_of(off) == 256
