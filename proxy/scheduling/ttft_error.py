@@ -15,6 +15,12 @@ the model does not see, a slow hand-off, tokenization, a stalled engine). A pair
 keep missing gets a high margin and is avoided (the scheduler tries the other prefills before
 answering 429); a pair without samples has margin 0 (nothing learned, nothing held against it).
 
+One residual is not a quantile: the pair's residuals are ranked together with ``prior`` pseudo-residuals
+of 0 (the prediction taken at its word), so with the default 9 a margin needs at least two late requests
+on the pair. Without them, one early clash (on the bench two requests in flight together, both 1.5 s
+late) blocked *every* pair at once; then nothing is admitted, no sample corrects the margins, and only
+the fade reopens them (a run with 35 x 429 in 40).
+
 A residual fades with its age: once older than ``stale_s`` it is halved every ``half_life_s``
 (a pair rejected because of one bad burst brings no new sample, so without fading it would be
 avoided forever). Negative residuals (the prediction was too high) count in the quantile, but
@@ -36,6 +42,7 @@ class TtftErrorQuantile:
 
     quantile: float = 0.9
     window: int = 16
+    prior: int = 9
     stale_s: float = 10.0
     half_life_s: float = 10.0
     #: pair -> (time observed, residual s), oldest first
@@ -46,6 +53,8 @@ class TtftErrorQuantile:
             raise ValueError(f"TtftErrorQuantile.quantile must be in (0, 1], got {self.quantile!r}")
         if self.window < 1:
             raise ValueError(f"TtftErrorQuantile.window must be >= 1 sample, got {self.window!r}")
+        if self.prior < 0:
+            raise ValueError(f"TtftErrorQuantile.prior must be >= 0 pseudo-samples, got {self.prior!r}")
         if not (self.stale_s >= 0 and self.half_life_s > 0):
             raise ValueError(f"TtftErrorQuantile needs stale_s >= 0 and half_life_s > 0, got "
                              f"{self.stale_s!r}, {self.half_life_s!r}")
@@ -69,11 +78,11 @@ class TtftErrorQuantile:
 
     def margin(self, prefill_id: str, decode_id: str, now: float) -> float:
         """Seconds to add to the pair's predicted TTFT: the nearest-rank ``quantile`` of its faded
-        residuals, at least 0 (0 without samples)."""
+        residuals and ``prior`` zeros, at least 0 (0 without samples)."""
         d = self._res.get((prefill_id, decode_id))
         if not d:
             return 0.0
-        faded = sorted(r * self._weight(now - t) for t, r in d)
+        faded = sorted([r * self._weight(now - t) for t, r in d] + [0.0] * self.prior)
         k = max(0, math.ceil(self.quantile * len(faded)) - 1)
         return max(0.0, faded[k])
 
