@@ -201,13 +201,14 @@ def prefix_counters(servers: list[VllmServer]) -> dict[str, float]:
 def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmServer, model: Path,
                events: dict[str, str], master: str, profile: Path, logs: Path, reqs: list[TraceRequest],
                speed: float, a: argparse.Namespace, extra: list[str] | None = None,
-               label: str | None = None, concurrency_cap: int | None = None) -> tuple[dict[str, Any], list[Result]]:
+               label: str | None = None, concurrency_cap: int | None = None,
+               log_name: str | None = None) -> tuple[dict[str, Any], list[Result]]:
     for s in (*prefills, decode):
         reset_prefix_cache(s, timeout=120)
     with MasterClient(master) as c:
         c.remove_by_regex("^mc-vllm-kv/", True)
     label = label or policy
-    proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{label}.log",
+    proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{log_name or label}.log",
                   a.startup_timeout, extra)
     try:
         before = prefix_counters(prefills)
@@ -357,14 +358,14 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
     print(f"overload x{a.overload:g} ({a.overload_policy}): SLOs TTFT {ttft_slo:.2f} s, TBT p90 "
           f"{1000 * tbt_slo:.0f} ms", flush=True)
     out = []
-    for mode in a.rejection_modes:
+    for k, mode in enumerate(a.rejection_modes):
         extra = [x.format(horizon=a.prediction_horizon) for x in REJECTION_MODES[mode]]
         if mode != "none":
-            # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<mode>.log)
+            # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<k>_<mode>.log)
             extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG"]
         load = os.getloadavg()[0]
         row, res = run_policy(a.overload_policy, py, prefills, decode, model, events, master, profile, logs, reqs,
-                              speed * a.overload, a, extra, label=mode)
+                              speed * a.overload, a, extra, label=mode, log_name=f"{k}_{mode}")
         row = overload_row(row, res, ttft_slo, tbt_slo)
         row["per_request"] = [{"i": r.index, "status": r.status, "ttft": r.ttft, "tbt_p90": r.tbt_p90,
                                "send_lag": r.send_lag} for r in res]  # --json: which requests missed, when

@@ -79,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "gauge mooncake_proxy_cost_factor), and model each decode instance's hand-off (KV "
                         "pull, queue, first step) as a queue in the TTFT SLO check: measured service time "
                         "x the requests handed off or in prefill ahead, plus how late the oldest one is "
-                        "(moving mean of the delay: gauge mooncake_proxy_decode_first_token_seconds); "
+                        "(moving mean of the delay: gauge mooncake_proxy_decode_first_token_seconds), the "
+                        "service time kept per source prefill; and add to each (prefill, decode) pair's TTFT "
+                        "prediction the 0.9 quantile of its recent errors (observed - predicted), trying the "
+                        "other prefills before a 429; "
                         "estimates fade back after 10 s without a sample; for engines slower than their profile, e.g. "
                         "sharing cores -- without it SLO estimates made from an idle profile admit everything")
     g.add_argument("--retry-after", type=float, default=1.0,

@@ -124,6 +124,8 @@ class ProxyServer:
         slo, self.decode_tbt_limit = sched.split_rejection(slo, cfg.rejection)
         self.scheduler = sched.make_scheduler(cfg.policy, self.cluster, cost, slo, seed=cfg.seed)
         self.calibrator = sched.LatencyCalibrator(cost) if cfg.calibrate else None
+        if cfg.calibrate:  # the TTFT check's per-pair margin from its own errors (ttft_error.py)
+            self.cluster.ttft_errors = sched.TtftErrorQuantile()
         tokenize = chat_tokenize = None
         if cfg.tokenizer:  # the engine's token ids: BOS on completions, the chat template on chat
             from .prompt import load_chat_tokenizer, load_tokenizer
@@ -414,6 +416,7 @@ class ProxyServer:
         decision = self.scheduler.schedule(req, now)
         if isinstance(decision, self.sched_mod.Rejection):
             self.metrics.rejections.labels("slo").inc()
+            log.debug("rejected", extra={"request_id": rid, "reason": decision.reason})
             return error_response(429, f"overloaded, request rejected early: {decision.reason}",
                                   "rate_limit_exceeded", request_id=rid, retry_after=decision.retry_after_s)
         p_inst = self.registry.get(decision.prefill_id)
@@ -441,7 +444,9 @@ class ProxyServer:
             dl = self.cluster.decode_load(d_inst.instance_id)
             log.debug("admitted", extra={
                 "request_id": rid, "prefill": p_inst.instance_id, "est_prefill_s": round(decision.est_ttft_s, 3),
-                "est_ttft_s": round(self.cluster.first_token_in(d_inst.instance_id, now, decision.est_ttft_s), 3),
+                "est_ttft_s": round(self.cluster.first_token_in(d_inst.instance_id, now, decision.est_ttft_s,
+                                                                p_inst.instance_id), 3),
+                "margin_s": round(self.cluster.ttft_margin(p_inst.instance_id, d_inst.instance_id, now), 3),
                 "handoff_pending": dl.handoff.pending if dl.handoff is not None else None,
                 "in_prefill_to_decode": len(dl.incoming)})
         return await self._run_pair(request, route, rid, body, req, decision, p_inst, d_inst, t0)
@@ -543,12 +548,17 @@ class ProxyServer:
             self._inflight(d, 1)
             hq = cluster.decode_load(d.instance_id).handoff if t_answered is not None else None
             if hq is not None and timing is not None:
-                hq.handed_off(req.request_id, now())
+                hq.handed_off(req.request_id, now(), p.instance_id)
+            errs = cluster.ttft_errors if decision.est_first_token_s >= 0 else None
+            if timing is not None and (hq is not None or errs is not None):
 
                 def first_token() -> None:
-                    service = hq.first_token(req.request_id, now())
+                    service = hq.first_token(req.request_id, now()) if hq is not None else None
+                    ttft = time.perf_counter() - t0
+                    if errs is not None:  # the TTFT check's error on this pair (ttft_error.py)
+                        errs.observe(p.instance_id, d.instance_id, decision.est_first_token_s, ttft, now())
                     if log.isEnabledFor(logging.DEBUG):
-                        log.debug("first token", extra={"request_id": rid, "ttft_s": round(time.perf_counter() - t0, 3),
+                        log.debug("first token", extra={"request_id": rid, "ttft_s": round(ttft, 3),
                                                         "handoff_service_s": service})
 
                 timing.on_first = first_token

@@ -26,6 +26,7 @@ from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
 from .handoff_queue import HandoffQueue
 from .hashing import BlockHasher
 from .lru import LruBlockCache
+from .ttft_error import TtftErrorQuantile
 from .policies import POLICIES, PrefillPlan, Scheduler, make_scheduler, policy_names
 
 __all__ = [
@@ -33,5 +34,5 @@ __all__ = [
     "CostModel", "SloConfig", "make_scheduler", "policy_names", "POLICIES", "Scheduler", "PrefillPlan",
     "LruBlockCache", "STORE", "PrefillEntry", "DecodeEntry", "PrefillLoad", "DecodeLoad",
     "REJECTION_MODES", "split_rejection", "decode_stage_rejection", "LatencyCalibrator",
-    "HandoffQueue",
+    "HandoffQueue", "TtftErrorQuantile",
 ]

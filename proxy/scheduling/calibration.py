@@ -15,6 +15,7 @@ proxy stores it in ``DecodeLoad.first_token_s`` (and its gauge). A moving mean o
 comes too late under a burst (everything is admitted before the first slow hand-off reports), so
 the live proxy's TTFT check uses the hand-off queue instead (``handoff_queue.py``,
 ``DecodeLoad.handoff``); the flat value is what the check adds where no queue is installed.
+What neither models (per pair: ``ttft_error.py``) the check adds as a margin from its own errors.
 
 A factor nobody confirms fades: once a side has had no sample for ``stale_s`` seconds,
 :meth:`tick` halves its log-factor every ``half_life_s`` -- otherwise a factor learned in a burst,

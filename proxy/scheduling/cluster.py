@@ -22,6 +22,7 @@ from typing import Iterable, Protocol, Sequence
 from .datatypes import Decision, InstanceInfo, RequestInfo, Role, ROLES
 from .handoff_queue import HandoffQueue
 from .lru import LruBlockCache
+from .ttft_error import TtftErrorQuantile
 
 __all__ = ["ClusterState", "PrefillEntry", "DecodeEntry", "PrefillLoad", "DecodeLoad", "STORE"]
 
@@ -130,6 +131,8 @@ class ClusterState:
         self._decode: dict[str, DecodeLoad] = {}
         self._store: LruBlockCache | None = None
         self._store_view: StoreView | None = None
+        #: the TTFT check's per-pair safety margin (ttft_error.py; the live proxy's --calibrate)
+        self.ttft_errors: TtftErrorQuantile | None = None
         if store_capacity_blocks is not None:
             self._store = LruBlockCache(store_capacity_blocks)
 
@@ -165,6 +168,11 @@ class ClusterState:
         pload = self._prefill.pop(instance_id, None)
         self._pending.pop(instance_id, None)
         self._decode.pop(instance_id, None)
+        if self.ttft_errors is not None:
+            self.ttft_errors.forget(instance_id)
+        for dl in self._decode.values():
+            if dl.handoff is not None:
+                dl.handoff.forget(instance_id)
         if pload is not None:
             # Its queued requests will never reach their decode instance: stop counting them
             # as incoming load there.
@@ -368,15 +376,21 @@ class ClusterState:
         self._require(instance_id, "decode")
         return self._decode[instance_id]
 
-    def first_token_in(self, decode_id: str, now: float, prefill_s: float) -> float:
+    def first_token_in(self, decode_id: str, now: float, prefill_s: float, prefill_id: str | None = None) -> float:
         """Predicted seconds from ``now`` to the first token on decode ``decode_id`` of a request
         whose prefill (queue included) takes ``prefill_s``: the flat ``first_token_s`` on top, or,
         with a hand-off queue, that queue's estimate counting the requests still in prefill headed
-        there as ahead of it (they were admitted first)."""
+        there as ahead of it (they were admitted first), with ``prefill_id``'s own hand-off time."""
         load = self.decode_load(decode_id)
         if load.handoff is None:
             return prefill_s + load.first_token_s
-        return load.handoff.first_token_in(now, prefill_s, len(load.incoming))
+        return load.handoff.first_token_in(now, prefill_s, len(load.incoming), prefill_id)
+
+    def ttft_margin(self, prefill_id: str, decode_id: str, now: float) -> float:
+        """Seconds the TTFT check adds to the pair's prediction: the quantile of its recent errors
+        (``ttft_errors``; 0 when none is installed, as in the simulator, or nothing was learned)."""
+        errs = self.ttft_errors
+        return errs.margin(prefill_id, decode_id, now) if errs is not None else 0.0
 
     def on_prefill_start(self, instance_id: str, req: RequestInfo, now: float, *,
                          cached_blocks: int | None = None, decode_id: str | None = None,

@@ -73,6 +73,9 @@ class Decision:
     should make the prefill instance load them — Mooncake Store / Transfer Engine).
     ``est_queue_s``: predicted wait before the prefill starts. ``replicate_blocks``: when hot
     prefix replication is on, how many leading blocks the caller should copy into the store.
+    ``est_first_token_s``: when a TTFT SLO is checked, the predicted time to the client's first
+    token (prefill, hand-off; no safety margin) that the check used -- the caller feeds the
+    observed TTFT back against it (``ClusterState.ttft_errors``); -1 when not predicted.
     """
 
     prefill_id: str
@@ -84,6 +87,7 @@ class Decision:
     remote_blocks: int = 0
     est_queue_s: float = 0.0
     replicate_blocks: int = 0
+    est_first_token_s: float = -1.0
 
 
 @dataclass(frozen=True, slots=True)

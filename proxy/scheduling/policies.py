@@ -87,22 +87,70 @@ class Scheduler(abc.ABC):
                              f"{req.prompt_tokens}+{req.max_output_tokens} tokens", retry, plan.est_ttft_s)
         decode_id, tbt = dchoice
         slo = self.slo
+        first = -1.0
         if slo.ttft_s is not None:
-            ttft = cl.first_token_in(decode_id, now, plan.est_ttft_s)
-            if ttft > slo.ttft_s:
-                handoff = ttft - plan.est_ttft_s
-                return Rejection(
-                    f"TTFT SLO: predicted {ttft:.3f}s > {slo.ttft_s:.3f}s on prefill "
-                    f"{plan.instance_id!r} (queue {plan.est_queue_s:.3f}s"
-                    + (f", then {handoff:.3f}s to decode {decode_id!r}'s first token)" if handoff > 0 else ")"),
-                    retry, ttft, tbt)
+            first, margin = self._first_token(plan, decode_id, now)
+            if first + margin > slo.ttft_s:
+                alt = self._other_prefill_within(req, prefills, decodes, plan, now, slo.ttft_s)
+                if alt is None:
+                    ttft = first + margin
+                    handoff = first - plan.est_ttft_s
+                    return Rejection(
+                        f"TTFT SLO: predicted {ttft:.3f}s > {slo.ttft_s:.3f}s on prefill "
+                        f"{plan.instance_id!r} (queue {plan.est_queue_s:.3f}s"
+                        + (f", then {handoff:.3f}s to decode {decode_id!r}'s first token" if handoff > 0 else "")
+                        + (f", margin {margin:.3f}s from its recent errors" if margin > 0 else "")
+                        + (f"; none of the other {len(prefills) - 1} prefill instance(s) does better)"
+                           if len(prefills) > 1 else ")"),
+                        retry, ttft, tbt)
+                plan, decode_id, tbt, first = alt
         if slo.tbt_s is not None and tbt > slo.tbt_s:
             return Rejection(
                 f"TBT SLO: predicted {tbt * 1000:.1f}ms > {slo.tbt_s * 1000:.1f}ms on decode "
                 f"{decode_id!r}", retry, plan.est_ttft_s, tbt)
         return Decision(plan.instance_id, decode_id, plan.est_ttft_s, tbt, plan.cached_blocks,
                         plan.remote_source, plan.remote_blocks, plan.est_queue_s,
-                        self.replicate_blocks(req, plan))
+                        self.replicate_blocks(req, plan), first)
+
+    def _first_token(self, plan: PrefillPlan, decode_id: str, now: float) -> tuple[float, float]:
+        """(predicted TTFT of ``plan`` handed off to ``decode_id``, the pair's safety margin)."""
+        cl = self.cluster
+        return (cl.first_token_in(decode_id, now, plan.est_ttft_s + self.prefill_lateness(plan.instance_id, now),
+                                  plan.instance_id),
+                cl.ttft_margin(plan.instance_id, decode_id, now))
+
+    def prefill_lateness(self, instance_id: str, now: float) -> float:
+        """How far the head of the prefill instance's queue is past its estimate (0 if not late).
+        The TTFT check expects it to need that long again: :meth:`queue_time` counts a late head
+        as done, so a stalled engine -- seen for 35 s on the live bench -- would look idle."""
+        load = self.cluster.prefill_load(instance_id)
+        if not load.entries:
+            return 0.0
+        head = next(iter(load.entries.values()))
+        if head.est_s < 0:
+            return 0.0
+        return max(0.0, now - load.head_since - head.est_s)
+
+    def _other_prefill_within(self, req: RequestInfo, prefills: Sequence[InstanceInfo],
+                              decodes: Sequence[InstanceInfo], failed: PrefillPlan, now: float,
+                              limit_s: float) -> tuple[PrefillPlan, str, float, float] | None:
+        """The policy's first choice breaks the TTFT SLO: before answering 429, the policy's own
+        plan on each other prefill instance, with its hand-off and margin -- the one predicted
+        soonest if within ``limit_s`` (plan, decode, its TBT, its TTFT without margin), else None.
+        Why: the margin and the hand-off time are per pair (ttft_error.py, handoff_queue.py), and a
+        request the first choice would fail may well meet the SLO on another instance."""
+        best: tuple[float, tuple[PrefillPlan, str, float, float]] | None = None
+        for inst in prefills:
+            if inst.instance_id == failed.instance_id:
+                continue
+            plan = self.choose_prefill(req, [inst], now)
+            dchoice = self.choose_decode(req, decodes, now, plan.est_ttft_s)
+            if dchoice is None:
+                continue
+            first, margin = self._first_token(plan, dchoice[0], now)
+            if first + margin <= limit_s and (best is None or first + margin < best[0]):
+                best = (first + margin, (plan, dchoice[0], dchoice[1], first))
+        return best[1] if best is not None else None
 
     # ------------------------------------------------------------------ policy hooks
     @abc.abstractmethod

@@ -137,3 +137,33 @@ async def test_ttft_check_sees_the_hand_off_queue_before_any_answer(make_env) ->
     assert sorted({st for st, _ in got}) == [200, 429], got
     assert 2 <= len(ok) <= 4, got
     assert max(ok) < 1.6, got  # ~0.9 s for the third; the fourth would have been 1.2 s
+
+
+@pytest.mark.parametrize("calibrate", [True, False])
+async def test_a_pair_whose_requests_come_late_is_avoided_not_rejected(make_env, calibrate: bool) -> None:
+    # Two prefills, one of them 0.6 s slow (on the live bench: the one sharing the decode's core).
+    # load_balance alternates between them; with a 0.4 s TTFT SLO the calibrated proxy learns the
+    # pair's error (ttft_error.py) from its first two late requests and sends the rest to the fast
+    # prefill -- admitted, within the SLO -- instead of a 429. Without --calibrate half of them miss.
+    import time
+
+    env = await make_env(n_prefill=2, policy="load_balance", ttft_slo=0.4, calibrate=calibrate,
+                         decode_behaviour=Behaviour(chunks=2))
+    env.prefills[1].behaviour = Behaviour(prefill_delay=0.6)
+    ttfts = []
+    for _ in range(8):
+        t0 = time.perf_counter()
+        async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
+            assert r.status == 200, await r.text()
+            await r.content.readany()
+            ttfts.append(time.perf_counter() - t0)
+            await r.read()
+    slow = len(env.prefills[1].records)
+    if calibrate:
+        assert slow <= 2, ttfts
+        assert sum(t > 0.4 for t in ttfts) <= 2 and max(ttfts[4:]) < 0.4, ttfts
+        errs = env.server.cluster.ttft_errors
+        p1 = f"prefill@{env.prefill_urls[1]}"
+        assert errs is not None and errs.margin(p1, f"decode@{env.decode_urls[0]}", time.monotonic()) > 0.4
+    else:
+        assert slow == 4 and sum(t > 0.4 for t in ttfts) == 4, ttfts

@@ -84,3 +84,25 @@ def test_bad_parameters_are_refused() -> None:
         HandoffQueue(window=0)
     with pytest.raises(ValueError, match="half_life_s"):
         HandoffQueue(half_life_s=0)
+
+
+def test_each_source_gets_its_own_service_time() -> None:
+    # The decode shares a core with p1 (whose engine spins after answering): hand-offs from p1 take
+    # 1 s, from p0 0.05 s. A request from p0 is not predicted slow because of p1's samples.
+    q = HandoffQueue(stale_s=10.0, half_life_s=10.0)
+    t = 0.0
+    for i in range(3):
+        q.handed_off(f"a{i}", t, "p0")
+        q.first_token(f"a{i}", t + 0.05)
+        q.handed_off(f"b{i}", t + 1.0, "p1")
+        q.first_token(f"b{i}", t + 2.0)
+        t += 3.0
+    assert q.service_s(t) == pytest.approx((0.05 + 1.0) / 2)
+    assert q.service_s(t, "p0") == pytest.approx(0.05) and q.service_s(t, "p1") == pytest.approx(1.0)
+    assert q.first_token_in(t, ready_in=0.1, source="p0") == pytest.approx(0.15)
+    assert q.first_token_in(t, ready_in=0.1, source="p1") == pytest.approx(1.1)
+    assert q.first_token_in(t, ready_in=0.1, source="p9") == pytest.approx(0.1 + 0.525)  # unknown: the stage's
+    # p1 sends nothing more (its requests go elsewhere): its samples fade on their own
+    assert q.service_s(t + 20.0, "p1") < 0.5
+    q.forget("p1")
+    assert q.service_s(t, "p1") == pytest.approx(0.525)

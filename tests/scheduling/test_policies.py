@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from mooncake_proxy.scheduling import (POLICIES, ClusterState, CostModel, Decision, HandoffQueue, InstanceInfo,
-                                       Rejection, RequestInfo, SloConfig, make_scheduler)
+                                       Rejection, RequestInfo, SloConfig, TtftErrorQuantile, make_scheduler)
 
 BS = 4  # tokens per block in these tests
 # 1 ms per prefill token, no attention term; decode step 10 ms + 1 ms/request; transfer 1 ms/block.
@@ -199,6 +199,51 @@ def test_ttft_slo_counts_the_hand_off_queue_without_any_feedback() -> None:
     assert isinstance(s2.schedule(req(), now=1.5), Decision)
     r = s2.schedule(req(), now=3.1)
     assert isinstance(r, Rejection) and r.est_ttft_s == pytest.approx(2.0 + 0.2)
+
+
+def test_ttft_check_adds_the_pairs_error_margin_and_tries_the_other_prefill() -> None:
+    # The policy's first choice is p0 (it holds the prefix), but its requests kept arriving ~1 s
+    # after the prediction (say the decode shares its core): with the margin p0 breaks a 1 s SLO,
+    # so the request goes to p1, which has to recompute the prefix but meets it.
+    cl = cluster(n_prefill=2, n_decode=1)
+    cl.record_blocks("p0", BLOCKS)
+    errs = cl.ttft_errors = TtftErrorQuantile()
+    s = make_scheduler("cache_aware", cl, COST, SloConfig(ttft_s=1.0))
+    d = s.schedule(req(), now=0.0)
+    assert isinstance(d, Decision) and d.prefill_id == "p0"
+    assert d.est_first_token_s == pytest.approx(0.001)  # fed back against the observed TTFT
+    for _ in range(3):
+        errs.observe("p0", "d0", 0.001, 1.05, now=0.0)
+    d = s.schedule(req(), now=1.0)
+    assert isinstance(d, Decision) and d.prefill_id == "p1" and d.cached_blocks == 0
+    assert d.est_first_token_s == pytest.approx(0.04)
+    # both pairs late: a 429 that names the margin and says the others were tried
+    for _ in range(3):
+        errs.observe("p1", "d0", 0.04, 1.5, now=1.0)
+    r = s.schedule(req(), now=1.0)
+    assert isinstance(r, Rejection) and "margin 1.049s from its recent errors" in r.reason
+    assert "none of the other 1 prefill instance(s) does better" in r.reason
+    assert r.est_ttft_s == pytest.approx(1.05)
+    # without the error model (the simulator) the margin is 0 and nothing changes
+    cl.ttft_errors = None
+    assert isinstance(s.schedule(req(), now=1.0), Decision)
+
+
+def test_ttft_check_sees_a_prefill_running_past_its_estimate() -> None:
+    # queue_time counts a head that overran its estimate as done, so a stalled prefill engine looks
+    # idle; the TTFT check expects it to need as long again as it is late, and routes around it.
+    cl = cluster(n_prefill=2, n_decode=1)
+    busy(cl, "p0", 0.5, now=0.0)
+    s = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=1.0))
+    s.queue_time("p0", 0.0)  # attaches the 0.5 s estimate
+    assert s.prefill_lateness("p0", 0.4) == 0.0 and s.prefill_lateness("p0", 3.0) == pytest.approx(2.5)
+    assert s.prefill_lateness("p1", 3.0) == 0.0
+    d = s.schedule(req(), now=3.0)  # load_balance's first choice (rotating tie) either way: p1 meets it
+    assert isinstance(d, Decision) and d.prefill_id == "p1"
+    busy(cl, "p1", 0.5, now=0.0)
+    s.queue_time("p1", 0.0)
+    r = s.schedule(req(), now=3.0)
+    assert isinstance(r, Rejection) and r.est_ttft_s == pytest.approx(2.5 + 0.04)
 
 
 def test_tbt_slo_rejection() -> None:

@@ -1,0 +1,96 @@
+"""A safety margin for the TTFT check, from the quantile of its own recent errors (pure, no clock).
+
+Why: with a binding SLO (1 s on ``bench/bench_live_scheduling.py``'s 2-core box) the TTFT
+prediction's error is as large as the SLO's margin, and it is not symmetric noise: it depends on
+the (prefill, decode) pair. There the decode shares a core with one of the two prefills, and
+vLLM CPU's engine spins for a second after each answer, so that prefill's hand-offs took 1-2 s
+more than predicted while the other's were within 0.1 s -- and a 35 s freeze of one prefill
+process hit only the requests routed there. An admission that compares the bare prediction with
+the SLO admits requests that then miss by the error it does not model.
+
+So the check compares ``prediction + margin(pair)`` with the SLO, the margin being the
+``quantile`` (default 0.9) of that pair's recent residuals ``observed - predicted`` TTFT: it
+is what the prediction missed for the last requests on that pair, whatever the cause (queueing
+the model does not see, a slow hand-off, tokenization, a stalled engine). A pair whose requests
+keep missing gets a high margin and is avoided (the scheduler tries the other prefills before
+answering 429); a pair without samples has margin 0 (nothing learned, nothing held against it).
+
+One residual is not a quantile: the pair's residuals are ranked together with ``prior`` pseudo-residuals
+of 0 (the prediction taken at its word), so with the default 9 a margin needs at least two late requests
+on the pair. Without them, one early clash (on the bench two requests in flight together, both 1.5 s
+late) blocked *every* pair at once; then nothing is admitted, no sample corrects the margins, and only
+the fade reopens them (a run with 35 x 429 in 40).
+
+A residual fades with its age: once older than ``stale_s`` it is halved every ``half_life_s``
+(a pair rejected because of one bad burst brings no new sample, so without fading it would be
+avoided forever). Negative residuals (the prediction was too high) count in the quantile, but
+the margin is never below 0: the bare prediction is never relaxed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["TtftErrorQuantile"]
+
+
+@dataclass(slots=True)
+class TtftErrorQuantile:
+    """Per (prefill, decode) pair: recent TTFT residuals and their faded ``quantile`` (see module doc)."""
+
+    quantile: float = 0.9
+    window: int = 16
+    prior: int = 9
+    stale_s: float = 10.0
+    half_life_s: float = 10.0
+    #: pair -> (time observed, residual s), oldest first
+    _res: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.quantile <= 1:
+            raise ValueError(f"TtftErrorQuantile.quantile must be in (0, 1], got {self.quantile!r}")
+        if self.window < 1:
+            raise ValueError(f"TtftErrorQuantile.window must be >= 1 sample, got {self.window!r}")
+        if self.prior < 0:
+            raise ValueError(f"TtftErrorQuantile.prior must be >= 0 pseudo-samples, got {self.prior!r}")
+        if not (self.stale_s >= 0 and self.half_life_s > 0):
+            raise ValueError(f"TtftErrorQuantile needs stale_s >= 0 and half_life_s > 0, got "
+                             f"{self.stale_s!r}, {self.half_life_s!r}")
+
+    def observe(self, prefill_id: str, decode_id: str, predicted_s: float, observed_s: float,
+                now: float) -> float | None:
+        """A request admitted on the pair with predicted TTFT ``predicted_s`` got its first token
+        after ``observed_s``; returns the residual recorded (None: not finite, ignored)."""
+        if not (math.isfinite(predicted_s) and math.isfinite(observed_s)) or predicted_s < 0 or observed_s < 0:
+            return None
+        d = self._res.get((prefill_id, decode_id))
+        if d is None:
+            d = self._res[(prefill_id, decode_id)] = deque(maxlen=self.window)
+        r = observed_s - predicted_s
+        d.append((now, r))
+        return r
+
+    def samples(self, prefill_id: str, decode_id: str) -> int:
+        d = self._res.get((prefill_id, decode_id))
+        return len(d) if d is not None else 0
+
+    def margin(self, prefill_id: str, decode_id: str, now: float) -> float:
+        """Seconds to add to the pair's predicted TTFT: the nearest-rank ``quantile`` of its faded
+        residuals and ``prior`` zeros, at least 0 (0 without samples)."""
+        d = self._res.get((prefill_id, decode_id))
+        if not d:
+            return 0.0
+        faded = sorted([r * self._weight(now - t) for t, r in d] + [0.0] * self.prior)
+        k = max(0, math.ceil(self.quantile * len(faded)) - 1)
+        return max(0.0, faded[k])
+
+    def forget(self, instance_id: str) -> None:
+        """The instance was removed: drop every pair it is part of."""
+        for key in [k for k in self._res if instance_id in k]:
+            del self._res[key]
+
+    def _weight(self, age: float) -> float:
+        over = age - self.stale_s
+        return 1.0 if over <= 0 else 0.5 ** (over / self.half_life_s)
