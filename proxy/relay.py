@@ -163,11 +163,17 @@ class Relay:
     async def send_sse(self, request: web.Request, route: str, rid: str, t0: float, data: bytes) -> web.StreamResponse:
         """A whole SSE answer the proxy has already (``--prefill-first-token``: the prefill's one
         token was all the request asked for)."""
+        out = await self._start_sse(request, route, rid, t0, data)
+        await out.write_eof()
+        return out
+
+    async def _start_sse(self, request: web.Request, route: str, rid: str, t0: float,
+                         data: bytes) -> web.StreamResponse:
+        """Open the client's SSE response with bytes the proxy already has; TTFT is taken here."""
         out = web.StreamResponse(status=200, headers={"Content-Type": _SSE, "X-Request-Id": rid})
         await out.prepare(request)
-        self._observe_ttft(route, time.perf_counter() - t0)
         await out.write(data)
-        await out.write_eof()
+        self._observe_ttft(route, time.perf_counter() - t0)
         return out
 
     async def race_decode(self, request: web.Request, route: str, d: Instance, payload: dict[str, Any],
@@ -214,12 +220,7 @@ class Relay:
         """
         t = aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s,
                                   sock_read=self.timeouts.request_s)
-        out: web.StreamResponse | None = None
-        if prefix is not None:
-            out = web.StreamResponse(status=200, headers={"Content-Type": _SSE, "X-Request-Id": rid})
-            await out.prepare(request)
-            await out.write(prefix)
-            self._observe_ttft(route, time.perf_counter() - t0)
+        out = await self._start_sse(request, route, rid, t0, prefix) if prefix is not None else None
         try:
             async with self.session().post(d.url + route, data=_enc.encode(payload),
                                            headers=headers, timeout=t) as resp:

@@ -523,12 +523,12 @@ class ProxyServer:
                 rejected = self._decode_stage_check(d, req)
                 if rejected is not None:
                     return rejected
+                dbody = body
                 if ft is not None:
                     self.metrics.first_token.labels("streamed").inc()
                     prefix, rewrite = ftok.first_chunks(body, ft, final=False), ftok.UsageShift(ft)
-                    dpayload = ho.decode_payload(ftok.decode_body(body, ft), route, p.addr, ctx, presp)
-                else:
-                    dpayload = ho.decode_payload(body, route, p.addr, ctx, presp)
+                    dbody = ftok.decode_body(body, ft)
+                dpayload = ho.decode_payload(dbody, route, p.addr, ctx, presp)
             else:
                 ptask = asyncio.create_task(self.relay.post_json(p, route, ppayload, pheaders, "prefill"))
 
