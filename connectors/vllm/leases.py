@@ -85,22 +85,21 @@ class Rendezvous:
     Either may come first: the decode usually asks while the prefill still computes (its
     request was sent at the same time), but a slow decode asks after the prefill has finished.
     When both are known, ``want``/``offer`` return ``(decode segment, params)`` to send in a
-    ``ready`` notification, once per decode segment. Under tensor parallelism every decode rank
-    asks the prefill's rank 0 (the one segment the proxy knows), so an offer answers several
-    wants and stays until its expiry (the lease): a rank's ``done`` must not hide it from a
-    sibling rank that asks later. Unpaired entries are dropped at their expiry (a decode that
-    never asks is covered by the send lease; a want for a prefill that never finishes is noise).
+    ``ready`` notification, for every ``want`` once the offer is known: a decode repeats its
+    ``want`` only when no ``ready`` came (lost on the way), so a repeat is answered again.
+    Under tensor parallelism every decode rank asks the prefill's rank 0 (the one segment the
+    proxy knows), so an offer answers several wants and stays until its expiry (the lease): a
+    rank's ``done`` must not hide it from a sibling rank that asks later. Unpaired entries are
+    dropped at their expiry (a decode that never asks is covered by the send lease; a want for a
+    prefill that never finishes is noise).
     """
 
     _wants: dict[str, tuple[list[str], float]] = field(default_factory=dict)  # tid -> (decode segments, expiry)
-    _offers: dict[str, tuple[dict, float, set[str]]] = field(default_factory=dict)  # tid -> (params, expiry, answered)
+    _offers: dict[str, tuple[dict, float]] = field(default_factory=dict)  # tid -> (params, expiry)
 
     def want(self, transfer_id: str, decode_segment: str, expiry: float) -> tuple[str, dict] | None:
         offer = self._offers.get(transfer_id)
         if offer is not None:
-            if decode_segment in offer[2]:
-                return None  # a repeated want is not answered twice
-            offer[2].add(decode_segment)
             return decode_segment, offer[0]
         segs, _ = self._wants.get(transfer_id, ([], expiry))
         if decode_segment not in segs:
@@ -110,7 +109,7 @@ class Rendezvous:
 
     def offer(self, transfer_id: str, params: dict, expiry: float) -> list[tuple[str, dict]]:
         segs, _ = self._wants.pop(transfer_id, ([], 0.0))
-        self._offers[transfer_id] = (params, expiry, set(segs))
+        self._offers[transfer_id] = (params, expiry)
         return [(seg, params) for seg in segs]
 
     def expire(self, now: float) -> None:

@@ -33,7 +33,9 @@ worker answers with ``ready`` (the ``RemotePrefill`` params) as soon as the requ
 whichever of the two comes second triggers it (``leases.Rendezvous``) -- and the decode reads
 on receipt, in the same step. So the decode's HTTP/API-server path overlaps the prefill's compute
 and the prefill's answer no longer travels proxy -> decode before the read starts. A decode
-that gets no ``ready`` within ``prefill_wait_s`` fails the load (``kv_load_failure_policy``).
+that gets no ``ready`` within ``want_retry_s`` asks again (the prefill answers every ``want``
+once it finished, so a lost ``ready`` costs one retry interval); one that gets none within
+``prefill_wait_s`` fails the load (``kv_load_failure_policy``).
 Reads up to ``sync_load_max_bytes`` run inside the step (no thread hand-off, reported by the
 same step); a request aborted while loading keeps its blocks until no read can write them.
 
@@ -52,6 +54,7 @@ worker), ``metadata_server`` (default ``P2PHANDSHAKE``: no metadata service need
 ``sync_load_max_bytes`` (default 4 MiB: a request's KV up to this size is read inside the step
 that starts it and reported received by that same step; 0 makes every read asynchronous),
 ``prefill_wait_s`` (default 120: concurrent hand-off, how long a decode waits for ``ready``),
+``want_retry_s`` (default 5: concurrent hand-off, how long before a decode asks again),
 ``idle_wait_ms`` (default 50: how long a worker may sleep, woken by the Transfer Engine, in a step
 without scheduled tokens while transfers are outstanding; 0 = busy polling; ``idle.py``).
 Tensor parallelism (``tensor_parallel_size`` N on either side): every worker registers its own
@@ -123,6 +126,10 @@ SYNC_LOAD_MAX_BYTES = 4 << 20
 #: Default ``prefill_wait_s``: how long a decode of the concurrent hand-off waits for the prefill's
 #: ``ready`` before giving up on the transfer (then ``kv_load_failure_policy`` applies).
 PREFILL_WAIT_S = 120.0
+#: Default ``want_retry_s``: a decode of the concurrent hand-off that has no ``ready`` after this
+#: long asks again. A ``ready`` can be lost: it is the prefill's first contact with the decode's
+#: segment, which may fail on a loaded box, and nothing else would ever resend it.
+WANT_RETRY_S = 5.0
 
 
 def _extra(vllm_config: "VllmConfig", key: str, default: Any) -> Any:
@@ -535,11 +542,13 @@ class _Worker:
         self.block_size = vllm_config.cache_config.block_size
         self.lease_s = float(_extra(vllm_config, "kv_lease_s", 30.0))
         self.prefill_wait_s = float(_extra(vllm_config, "prefill_wait_s", PREFILL_WAIT_S))
+        self.want_retry_s = float(_extra(vllm_config, "want_retry_s", WANT_RETRY_S))
         self.idle_wait_ms = float(_extra(vllm_config, "idle_wait_ms", IDLE_WAIT_MS))
         self._idle_step = False  # this step schedules no tokens (MooncakeConnectorMetadata.idle)
         self._events_seen = 0  # te.notify_events() when the last poll drained the notifications
         self._rdv = Rendezvous()                           # prefill: wants <-> finished requests
-        self._waiting: dict[str, tuple[RecvReq, float]] = {}  # decode: transfer id -> (req, deadline)
+        # decode: transfer id -> (req, deadline, when to ask again)
+        self._waiting: dict[str, tuple[RecvReq, float, float]] = {}
         self._cancelled: set[str] = set()                  # decode: aborted while an async read runs
         self._cancelled_now: list[str] = []                # decode: aborted before their read: report
         self._lock = threading.Lock()
@@ -628,7 +637,8 @@ class _Worker:
         assert r.pending is not None
         pp = r.pending
         if self._notify(pp.segment, pp.transfer_id, MSG_WANT + self.segment, inline=True):
-            self._waiting[pp.transfer_id] = (r, time.monotonic() + self.prefill_wait_s)
+            mono = time.monotonic()
+            self._waiting[pp.transfer_id] = (r, mono + self.prefill_wait_s, mono + self.want_retry_s)
         else:
             self._fail(r, "unreachable")  # prefill unreachable: recompute or fail per policy, now
 
@@ -671,7 +681,7 @@ class _Worker:
 
     def _cancel(self, rid: str) -> None:
         """Decode: the request was aborted while loading; report it once no read can write its blocks."""
-        for tid, (r, _deadline) in list(self._waiting.items()):
+        for tid, (r, _deadline, _again) in list(self._waiting.items()):
             if r.request_id == rid:
                 del self._waiting[tid]
                 self._cancelled_now.append(rid)
@@ -793,13 +803,20 @@ class _Worker:
         now = time.time()
         self._drain_notifies(now)  # first: a ``ready`` starts its read in this very poll
         mono = time.monotonic()
-        for tid, (r, deadline) in list(self._waiting.items()):
+        for tid, (r, deadline, again) in list(self._waiting.items()):
             if mono > deadline:
                 del self._waiting[tid]
                 logger.error("MooncakeCoreConnector: request %s: no ready from prefill %s for transfer %s within "
                              "prefill_wait_s=%.0f", r.request_id, r.pending.segment if r.pending else "?", tid,
                              self.prefill_wait_s)
                 self._fail(r, "no_ready")
+            elif mono > again and r.pending is not None:
+                # no ready yet: the prefill still computes, or its ready was lost -- ask again
+                # (background: the prefill may be the one that is unreachable now)
+                self._waiting[tid] = (r, deadline, mono + self.want_retry_s)
+                logger.info("MooncakeCoreConnector: request %s: no ready from prefill %s for transfer %s yet; "
+                            "asking again", r.request_id, r.pending.segment, tid)
+                self._notify(r.pending.segment, tid, MSG_WANT + self.segment)
         res.finished_recving.update(self._cancelled_now)
         self._cancelled_now = []
         still: list[_Pull] = []

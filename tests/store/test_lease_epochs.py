@@ -36,11 +36,15 @@ def _slow_get(reader, key: str, owner_pid: int, stall_s: float, during=None) -> 
     os.kill(owner_pid, signal.SIGSTOP)
     try:
         t = threading.Thread(target=lambda: out.append(reader.get(key)))
+        t0 = time.monotonic()
         t.start()
         time.sleep(0.3)
         if during is not None:
             during()
-        time.sleep(max(0.0, stall_s - 0.3))
+        # the owner stays stopped a while after ``during`` returns, however long it took (a master
+        # restart on a loaded box can take seconds): the read must still be in flight when
+        # ``during`` has taken its measurements
+        time.sleep(max(0.5, stall_s - (time.monotonic() - t0)))
     finally:
         os.kill(owner_pid, signal.SIGCONT)
     t.join(30)

@@ -21,7 +21,8 @@ sys.path.insert(0, HERE)
 
 from checkout_shim import shim_pythonpath  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
 from venvs import venv_dir  # noqa: E402
-from vllm_harness import LEASE_S, VllmServer, free_port, make_tiny_model, p2p_config, start_all, vllm_python  # noqa: E402
+from vllm_harness import (DROP_READY, LEASE_S, WANT_RETRY_S, VllmServer, free_port, make_tiny_model, p2p_config,  # noqa: E402
+                          start_all, vllm_python)
 
 
 @pytest.fixture(scope="session")
@@ -44,14 +45,16 @@ def tiny_model(vllm_py: str, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pd_pair(vllm_py: str, tiny_model: Path, tmp_path_factory) -> Iterator[tuple[VllmServer, VllmServer]]:
     logs = tmp_path_factory.mktemp("vllm-logs")
+    # both run the production connector subclassed with the test's controls (noise over received
+    # KV on request; a lost ``ready``), loaded by vLLM from tests/vllm through kv_connector_module_path
+    test_connector = dict(kv_connector="CorruptingMooncakeConnector", kv_connector_module_path="corrupting_connector")
+    env = {"PYTHONPATH": os.pathsep.join([shim_pythonpath(), HERE])}
     p = VllmServer(vllm_py, tiny_model, free_port(), 0, logs / "prefill.log",
-                   p2p_config("kv_producer", kv_lease_s=LEASE_S))
-    # the decode runs the production connector subclassed with the negative control (noise on
-    # request), loaded by vLLM from tests/vllm through kv_connector_module_path
+                   dict(p2p_config("kv_producer", kv_lease_s=LEASE_S), **test_connector),
+                   env={**env, "MOONCAKE_TEST_DROP_READY_PREFIX": DROP_READY})
     d = VllmServer(vllm_py, tiny_model, free_port(), 1, logs / "decode.log",
-                   dict(p2p_config("kv_consumer"), kv_load_failure_policy="recompute",
-                        kv_connector="CorruptingMooncakeConnector", kv_connector_module_path="corrupting_connector"),
-                   env={"PYTHONPATH": os.pathsep.join([shim_pythonpath(), HERE])})
+                   dict(p2p_config("kv_consumer", want_retry_s=WANT_RETRY_S), kv_load_failure_policy="recompute",
+                        **test_connector), env=env)
     t0 = time.monotonic()
     start_all([p, d])
     print(f"1P1D healthy in {time.monotonic() - t0:.1f} s")

@@ -8,6 +8,11 @@ output really depends on the transferred KV. The decode server of the test loads
 "kv_connector_module_path": "corrupting_connector", ...}'`` (this directory on PYTHONPATH);
 the production connector has no test switch.
 
+It also loses, once, the ``ready`` notification of a concurrent hand-off whose transfer id
+starts with ``DROP_READY`` (env ``MOONCAKE_TEST_DROP_READY_PREFIX``; the prefill worker sends nothing the first time that transfer is
+ready): a decode must ask again and still get its KV. The prefill server of the test loads it
+for this.
+
 Scheduler side: the marker is read from the request and sent to the worker with the step's
 connector metadata. Worker side: the marked requests' local block ids are remembered when the
 load starts and corrupted when the transfer reports them received (before the scheduler
@@ -16,6 +21,7 @@ learns they are ready, so the decode computes on the noise).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -24,6 +30,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 from mooncake_connectors.vllm.p2p_connector import MooncakeConnectorMetadata, MooncakeCoreConnector
 
 MARKER = "mooncake_test_corrupt"
+#: Transfer ids starting with this lose their first ``ready`` (prefill worker side); set by the
+#: test fixture (vllm_harness.DROP_READY), unset: nothing is dropped.
+DROP_READY = os.environ.get("MOONCAKE_TEST_DROP_READY_PREFIX", "")
 
 
 class CorruptingMooncakeConnector(MooncakeCoreConnector):
@@ -32,6 +41,8 @@ class CorruptingMooncakeConnector(MooncakeCoreConnector):
         self._marked: set[str] = set()          # scheduler: requests that asked for noise
         self._pending: dict[str, list[int]] = {}  # worker: request -> local blocks to overwrite
         self._views: list[torch.Tensor] = []     # worker: one (num_blocks, -1) view per KV slab
+        self._dropped: set[str] = set()          # worker: transfers whose first ready was lost
+        self._lose_first_ready()
 
     # ---------------------------------------------------------------- scheduler side
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -72,3 +83,20 @@ class CorruptingMooncakeConnector(MooncakeCoreConnector):
                 for v in self._views:
                     v[idx] = (torch.randn(len(blocks), v.shape[1], dtype=torch.float32) * 3).to(v.dtype)
         return res
+
+    def _lose_first_ready(self) -> None:
+        """Worker side: wrap the worker's ``ready`` sender so the first one of a DROP_READY transfer is lost."""
+        worker = self._worker
+        if worker is None or not DROP_READY:
+            return
+        send = worker._send_ready
+
+        def send_or_lose(pair: tuple[str, dict] | None) -> None:
+            tid = pair[1].get("mooncake_transfer_id", "") if pair is not None else ""
+            if tid.startswith(DROP_READY) and tid not in self._dropped:
+                self._dropped.add(tid)
+                print(f"test connector: dropped the ready of transfer {tid}", flush=True)
+                return
+            send(pair)
+
+        worker._send_ready = send_or_lose  # type: ignore[method-assign]

@@ -25,7 +25,7 @@ import pytest
 from concurrent.futures import ThreadPoolExecutor
 
 from mooncake_connectors.vllm.params import concurrent_decode_params, concurrent_prefill_params
-from vllm_harness import (LEASE_S, completion, free_port, http_json, http_text, metric, prompt_ids, start_proxy,
+from vllm_harness import (DROP_READY, LEASE_S, completion, free_port, http_json, http_text, metric, prompt_ids, start_proxy,
                           stop_proxy, wait_until)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -200,10 +200,10 @@ def test_prefill_first_token_through_proxy(pd_pair, tmp_path):
 
 
 def concurrent_pair(p_url: str, d_url: str, prompt: list[int], segment: str, decode_first: bool,
-                    gap_s: float = 1.0) -> list[int]:
+                    gap_s: float = 1.0, tid: str | None = None) -> list[int]:
     """Prefill and decode of a concurrent hand-off, the second sent ``gap_s`` after the first;
     returns the decode's tokens."""
-    tid = f"mc-test-{uuid.uuid4().hex}"
+    tid = tid or f"mc-test-{uuid.uuid4().hex}"
 
     def run_prefill() -> dict:
         if decode_first:
@@ -230,6 +230,23 @@ def test_concurrent_handoff_either_order(pd_pair, decode_first):
     hits0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
     got = concurrent_pair(p.url, d.url, prompt, segment, decode_first)
     assert metric(http_text(d.url + "/metrics"), EXT_HITS) - hits0 == len(prompt)
+    assert got == baseline(d.url, prompt)
+
+
+def test_concurrent_handoff_survives_a_lost_ready(pd_pair):
+    """The prefill's ``ready`` is its first contact with the decode's segment and can be lost (the
+    test connector drops the first one of this transfer): the decode asks again after
+    ``want_retry_s``, the prefill answers again, and the KV still arrives."""
+    p, d = pd_pair
+    segment = prefill(p.url, prompt_ids(23, 40))["mooncake_segment"]
+    prompt = prompt_ids(24)
+    tid = f"{DROP_READY}{uuid.uuid4().hex}"
+    hits0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
+    got = concurrent_pair(p.url, d.url, prompt, segment, decode_first=True, tid=tid)
+    assert f"dropped the ready of transfer {tid}" in p.log_text(), "the test connector did not lose the ready"
+    assert re.search(rf"no ready from prefill \S+ for transfer {tid} yet; asking again", d.log_text())
+    assert metric(http_text(d.url + "/metrics"), EXT_HITS) - hits0 == len(prompt), \
+        "the decode did not get the KV after asking again"
     assert got == baseline(d.url, prompt)
 
 

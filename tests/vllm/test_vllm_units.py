@@ -246,7 +246,8 @@ def test_rendezvous_pairs_in_either_order_once():
     assert r.offer("a", params, 100.0) == [("dec:1", params)]
     assert r.offer("b", {"x": 1}, 100.0) == []  # the prefill finished first
     assert r.want("b", "dec:2", 100.0) == ("dec:2", {"x": 1})
-    assert r.want("b", "dec:2", 100.0) is None  # a repeated want is not answered twice
+    # the decode asks again when no ready came (the first was lost): answered again
+    assert r.want("b", "dec:2", 100.0) == ("dec:2", {"x": 1})
     r.expire(101.0)  # the offers end with the lease
     assert r.pending() == 0
 
@@ -259,7 +260,7 @@ def test_rendezvous_answers_every_decode_rank():
     assert r.want("t", "dec-rank1:2", 100.0) is None
     assert r.want("t", "dec-rank1:2", 100.0) is None
     assert r.offer("t", params, 100.0) == [("dec-rank0:1", params), ("dec-rank1:2", params)]
-    assert r.want("t", "dec-rank1:2", 100.0) is None  # already answered
+    assert r.want("t", "dec-rank1:2", 100.0) == ("dec-rank1:2", params)  # asking again: its ready was lost
     assert r.offer("u", params, 100.0) == []
     assert r.want("u", "dec-rank0:1", 100.0) == ("dec-rank0:1", params)
     assert r.want("u", "dec-rank1:2", 100.0) == ("dec-rank1:2", params)  # a sibling asking later

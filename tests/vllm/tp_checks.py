@@ -39,6 +39,18 @@ def pulled(log: str) -> list[tuple[str, int, int]]:
             re.findall(r"kv pulled request=\S+ transfer=(\S+) blocks=(\d+) bytes=(\d+)", log)]
 
 
+def connector_trouble(*servers: VllmServer, last: int = 15) -> str:
+    """The connectors' warnings, errors and retries in the servers' logs (the last ``last`` of
+    each): what a failed CI run must show, since its log files are gone with the machine."""
+    out = []
+    for srv in servers:
+        lines = [x for x in srv.log_text().splitlines() if "MooncakeCoreConnector" in x
+                 and (" WARNING " in x or " ERROR " in x or "asking again" in x)]
+        out.append(f"--- {srv.url}: {len(lines)} connector warnings/errors/retries" +
+                   "".join(f"\n{x[:300]}" for x in lines[-last:]))
+    return "\n".join(out)
+
+
 def check_through_proxy(p: VllmServer, d: VllmServer, logs, handoff: str, seeds: list[int],
                         ranks: int) -> list[str]:
     """Send ``seeds``' prompts through a proxy; each must be handed off (external hits = prompt) and
@@ -49,7 +61,11 @@ def check_through_proxy(p: VllmServer, d: VllmServer, logs, handoff: str, seeds:
         for seed in seeds:
             prompt = prompt_ids(seed)
             hits0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
-            got = via(url, prompt)
+            try:
+                got = via(url, prompt)
+            except Exception as e:
+                raise AssertionError(f"seed {seed} through --handoff {handoff}: {e}\n"
+                                     f"{connector_trouble(p, d)}") from e
             assert metric(http_text(d.url + "/metrics"), EXT_HITS) - hits0 == len(prompt), \
                 "the proxy path did not hand the KV off to the decode"
             assert got == own(d, prompt), "greedy output from transferred TP KV differs from a local run"

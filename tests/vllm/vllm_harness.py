@@ -31,6 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 #: Prefill lease in the P2P tests: long enough for a decode on a busy 2-core box to start its
 #: read, short enough for the lease-expiry test to wait it out.
 LEASE_S = 12.0
+#: The decode's ``want_retry_s`` in the P2P tests: a lost ``ready`` costs this long.
+WANT_RETRY_S = 1.0
+#: Transfer ids the P2P tests' prefill (corrupting_connector.py) loses the first ``ready`` of.
+DROP_READY = "mc-test-drop-ready-"
 
 
 def vllm_python() -> str | None:
