@@ -95,11 +95,12 @@ class Rendezvous:
     """
 
     _wants: dict[str, tuple[list[str], float]] = field(default_factory=dict)  # tid -> (decode segments, expiry)
-    _offers: dict[str, tuple[dict, float]] = field(default_factory=dict)  # tid -> (params, expiry)
+    _offers: dict[str, tuple[dict, float, set[str]]] = field(default_factory=dict)  # tid -> (params, expiry, answered)
 
     def want(self, transfer_id: str, decode_segment: str, expiry: float) -> tuple[str, dict] | None:
         offer = self._offers.get(transfer_id)
         if offer is not None:
+            offer[2].add(decode_segment)
             return decode_segment, offer[0]
         segs, _ = self._wants.get(transfer_id, ([], expiry))
         if decode_segment not in segs:
@@ -109,8 +110,14 @@ class Rendezvous:
 
     def offer(self, transfer_id: str, params: dict, expiry: float) -> list[tuple[str, dict]]:
         segs, _ = self._wants.pop(transfer_id, ([], 0.0))
-        self._offers[transfer_id] = (params, expiry)
+        self._offers[transfer_id] = (params, expiry, set(segs))
         return [(seg, params) for seg in segs]
+
+    def answered(self, transfer_id: str, decode_segment: str) -> bool:
+        """Whether ``decode_segment`` was sent a ``ready`` for ``transfer_id`` already (so its
+        ``want`` now is a repeat: that ``ready`` was lost, or the decode is slow to see it)."""
+        offer = self._offers.get(transfer_id)
+        return offer is not None and decode_segment in offer[2]
 
     def expire(self, now: float) -> None:
         self._wants = {t: w for t, w in self._wants.items() if w[1] > now}

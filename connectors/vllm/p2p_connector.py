@@ -647,11 +647,11 @@ class _Worker:
         for seg in self._targets((pp.segment,), 0):
             self._notify(seg, pp.transfer_id, msg)
 
-    def _send_ready(self, pair: tuple[str, dict] | None) -> None:
+    def _send_ready(self, pair: tuple[str, dict] | None, inline: bool = True) -> None:
         """Prefill: the finished request's params to the decode that asked (one quick round trip)."""
         if pair is not None:
             seg, params = pair
-            self._notify(seg, params["mooncake_transfer_id"], MSG_READY + json.dumps(params), inline=True)
+            self._notify(seg, params["mooncake_transfer_id"], MSG_READY + json.dumps(params), inline=inline)
 
     def _on_ready(self, tid: str, payload: str) -> None:
         """Decode: the prefill finished: check what it sent and start the read now."""
@@ -697,7 +697,11 @@ class _Worker:
             if n.msg.startswith(MSG_READY):
                 self._on_ready(n.name, n.msg[len(MSG_READY):])
             elif n.msg.startswith(MSG_WANT):
-                self._send_ready(self._rdv.want(n.name, n.msg[len(MSG_WANT):], now + self.lease_s))
+                seg = n.msg[len(MSG_WANT):]
+                # a repeat (the first ready was lost: the decode may be unreachable) goes in the
+                # background, so a peer that does not answer cannot stall this engine's steps
+                again = self._rdv.answered(n.name, seg)
+                self._send_ready(self._rdv.want(n.name, seg, now + self.lease_s), inline=not again)
             elif (conf := parse_confirmation(n.msg)) is not None:
                 # the rendezvous keeps its offer until the lease ends: a sibling decode rank may ask later
                 rid = self._sends.confirm(n.name, now, conf[1], conf[2])

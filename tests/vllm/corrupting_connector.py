@@ -91,12 +91,12 @@ class CorruptingMooncakeConnector(MooncakeCoreConnector):
             return
         send = worker._send_ready
 
-        def send_or_lose(pair: tuple[str, dict] | None) -> None:
+        def send_or_lose(pair: tuple[str, dict] | None, inline: bool = True) -> None:
             tid = pair[1].get("mooncake_transfer_id", "") if pair is not None else ""
             if tid.startswith(DROP_READY) and tid not in self._dropped:
                 self._dropped.add(tid)
                 print(f"test connector: dropped the ready of transfer {tid}", flush=True)
                 return
-            send(pair)
+            send(pair, inline)
 
         worker._send_ready = send_or_lose  # type: ignore[method-assign]

@@ -246,6 +246,7 @@ def test_rendezvous_pairs_in_either_order_once():
     assert r.offer("a", params, 100.0) == [("dec:1", params)]
     assert r.offer("b", {"x": 1}, 100.0) == []  # the prefill finished first
     assert r.want("b", "dec:2", 100.0) == ("dec:2", {"x": 1})
+    assert r.answered("b", "dec:2") and not r.answered("b", "dec:3") and not r.answered("zz", "dec:2")
     # the decode asks again when no ready came (the first was lost): answered again
     assert r.want("b", "dec:2", 100.0) == ("dec:2", {"x": 1})
     r.expire(101.0)  # the offers end with the lease
@@ -260,6 +261,7 @@ def test_rendezvous_answers_every_decode_rank():
     assert r.want("t", "dec-rank1:2", 100.0) is None
     assert r.want("t", "dec-rank1:2", 100.0) is None
     assert r.offer("t", params, 100.0) == [("dec-rank0:1", params), ("dec-rank1:2", params)]
+    assert r.answered("t", "dec-rank1:2")  # answered by the offer
     assert r.want("t", "dec-rank1:2", 100.0) == ("dec-rank1:2", params)  # asking again: its ready was lost
     assert r.offer("u", params, 100.0) == []
     assert r.want("u", "dec-rank0:1", 100.0) == ("dec-rank0:1", params)
