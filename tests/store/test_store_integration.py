@@ -303,17 +303,24 @@ def test_leased_object_removal_is_refused(master_factory, worker_factory, client
 
 
 def test_store_full_then_eviction_frees_space(master_factory, worker_factory, client_factory) -> None:
-    m = master_factory(default_kv_lease_ttl=1500)
+    # leases long enough that the "full" put surely comes before they end on a loaded box
+    lease_s = 4.0
+    m = master_factory(default_kv_lease_ttl=int(lease_s * 1000))
     worker_factory(m, 4 * MiB)
     c = client_factory(m)
     vals = {f"f{i}": payload(20 + i, MiB - 4096) for i in range(4)}
     for k, v in vals.items():
         assert c.put(k, v) == 0
     # leases on everything: nothing can be evicted -> store full
+    t_leased = time.monotonic()
     assert [c.get(k) == v for k, v in vals.items()] == [True] * 4
-    assert c.put("extra", payload(30, MiB)) == -200
-    time.sleep(1.7)  # leases run out: eviction may now free space
-    assert c.put("extra", payload(30, MiB)) == 0
+    rc = c.put("extra", payload(30, MiB))
+    assert rc == -200 or time.monotonic() - t_leased > lease_s, rc
+    time.sleep(max(0.0, lease_s + 0.2 - (time.monotonic() - t_leased)))  # leases run out: eviction may free
+    deadline = time.monotonic() + 10
+    while (rc := c.put("extra", payload(30, MiB))) != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rc == 0
     assert c.get("extra") == payload(30, MiB)
     hits = 0
     for k, v in vals.items():
