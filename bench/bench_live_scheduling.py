@@ -220,11 +220,16 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         time.sleep(1.0)  # the last prefill's counters
         after = prefix_counters(prefills)
         decisions: collections.Counter[str] = collections.Counter()
+        inst_factor: dict[str, float] = {}
         proxy_metrics = http_text(proxy.url + "/metrics")
         for line in proxy_metrics.splitlines():
             if line.startswith("mooncake_proxy_scheduler_decisions_total{") and 'prefill="' in line:
                 pid = line.split('prefill="', 1)[1].split('"', 1)[0]
                 decisions[f"p{[p.url for p in prefills].index(pid.split('@', 1)[1])}"] += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("mooncake_proxy_instance_cost_factor{") and 'side="prefill"' in line:
+                url = line.split('instance="', 1)[1].split('"', 1)[0].split("@", 1)[1]
+                if url in (urls := [p.url for p in prefills]):  # each prefill's own factor (--calibrate)
+                    inst_factor[f"p{urls.index(url)}"] = float(line.rsplit(" ", 1)[1])
     finally:
         proxy.stop()
     q = after["queries"] - before["queries"]
@@ -238,7 +243,8 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
            "rejected_on_arrival": metric(proxy_metrics, 'mooncake_proxy_rejections_total{reason="slo"}'),
            "rejected_after_prefill": metric(proxy_metrics, 'mooncake_proxy_rejections_total{reason="slo_decode"}'),
            "cost_factor": {side: metric(proxy_metrics, f'mooncake_proxy_cost_factor{{side="{side}"}}')
-                           for side in ("prefill", "decode")}}
+                           for side in ("prefill", "decode")},
+           "prefill_factor": dict(sorted(inst_factor.items()))}
     return row, results
 
 
@@ -278,7 +284,7 @@ def overload_row(row: dict[str, Any], results: list[Result], ttft_slo: float, tb
 
 def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
     head = (f"{'mode':<12}{'sent':>5}{'429':>5}{'arr/dec':>9}{'done':>6}{'met':>5}{'attain adm':>11}"
-            f"{'attain all':>11}{'TTFT mean':>10}{'p90':>7}{'TBT p90':>9}{'factor p/d':>12}"
+            f"{'attain all':>11}{'TTFT mean':>10}{'p90':>7}{'TBT p90':>9}{'factor p/d (p0 p1)':>20}"
             f"{'missed T/B/both/fail':>22}{'load':>12}")
     lines = [f"overload: x{factor:g} the first half's arrival rate", head]
 
@@ -288,17 +294,20 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
     for r in rows:
         f = r.get("cost_factor") or {}
         fac = f"{f.get('prefill', 0):.1f}/{f.get('decode', 0):.1f}" if any(f.values()) else "-"
+        if r.get("prefill_factor"):  # and each prefill's own: shared p/d (p0 p1)
+            fac += " (" + " ".join(f"{v:.1f}" for v in r["prefill_factor"].values()) + ")"
         split = f"{int(r['rejected_on_arrival'])}/{int(r['rejected_after_prefill'])}"
         lines.append(f"{r['label']:<12}{r['requests']:>5}{r['rejected_429']:>5}{split:>9}{r['completed']:>6}"
                      f"{r['met']:>5}{num(r['attainment_admitted'], '.0%'):>11}{num(r['attainment_all'], '.0%'):>11}"
                      f"{num(r['ttft_mean'], '.2f'):>10}{num(r['ttft_p90'], '.2f'):>7}"
-                     f"{num(r['tbt_p90'], '.0f', 1000):>9}{fac:>12}{'/'.join(str(v) for v in r['missed'].values()):>22}"
+                     f"{num(r['tbt_p90'], '.0f', 1000):>9}{fac:>20}{'/'.join(str(v) for v in r['missed'].values()):>22}"
                      f"{str(r.get('load_avg_start', '-')) + '->' + str(r.get('load_avg_end', '-')):>12}")
     slo = rows[0]
     return "\n".join(lines) + (f"\n(SLO: TTFT <= {slo['ttft_slo_s']:.2f} s and the request's TBT p90 <= "
                                f"{1000 * slo['tbt_slo_s']:.0f} ms; attainment among the admitted (not 429) and "
                                "all requests; 429s on arrival / after the prefill; TTFT s, TBT ms; "
-                               "factor: the proxy's --calibrate factors at the end)")
+                               "factor: the proxy's --calibrate factors at the end, shared prefill/decode and each "
+                               "prefill's own)")
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
