@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "service time kept per source prefill; and add to each (prefill, decode) pair's TTFT "
                         "prediction the 0.9 quantile of its recent errors (observed - predicted), trying the "
                         "other prefills before a 429; "
-                        "estimates fade back after 10 s without a sample (an instance's factor to the shared one); for engines slower than their profile, e.g. "
+                        "estimates fade back after 10 s without a sample (an instance's factor to the shared one); "
+                        "for engines slower than their profile, e.g. "
                         "sharing cores -- without it SLO estimates made from an idle profile admit everything")
     g.add_argument("--retry-after", type=float, default=1.0,
                    help="Retry-After seconds suggested on 429 when the scheduler gives none")

@@ -172,6 +172,7 @@ class ProxyServer:
         self._decision_ctr: dict[tuple[str, str], Any] = {}
         self._inflight_gauge: dict[str, Any] = {}
         self._prefix_ctr: dict[str, tuple[Any, Any]] = {}
+        self._factor_gauge: dict[tuple[str, str], Any] = {}  # (side, instance) -> instance_cost_factor child
         self._seq = 0
         bports = list(cfg.prefill_bootstrap_ports)
         for i, url in enumerate(cfg.prefill_urls):
@@ -207,6 +208,7 @@ class ProxyServer:
             except KeyError:
                 pass
             for side in ("prefill", "decode"):
+                self._factor_gauge.pop((side, instance_id), None)
                 try:
                     self.metrics.instance_cost_factor.remove(instance_id, side)
                 except KeyError:
@@ -637,9 +639,13 @@ class ProxyServer:
             self.scheduler.cost = cal.cost()
             self.scheduler.instance_costs = cal.costs()
             self.metrics.cost_factor.labels(side).set(cal.factor(side))
-            for (s, iid), f in cal.instance_factors().items():
-                if iid in self.cluster:
-                    self.metrics.instance_cost_factor.labels(iid, s).set(f)
+            for key, f in cal.instance_factors().items():
+                g = self._factor_gauge.get(key)
+                if g is None:
+                    if key[1] not in self.cluster:
+                        continue
+                    g = self._factor_gauge[key] = self.metrics.instance_cost_factor.labels(key[1], key[0])
+                g.set(f)
 
     def _sync_first_token(self) -> None:
         """Copy the calibrator's first-token delays into the decode loads the TTFT check reads."""
