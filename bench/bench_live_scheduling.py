@@ -40,6 +40,12 @@ all. The SLOs default to what the first half's run of the same policy gave 90 % 
 engines delivered at the admitted load; ``--slo-from-unloaded K_TTFT K_TBT`` takes K x the
 latency of requests sent one at a time instead; ``--ttft-slo``/``--tbt-slo`` override. The
 table says why the admitted requests that missed did: TTFT, TBT (their own p90), both, no answer.
+
+``--freeze-prefill I AT DUR``: in every overload mode, ``AT`` s into the replay, prefill ``I``'s
+whole vLLM process group is stopped (SIGSTOP) for ``DUR`` s and continued -- the multi-second
+engine freeze seen on this box (issue 19), made to happen at the same moment in each mode, so the
+modes (and the proxy's per-instance calibration, which should route around the frozen instance
+instead of rejecting everything) are compared on the same event.
 """
 
 from __future__ import annotations
@@ -50,10 +56,12 @@ import collections
 import dataclasses
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -202,7 +210,8 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
                events: dict[str, str], master: str, profile: Path, logs: Path, reqs: list[TraceRequest],
                speed: float, a: argparse.Namespace, extra: list[str] | None = None,
                label: str | None = None, concurrency_cap: int | None = None,
-               log_name: str | None = None) -> tuple[dict[str, Any], list[Result]]:
+               log_name: str | None = None,
+               freeze: tuple[VllmServer, float, float] | None = None) -> tuple[dict[str, Any], list[Result]]:
     for s in (*prefills, decode):
         reset_prefix_cache(s, timeout=120)
     with MasterClient(master) as c:
@@ -216,15 +225,27 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         cfg = ReplayConfig(url=proxy.url, speed=speed, model="tiny", block_tokens=a.block_tokens,
                            max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed,
                            concurrency_cap=concurrency_cap)
-        s = asyncio.run(replay(reqs, cfg, progress=not a.no_progress, results_out=results))
+        stop = threading.Event()
+        thaw = freeze_later(*freeze, stop) if freeze is not None else None
+        try:
+            s = asyncio.run(replay(reqs, cfg, progress=not a.no_progress, results_out=results))
+        finally:
+            stop.set()
+            if thaw is not None:
+                thaw.join(timeout=freeze[2] + 5 if freeze is not None else 5)
         time.sleep(1.0)  # the last prefill's counters
         after = prefix_counters(prefills)
         decisions: collections.Counter[str] = collections.Counter()
+        inst_factor: dict[str, float] = {}
         proxy_metrics = http_text(proxy.url + "/metrics")
         for line in proxy_metrics.splitlines():
             if line.startswith("mooncake_proxy_scheduler_decisions_total{") and 'prefill="' in line:
                 pid = line.split('prefill="', 1)[1].split('"', 1)[0]
                 decisions[f"p{[p.url for p in prefills].index(pid.split('@', 1)[1])}"] += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("mooncake_proxy_instance_cost_factor{") and 'side="prefill"' in line:
+                url = line.split('instance="', 1)[1].split('"', 1)[0].split("@", 1)[1]
+                if url in (urls := [p.url for p in prefills]):  # each prefill's own factor (--calibrate)
+                    inst_factor[f"p{urls.index(url)}"] = float(line.rsplit(" ", 1)[1])
     finally:
         proxy.stop()
     q = after["queries"] - before["queries"]
@@ -238,8 +259,27 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
            "rejected_on_arrival": metric(proxy_metrics, 'mooncake_proxy_rejections_total{reason="slo"}'),
            "rejected_after_prefill": metric(proxy_metrics, 'mooncake_proxy_rejections_total{reason="slo_decode"}'),
            "cost_factor": {side: metric(proxy_metrics, f'mooncake_proxy_cost_factor{{side="{side}"}}')
-                           for side in ("prefill", "decode")}}
+                           for side in ("prefill", "decode")},
+           "prefill_factor": dict(sorted(inst_factor.items()))}
     return row, results
+
+
+def freeze_later(server: VllmServer, at: float, dur: float, stop: threading.Event) -> threading.Thread:
+    """Stop ``server``'s process group ``at`` s from now for ``dur`` s (``--freeze-prefill``); it is
+    continued after ``dur`` or as soon as ``stop`` is set, whichever comes first -- never left stopped."""
+    def run() -> None:
+        if stop.wait(at) or server.proc is None:
+            return
+        os.killpg(server.proc.pid, signal.SIGSTOP)
+        print(f"  froze {server.url} for {dur:g} s", flush=True)
+        try:
+            stop.wait(dur)
+        finally:
+            os.killpg(server.proc.pid, signal.SIGCONT)
+
+    t = threading.Thread(target=run, name="freeze-prefill", daemon=True)
+    t.start()
+    return t
 
 
 def first_half_slos(results: list[Result], pct: float) -> tuple[float, float]:
@@ -278,7 +318,7 @@ def overload_row(row: dict[str, Any], results: list[Result], ttft_slo: float, tb
 
 def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
     head = (f"{'mode':<12}{'sent':>5}{'429':>5}{'arr/dec':>9}{'done':>6}{'met':>5}{'attain adm':>11}"
-            f"{'attain all':>11}{'TTFT mean':>10}{'p90':>7}{'TBT p90':>9}{'factor p/d':>12}"
+            f"{'attain all':>11}{'TTFT mean':>10}{'p90':>7}{'TBT p90':>9}{'factor p/d (p0 p1)':>20}"
             f"{'missed T/B/both/fail':>22}{'load':>12}")
     lines = [f"overload: x{factor:g} the first half's arrival rate", head]
 
@@ -288,17 +328,20 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
     for r in rows:
         f = r.get("cost_factor") or {}
         fac = f"{f.get('prefill', 0):.1f}/{f.get('decode', 0):.1f}" if any(f.values()) else "-"
+        if r.get("prefill_factor"):  # and each prefill's own: shared p/d (p0 p1)
+            fac += " (" + " ".join(f"{v:.1f}" for v in r["prefill_factor"].values()) + ")"
         split = f"{int(r['rejected_on_arrival'])}/{int(r['rejected_after_prefill'])}"
         lines.append(f"{r['label']:<12}{r['requests']:>5}{r['rejected_429']:>5}{split:>9}{r['completed']:>6}"
                      f"{r['met']:>5}{num(r['attainment_admitted'], '.0%'):>11}{num(r['attainment_all'], '.0%'):>11}"
                      f"{num(r['ttft_mean'], '.2f'):>10}{num(r['ttft_p90'], '.2f'):>7}"
-                     f"{num(r['tbt_p90'], '.0f', 1000):>9}{fac:>12}{'/'.join(str(v) for v in r['missed'].values()):>22}"
+                     f"{num(r['tbt_p90'], '.0f', 1000):>9}{fac:>20}{'/'.join(str(v) for v in r['missed'].values()):>22}"
                      f"{str(r.get('load_avg_start', '-')) + '->' + str(r.get('load_avg_end', '-')):>12}")
     slo = rows[0]
     return "\n".join(lines) + (f"\n(SLO: TTFT <= {slo['ttft_slo_s']:.2f} s and the request's TBT p90 <= "
                                f"{1000 * slo['tbt_slo_s']:.0f} ms; attainment among the admitted (not 429) and "
                                "all requests; 429s on arrival / after the prefill; TTFT s, TBT ms; "
-                               "factor: the proxy's --calibrate factors at the end)")
+                               "factor: the proxy's --calibrate factors at the end, shared prefill/decode and each "
+                               "prefill's own)")
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
@@ -364,8 +407,12 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
             # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<k>_<mode>.log)
             extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG"]
         load = os.getloadavg()[0]
+        freeze = None
+        if a.freeze_prefill:
+            i, at, dur = a.freeze_prefill
+            freeze = (prefills[int(i)], at, dur)
         row, res = run_policy(a.overload_policy, py, prefills, decode, model, events, master, profile, logs, reqs,
-                              speed * a.overload, a, extra, label=mode, log_name=f"{k}_{mode}")
+                              speed * a.overload, a, extra, label=mode, log_name=f"{k}_{mode}", freeze=freeze)
         row = overload_row(row, res, ttft_slo, tbt_slo)
         row["per_request"] = [{"i": r.index, "status": r.status, "ttft": r.ttft, "tbt_p90": r.tbt_p90,
                                "send_lag": r.send_lag} for r in res]  # --json: which requests missed, when
@@ -427,7 +474,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="percentile of the first half's latencies that sets the default SLOs")
     g.add_argument("--prediction-horizon", type=float, default=10.0,
                    help="the predictive mode's --prediction-horizon (s)")
+    g.add_argument("--freeze-prefill", type=float, nargs=3, default=None, metavar=("I", "AT", "DUR"),
+                   help="in every overload mode, stop prefill I's vLLM processes (SIGSTOP) AT s into the "
+                        "replay for DUR s: a reproducible engine freeze (module doc)")
     a = ap.parse_args(argv)
+    if a.freeze_prefill and not (a.freeze_prefill[0] in (0, 1) and a.freeze_prefill[1] >= 0
+                                 and a.freeze_prefill[2] > 0):
+        ap.error("--freeze-prefill I AT DUR needs I in {0, 1}, AT >= 0 and DUR > 0")
     if not a.policies and not a.overload:
         ap.error("nothing to run: give --policies or --overload")
     if a.overload < 0:

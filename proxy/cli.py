@@ -76,14 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--calibrate", action="store_true",
                    help="correct the cost model online: scale its prefill and decode times by the "
                         "observed / predicted latency (moving mean of the log ratio, factor in 0.1..100, "
-                        "gauge mooncake_proxy_cost_factor), and model each decode instance's hand-off (KV "
+                        "gauge mooncake_proxy_cost_factor), kept per instance too and used for that "
+                        "instance's estimates (a frozen engine slows only its own; an instance with fewer "
+                        "than 3 samples leans on the shared factor; gauge mooncake_proxy_instance_cost_factor), "
+                        "and model each decode instance's hand-off (KV "
                         "pull, queue, first step) as a queue in the TTFT SLO check: measured service time "
                         "x the requests handed off or in prefill ahead, plus how late the oldest one is "
                         "(moving mean of the delay: gauge mooncake_proxy_decode_first_token_seconds), the "
                         "service time kept per source prefill; and add to each (prefill, decode) pair's TTFT "
                         "prediction the 0.9 quantile of its recent errors (observed - predicted), trying the "
                         "other prefills before a 429; "
-                        "estimates fade back after 10 s without a sample; for engines slower than their profile, e.g. "
+                        "estimates fade back after 10 s without a sample (an instance's factor to the shared one); "
+                        "for engines slower than their profile, e.g. "
                         "sharing cores -- without it SLO estimates made from an idle profile admit everything")
     g.add_argument("--retry-after", type=float, default=1.0,
                    help="Retry-After seconds suggested on 429 when the scheduler gives none")

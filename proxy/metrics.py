@@ -105,6 +105,11 @@ class ProxyMetrics:
                                  "Online calibration (--calibrate): observed / profile-predicted latency, "
                                  "by side (prefill: queue + prefill time; decode: time between tokens)",
                                  ["side"], registry=r)
+        self.instance_cost_factor = Gauge("mooncake_proxy_instance_cost_factor",
+                                          "Online calibration (--calibrate): the factor of cost_factor kept per "
+                                          "instance (its own samples, pulled towards the shared factor until it "
+                                          "has 3); the scheduler estimates each instance with its own",
+                                          ["instance", "side"], registry=r)
         self.first_token_delay = Gauge("mooncake_proxy_decode_first_token_seconds",
                                        "Online calibration (--calibrate): moving mean of the delay from a "
                                        "prefill's answer to the decode instance's first token (KV pull, "

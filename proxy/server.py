@@ -172,6 +172,7 @@ class ProxyServer:
         self._decision_ctr: dict[tuple[str, str], Any] = {}
         self._inflight_gauge: dict[str, Any] = {}
         self._prefix_ctr: dict[str, tuple[Any, Any]] = {}
+        self._factor_gauge: dict[tuple[str, str], Any] = {}  # (side, instance) -> instance_cost_factor child
         self._seq = 0
         bports = list(cfg.prefill_bootstrap_ports)
         for i, url in enumerate(cfg.prefill_urls):
@@ -201,10 +202,17 @@ class ProxyServer:
         self.cluster.remove_instance(instance_id)
         if self.calibrator is not None:
             self.calibrator.forget(instance_id)
+            self.scheduler.instance_costs = self.calibrator.costs()
             try:
                 self.metrics.first_token_delay.remove(instance_id)
             except KeyError:
                 pass
+            for side in ("prefill", "decode"):
+                self._factor_gauge.pop((side, instance_id), None)
+                try:
+                    self.metrics.instance_cost_factor.remove(instance_id, side)
+                except KeyError:
+                    pass
         self._forget_bootstrap(inst)
         self._inflight_gauge.pop(instance_id, None)
         self._prefix_ctr.pop(instance_id, None)
@@ -484,8 +492,10 @@ class ProxyServer:
 
         ptask: asyncio.Task[dict[str, Any]] | None = None
         cal = self.calibrator
-        # the scheduler's estimates were made with the factors in force now: undo them for the sample
-        f_pre, f_dec = (cal.factor("prefill"), cal.factor("decode")) if cal is not None else (1.0, 1.0)
+        # the scheduler's estimates were made with each instance's factors in force now: undo them
+        # for the sample
+        f_pre, f_dec = ((cal.factor("prefill", p.instance_id), cal.factor("decode", d.instance_id))
+                        if cal is not None else (1.0, 1.0))
         t_sent = now()
         t_answered: float | None = None  # perf_counter of the prefill's answer (sequential hand-off)
         timing = StreamTiming() if cal is not None else None
@@ -509,7 +519,8 @@ class ProxyServer:
                 prefill_finished()
                 if cal is not None:
                     t_answered = time.perf_counter()
-                    self._calibrated("prefill", cal.observe_prefill(decision.est_ttft_s / f_pre, now() - t_sent, now()))
+                    self._calibrated("prefill", cal.observe_prefill(decision.est_ttft_s / f_pre, now() - t_sent, now(),
+                                                                    p.instance_id))
                 ho.on_prefill_answer(p.addr, presp)
                 ft = ftok.parse_first_token(presp) if first else None
                 if first and ft is None:
@@ -577,7 +588,8 @@ class ProxyServer:
                         cal.observe_first_token(d.instance_id, timing.first - t_answered, now())
                         self._sync_first_token()
                     if (gap := timing.mean_gap()) is not None:
-                        self._calibrated("decode", cal.observe_decode(decision.est_tbt_s / f_dec, gap, now()))
+                        self._calibrated("decode", cal.observe_decode(decision.est_tbt_s / f_dec, gap, now(),
+                                                                      d.instance_id))
         finally:
             if ptask is not None:
                 if not ptask.done():
@@ -609,7 +621,8 @@ class ProxyServer:
         limit = self.decode_tbt_limit
         if limit is None:
             return None
-        rej = self.sched_mod.decode_stage_rejection(self.cluster, self.scheduler.cost, d.instance_id, req, limit,
+        rej = self.sched_mod.decode_stage_rejection(self.cluster, self.scheduler.cost_for(d.instance_id),
+                                                    d.instance_id, req, limit,
                                                     self.cfg.retry_after)
         if rej is None:
             return None
@@ -619,11 +632,20 @@ class ProxyServer:
                               "rate_limit_exceeded", request_id=rid, retry_after=rej.retry_after_s)
 
     def _calibrated(self, side: str, changed: bool) -> None:
-        """Install the recalibrated cost model in the scheduler when a factor moved."""
+        """Install the recalibrated cost models (shared and per instance) in the scheduler when a
+        factor moved."""
         cal = self.calibrator
         if changed and cal is not None:
             self.scheduler.cost = cal.cost()
+            self.scheduler.instance_costs = cal.costs()
             self.metrics.cost_factor.labels(side).set(cal.factor(side))
+            for key, f in cal.instance_factors().items():
+                g = self._factor_gauge.get(key)
+                if g is None:
+                    if key[1] not in self.cluster:
+                        continue
+                    g = self._factor_gauge[key] = self.metrics.instance_cost_factor.labels(key[1], key[0])
+                g.set(f)
 
     def _sync_first_token(self) -> None:
         """Copy the calibrator's first-token delays into the decode loads the TTFT check reads."""

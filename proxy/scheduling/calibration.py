@@ -21,9 +21,22 @@ A factor nobody confirms fades: once a side has had no sample for ``stale_s`` se
 :meth:`tick` halves its log-factor every ``half_life_s`` -- otherwise a factor learned in a burst,
 high enough that every request is rejected, would never see the admitted request that corrects it.
 
+Per instance, too: a sample that names its ``instance`` also moves that instance's own factor,
+and the scheduler estimates each instance with :meth:`cost_for` (its own factors). Why: on the live
+bench one prefill's vLLM process froze for 35 s; with one factor per side its samples raised the
+prefill factor of *every* instance to 17x and every request got a 429, although the other prefill
+served in the SLO. Now those samples slow down only the frozen instance's estimates, and the
+scheduler sends the load to the healthy one. An instance's factor rests on its own samples only
+once it has ``prior_samples`` of them; before that it is pulled towards the shared factor (the
+per-side one above, from every instance's samples: the prior of a new instance), in proportion:
+``log f = shared + min(1, n / prior_samples) * (own - shared)``. The fade brings an unconfirmed
+instance factor back to the shared one (same ``stale_s`` / ``half_life_s``), so an instance that
+was avoided after a freeze is tried again.
+
 The proxy feeds it (``observe_prefill`` when a prefill answers, ``observe_decode`` when a
 decode stream ends) with the *unscaled* prediction (the scheduler's estimate divided by the
-factor in force when it was made), and installs :meth:`cost` as the scheduler's model.
+factor in force when it was made, :meth:`factor` of that instance), and installs :meth:`cost`
+as the scheduler's model and :meth:`costs` as its per-instance models.
 """
 
 from __future__ import annotations
@@ -50,6 +63,7 @@ class LatencyCalibrator:
 
     ``alpha``: weight of a new sample (0 < alpha <= 1). ``lo``/``hi``: bounds of a factor.
     ``min_predicted_s``: samples predicted shorter than this are ignored (their ratio is noise).
+    ``prior_samples``: samples an instance needs before its factor is its own (see module doc).
     """
 
     base: CostModel
@@ -59,10 +73,15 @@ class LatencyCalibrator:
     min_predicted_s: float = 1e-3
     stale_s: float = 10.0
     half_life_s: float = 10.0
+    prior_samples: int = 3
     _sides: dict[str, _Ewma] = field(default_factory=lambda: {"prefill": _Ewma(), "decode": _Ewma()})
+    #: (side, instance) -> that instance's own EWMA of the log ratio
+    _inst: dict[tuple[str, str], _Ewma] = field(default_factory=dict)
     #: decode instance -> EWMA of the first-token delay, in log_factor (seconds, not a log here)
     _first: dict[str, _Ewma] = field(default_factory=dict)
     _cost: CostModel | None = None
+    #: instance -> its cost model (cached; dropped whenever a factor moves)
+    _costs: dict[str, CostModel] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -72,22 +91,36 @@ class LatencyCalibrator:
         if not (self.stale_s >= 0 and self.half_life_s > 0):
             raise ValueError(f"LatencyCalibrator needs stale_s >= 0 and half_life_s > 0, got "
                              f"{self.stale_s!r}, {self.half_life_s!r}")
+        if self.prior_samples < 1:
+            raise ValueError(f"LatencyCalibrator.prior_samples must be >= 1, got {self.prior_samples!r}")
 
-    def factor(self, side: str) -> float:
-        """Current factor of ``side`` ('prefill' or 'decode'); 1.0 before any sample."""
-        return math.exp(self._side(side).log_factor)
+    def factor(self, side: str, instance: str | None = None) -> float:
+        """Current factor of ``side`` ('prefill' or 'decode'); 1.0 before any sample. With
+        ``instance``: that instance's factor (the shared one until it has samples of its own)."""
+        return math.exp(self._log_factor(side, instance))
 
-    def samples(self, side: str) -> int:
-        return self._side(side).samples
+    def samples(self, side: str, instance: str | None = None) -> int:
+        if instance is None:
+            return self._side(side).samples
+        self._side(side)
+        s = self._inst.get((side, instance))
+        return s.samples if s is not None else 0
 
-    def observe_prefill(self, predicted_s: float, observed_s: float, now: float = 0.0) -> bool:
-        """A prefill (queue + compute, as predicted at scheduling time) took ``observed_s``; ``now``
-        is the caller's clock. Returns True when the factor changed (then install :meth:`cost`)."""
-        return self._observe("prefill", predicted_s, observed_s, now)
+    def instance_factors(self) -> dict[tuple[str, str], float]:
+        """(side, instance) -> factor, for every instance with a sample of its own (the gauges)."""
+        return {k: self.factor(*k) for k in self._inst}
 
-    def observe_decode(self, predicted_tbt_s: float, observed_tbt_s: float, now: float = 0.0) -> bool:
-        """A decode stream's mean time between tokens was ``observed_tbt_s``."""
-        return self._observe("decode", predicted_tbt_s, observed_tbt_s, now)
+    def observe_prefill(self, predicted_s: float, observed_s: float, now: float = 0.0,
+                        instance: str | None = None) -> bool:
+        """A prefill (queue + compute, as predicted at scheduling time) took ``observed_s`` on
+        ``instance``; ``now`` is the caller's clock. Returns True when a factor changed (then
+        install :meth:`cost` and :meth:`costs`)."""
+        return self._observe("prefill", predicted_s, observed_s, now, instance)
+
+    def observe_decode(self, predicted_tbt_s: float, observed_tbt_s: float, now: float = 0.0,
+                       instance: str | None = None) -> bool:
+        """A decode stream's mean time between tokens on ``instance`` was ``observed_tbt_s``."""
+        return self._observe("decode", predicted_tbt_s, observed_tbt_s, now, instance)
 
     def observe_first_token(self, decode_id: str, seconds: float, now: float = 0.0) -> bool:
         """Decode ``decode_id`` gave its first token ``seconds`` after the prefill answered."""
@@ -107,40 +140,50 @@ class LatencyCalibrator:
     def first_token_all(self) -> dict[str, float]:
         return {k: s.log_factor for k, s in self._first.items()}
 
-    def forget(self, decode_id: str) -> None:
-        """The instance was removed."""
-        self._first.pop(decode_id, None)
+    def forget(self, instance: str) -> None:
+        """The instance was removed: drop its factors and its first-token delay."""
+        self._first.pop(instance, None)
+        for side in self._sides:
+            if self._inst.pop((side, instance), None) is not None:
+                self._costs = None
 
     def tick(self, now: float) -> bool:
-        """Fade factors and first-token delays without a sample for ``stale_s`` (see module doc);
-        True when one moved."""
+        """Fade factors and first-token delays without a sample for ``stale_s`` (see module doc):
+        the shared factors and first-token delays towards 1.0 / 0 s, instance factors towards the
+        shared factor of their side. True when one moved."""
         changed = False
         for s in (*self._sides.values(), *self._first.values()):
-            if not s.samples or s.log_factor == 0.0:
-                continue
-            since = max(s.last_decay, s.last_sample + self.stale_s)
-            if now <= since:
-                continue
-            new = s.log_factor * 0.5 ** ((now - since) / self.half_life_s)
-            s.last_decay = now
-            if abs(new) < 1e-3:
-                new = 0.0
-            if abs(new - s.log_factor) >= 1e-3 or new == 0.0:
-                s.log_factor = new
-                changed = True
+            changed |= self._fade(s, 0.0, now)
+        for (side, _), s in self._inst.items():
+            changed |= self._fade(s, self._sides[side].log_factor, now)
         if changed:
             self._cost = None
+            self._costs = None
         return changed
 
     def cost(self) -> CostModel:
         """``base`` with the prefill coefficients (c*) and decode coefficients (d*) multiplied by
         their factors; transfer times are left as measured (the network is not the contended part)."""
         if self._cost is None:
-            fp, fd = self.factor("prefill"), self.factor("decode")
-            b = self.base
-            self._cost = replace(b, c0=b.c0 * fp, c1=b.c1 * fp, c2=b.c2 * fp,
-                                 d0=b.d0 * fd, d1=b.d1 * fd, d2=b.d2 * fd)
+            self._cost = self._scaled(self.factor("prefill"), self.factor("decode"))
         return self._cost
+
+    def cost_for(self, instance: str) -> CostModel:
+        """:meth:`cost` with ``instance``'s own factors (the shared model for an unknown instance)."""
+        return self.costs().get(instance) or self.cost()
+
+    def costs(self) -> dict[str, CostModel]:
+        """instance -> its cost model, for every instance with samples of its own (the scheduler's
+        ``instance_costs``; the others use :meth:`cost`)."""
+        if self._costs is None:
+            names = {iid for _, iid in self._inst}
+            self._costs = {iid: self._scaled(self.factor("prefill", iid), self.factor("decode", iid))
+                           for iid in sorted(names)}
+        return self._costs
+
+    def _scaled(self, fp: float, fd: float) -> CostModel:
+        b = self.base
+        return replace(b, c0=b.c0 * fp, c1=b.c1 * fp, c2=b.c2 * fp, d0=b.d0 * fd, d1=b.d1 * fd, d2=b.d2 * fd)
 
     def _side(self, side: str) -> _Ewma:
         try:
@@ -148,12 +191,32 @@ class LatencyCalibrator:
         except KeyError:
             raise ValueError(f"calibration side must be 'prefill' or 'decode', got {side!r}") from None
 
-    def _observe(self, side: str, predicted: float, observed: float, now: float) -> bool:
-        s = self._side(side)
-        if not (math.isfinite(predicted) and math.isfinite(observed)) or predicted < self.min_predicted_s \
-                or observed <= 0:
+    def _log_factor(self, side: str, instance: str | None) -> float:
+        shared = self._side(side).log_factor
+        s = self._inst.get((side, instance)) if instance is not None else None
+        if s is None or not s.samples:
+            return shared
+        if s.samples >= self.prior_samples:
+            return s.log_factor  # its own alone: the shared factor's later moves do not reach it
+        return shared + s.samples / self.prior_samples * (s.log_factor - shared)
+
+    def _fade(self, s: _Ewma, target: float, now: float) -> bool:
+        """Halve ``s``'s distance to ``target`` every ``half_life_s`` once it is ``stale_s`` old."""
+        if not s.samples or s.log_factor == target:
             return False
-        sample = math.log(observed / predicted)
+        since = max(s.last_decay, s.last_sample + self.stale_s)
+        if now <= since:
+            return False
+        gap = (s.log_factor - target) * 0.5 ** ((now - since) / self.half_life_s)
+        s.last_decay = now
+        if abs(gap) < 1e-3:
+            gap = 0.0
+        if abs(target + gap - s.log_factor) >= 1e-3 or gap == 0.0:
+            s.log_factor = target + gap
+            return True
+        return False
+
+    def _update(self, s: _Ewma, sample: float, now: float) -> bool:
         new = sample if s.samples == 0 else (1 - self.alpha) * s.log_factor + self.alpha * sample
         new = min(max(new, math.log(self.lo)), math.log(self.hi))
         s.samples += 1
@@ -161,5 +224,21 @@ class LatencyCalibrator:
         if new == s.log_factor:
             return False
         s.log_factor = new
-        self._cost = None
         return True
+
+    def _observe(self, side: str, predicted: float, observed: float, now: float, instance: str | None) -> bool:
+        s = self._side(side)
+        if not (math.isfinite(predicted) and math.isfinite(observed)) or predicted < self.min_predicted_s \
+                or observed <= 0:
+            return False
+        sample = math.log(observed / predicted)
+        changed = self._update(s, sample, now)
+        if instance is not None:
+            own = self._inst.get((side, instance))
+            if own is None:
+                own = self._inst[(side, instance)] = _Ewma()
+            changed = self._update(own, sample, now) or changed or own.samples == 1
+        if changed:
+            self._cost = None
+            self._costs = None
+        return changed

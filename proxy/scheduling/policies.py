@@ -60,6 +60,9 @@ class Scheduler(abc.ABC):
                  slo: SloConfig | None = None, seed: int = 0) -> None:
         self.cluster = cluster
         self.cost = cost if cost is not None else CostModel.default()
+        #: instance -> its own cost model (the live proxy's per-instance calibration,
+        #: calibration.py); instances not in it are estimated with ``cost``
+        self.instance_costs: dict[str, CostModel] = {}
         self.slo = slo if slo is not None else SloConfig()
         self.rng = random.Random(seed)
         self._rot = 0   # rotating tie-break / round-robin cursor for prefill
@@ -177,9 +180,15 @@ class Scheduler(abc.ABC):
         return 0
 
     # ------------------------------------------------------------------ estimates
-    def _entry_time(self, e: PrefillEntry) -> float:
+    def cost_for(self, instance_id: str) -> CostModel:
+        """The cost model that estimates ``instance_id``: its own when it has one (a frozen engine's
+        slow samples then slow down only its estimates, not every instance's), else ``cost``."""
+        return self.instance_costs.get(instance_id, self.cost)
+
+    @staticmethod
+    def _entry_time(e: PrefillEntry, cost: CostModel) -> float:
         if e.est_s < 0:
-            return self.cost.transfer_time(e.remote_blocks) + self.cost.prefill_time(e.new_tokens, e.cached_tokens)
+            return cost.transfer_time(e.remote_blocks) + cost.prefill_time(e.new_tokens, e.cached_tokens)
         return e.est_s
 
     def queue_time(self, instance_id: str, now: float) -> float:
@@ -190,9 +199,10 @@ class Scheduler(abc.ABC):
         if not load.entries:
             return 0.0
         if load.n_unknown:
+            cost = self.cost_for(instance_id)
             for e in load.entries.values():
                 if e.est_s < 0:
-                    load.set_estimate(e, self._entry_time(e))
+                    load.set_estimate(e, self._entry_time(e, cost))
         head = next(iter(load.entries.values()))
         return max(0.0, head.est_s - (now - load.head_since)) + max(0.0, load.est_sum - head.est_s)
 
@@ -212,7 +222,8 @@ class Scheduler(abc.ABC):
         if queue is None:
             queue = self.queue_time(instance_id, now)
         new, cached = self.split_prompt(req, local_blocks)
-        return PrefillPlan(instance_id, queue + self.cost.prefill_time(new, cached), queue, local_blocks)
+        return PrefillPlan(instance_id, queue + self.cost_for(instance_id).prefill_time(new, cached), queue,
+                           local_blocks)
 
     def predicted_tbt(self, inst: InstanceInfo, req: RequestInfo, now: float,
                       est_ttft_s: float) -> float | None:
@@ -224,7 +235,7 @@ class Scheduler(abc.ABC):
         finished by then are dropped, requests in prefill headed there are added.
         """
         load: DecodeLoad = self.cluster.decode_load(inst.instance_id)
-        cost = self.cost
+        cost = self.cost_for(inst.instance_id)
         mine = kv_footprint(req.prompt_tokens, req.max_output_tokens)
         horizon = self.slo.prediction_horizon_s
         if horizon is None:
@@ -368,10 +379,10 @@ class ConductorScheduler(Scheduler):
             elif n > top2[1]:
                 top2 = (inst_id, n)
         store_n = cl.store_hit_blocks(hashes)
-        cost = self.cost
         best: PrefillPlan | None = None
         for inst in self._rotated(prefills):
             iid = inst.instance_id
+            cost = self.cost_for(iid)
             local = hits.get(iid, 0)
             plan = self.local_plan(iid, req, now, local)
             src, rn = top2 if top1[0] == iid else top1

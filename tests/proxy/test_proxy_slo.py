@@ -74,11 +74,15 @@ async def test_calibration_makes_the_ttft_slo_see_a_slow_prefill(make_env, calib
     if calibrate:
         assert statuses == [429, 429]
         assert gauge(text, "mooncake_proxy_cost_factor", side="prefill") > 4.0
+        # ... and per instance: the one prefill's own factor (its first sample, the shared one too)
+        assert gauge(text, "mooncake_proxy_instance_cost_factor", instance=f"prefill@{env.prefill_urls[0]}",
+                     side="prefill") > 4.0
         # the decode side learned the engine's ~60 ms chunk gap against the profile's ~14 ms step
         assert gauge(text, "mooncake_proxy_cost_factor", side="decode") > 2.0
     else:
         assert statuses == [200, 200]
         assert "mooncake_proxy_cost_factor{" not in text
+        assert "mooncake_proxy_instance_cost_factor{" not in text
 
 
 def test_rejection_and_calibrate_flags() -> None:

@@ -1,4 +1,4 @@
-"""Online cost-model calibration from observed latencies (pure)."""
+"""Online cost-model calibration from observed latencies, shared and per instance (pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from mooncake_proxy.scheduling import CostModel, LatencyCalibrator
+from mooncake_proxy.scheduling import (ClusterState, CostModel, Decision, InstanceInfo, LatencyCalibrator, Rejection,
+                                       RequestInfo, SloConfig, make_scheduler)
 
 BASE = CostModel(c0=0.01, c1=0.001, c2=1e-9, d0=0.02, d1=0.002, d2=1e-8, transfer_latency_s=0.003,
                  block_size=4, name="base")
@@ -94,3 +95,86 @@ def test_first_token_delay_per_decode_instance() -> None:
     assert cal.first_token("d0") == pytest.approx(1.5) and cal.first_token("d1") == pytest.approx(0.25)
     cal.forget("d1")
     assert cal.first_token_all() == {"d0": pytest.approx(1.5)}
+
+
+def _steady(cal: LatencyCalibrator, instance: str, ratio: float, n: int, now: float = 0.0) -> None:
+    for _ in range(n):
+        cal.observe_prefill(0.1, 0.1 * ratio, now=now, instance=instance)
+
+
+def test_a_frozen_instances_samples_leave_the_other_instances_estimate_unchanged() -> None:
+    # The live bench: one prefill's vLLM process froze and its samples took the (then global)
+    # prefill factor to 17x, so every instance's TTFT looked 17x and every request got a 429.
+    cal = LatencyCalibrator(BASE, alpha=0.5)
+    _steady(cal, "p0", 1.5, 6)
+    _steady(cal, "p1", 1.5, 6)
+    f0, c0 = cal.factor("prefill", "p0"), cal.cost_for("p0")
+    assert f0 == pytest.approx(1.5)
+    _steady(cal, "p1", 17.0, 30, now=1.0)
+    assert cal.factor("prefill", "p1") == pytest.approx(17.0, rel=1e-3)
+    assert cal.factor("prefill", "p0") == f0  # exactly: none of p1's samples reach it
+    assert cal.cost_for("p0").prefill_time(100) == c0.prefill_time(100)
+    assert cal.cost_for("p1").prefill_time(100) == pytest.approx(17.0 * BASE.prefill_time(100), rel=1e-3)
+    assert cal.factor("prefill") > 10.0  # the shared factor (a new instance's prior) did see them
+    assert cal.instance_factors()[("prefill", "p0")] == f0
+    assert cal.samples("prefill", "p1") == 36 and cal.samples("prefill", "p2") == 0
+
+
+def test_a_new_instance_starts_from_the_shared_prior() -> None:
+    cal = LatencyCalibrator(BASE, alpha=0.5, prior_samples=4)
+    _steady(cal, "p0", 4.0, 10)
+    assert cal.factor("prefill", "p9") == pytest.approx(4.0)  # never seen: the shared factor
+    assert cal.cost_for("p9") is cal.cost()
+    cal.observe_prefill(0.1, 0.1, instance="p9")  # one on-time sample: 1/4 of the way from the prior
+    shared = math.log(cal.factor("prefill"))
+    assert math.log(cal.factor("prefill", "p9")) == pytest.approx(0.75 * shared)
+    for _ in range(3):
+        cal.observe_prefill(0.1, 0.1, instance="p9")
+    assert cal.factor("prefill", "p9") == pytest.approx(1.0)  # 4 samples of its own: its own factor
+    assert cal.cost_for("p9").prefill_time(50) == pytest.approx(BASE.prefill_time(50))
+    # sides are apart: a prefill instance's decode factor is the shared decode factor
+    cal.observe_decode(0.02, 0.06, instance="d0")
+    assert cal.factor("decode", "p9") == pytest.approx(3.0) and cal.factor("decode", "d0") == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="prior_samples"):
+        LatencyCalibrator(BASE, prior_samples=0)
+
+
+def test_an_avoided_instance_fades_back_to_the_shared_factor() -> None:
+    # After a freeze the scheduler sends nothing to the slow instance, so no sample corrects it:
+    # the fade brings it back to the shared factor and it is tried again.
+    cal = LatencyCalibrator(BASE, alpha=1.0, stale_s=10.0, half_life_s=5.0, prior_samples=1)
+    cal.observe_prefill(0.1, 0.2, now=0.0, instance="p0")  # x2
+    cal.observe_prefill(0.1, 3.2, now=0.0, instance="p1")  # x32
+    cal.observe_prefill(0.1, 0.2, now=0.0, instance="p0")  # the shared factor back at x2
+    for t in range(1, 15):  # p0 keeps serving at x2
+        cal.observe_prefill(0.1, 0.2, now=float(t), instance="p0")
+    assert not cal.tick(9.0)
+    assert cal.factor("prefill", "p1") == pytest.approx(32.0)
+    assert cal.tick(15.0)  # 5 s past stale: p1 halfway (in log) to the shared x2 -> x8
+    assert cal.factor("prefill", "p1") == pytest.approx(8.0)
+    assert cal.factor("prefill", "p0") == pytest.approx(2.0) and cal.factor("prefill") == pytest.approx(2.0)
+    assert cal.cost_for("p1").prefill_time(100) == pytest.approx(8.0 * BASE.prefill_time(100))
+    cal.observe_prefill(0.1, 0.2, now=15.0, instance="p0")
+    assert cal.tick(200.0)  # long after: p1 at the shared factor, which itself faded to 1
+    assert cal.factor("prefill", "p1") == pytest.approx(1.0) and cal.factor("prefill") == 1.0
+    cal.forget("p1")
+    assert ("prefill", "p1") not in cal.instance_factors() and "p1" not in cal.costs()
+
+
+def test_the_scheduler_routes_around_a_frozen_prefill_instead_of_rejecting() -> None:
+    # Pure end to end: calibrator -> conductor's TTFT check. p1's samples are 17x, p0's 1x; with one
+    # global factor a 0.5 s TTFT SLO rejects the request everywhere, with per-instance costs p0 takes it.
+    cost = CostModel(c0=0.0, c1=0.001, c2=0.0, d0=0.01, d1=0.0, d2=0.0, block_size=4, name="t")
+    cl = ClusterState(block_size=4)
+    for iid, role in (("p0", "prefill"), ("p1", "prefill"), ("d0", "decode")):
+        cl.add_instance(InstanceInfo(iid, role))
+    cal = LatencyCalibrator(cost, alpha=0.5)
+    _steady(cal, "p0", 1.0, 5)
+    _steady(cal, "p1", 17.0, 40)
+    r = RequestInfo("r", 100, [1, 2], max_output_tokens=4)  # 0.1 s at 1x, 1.7 s at 17x
+    s = make_scheduler("conductor", cl, cal.cost(), SloConfig(ttft_s=0.5))
+    assert isinstance(s.schedule(r, 0.0), Rejection)  # the global factor (> 10x) alone
+    s.instance_costs = cal.costs()
+    d = s.schedule(r, 0.0)
+    assert isinstance(d, Decision) and d.prefill_id == "p0" and d.est_ttft_s == pytest.approx(0.1)
+    assert s.cost_for("p1").prefill_time(100) == pytest.approx(1.7, rel=1e-3)
