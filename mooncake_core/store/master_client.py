@@ -32,7 +32,7 @@ from mooncake_core.store.packing import I64, U64, expand_gets, expand_placements
 from mooncake_core.store.protocol import (
     GetReply, HeartbeatReply, MasterInfo, MountReply, ReplicaDesc, ReplicateConfigMsg,
 )
-from mooncake_core.utils.busypoll import POLL_MAX_REQUEST, Poller, env_busy_poll_s, poll_recv_into
+from mooncake_core.utils.busypoll import POLL_MAX_REQUEST, Poller, env_busy_poll_s
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import parse_host_port
 
@@ -60,7 +60,7 @@ class _Conn:
     def __init__(self, sock: socket.socket, spin: float):
         self.sock = sock
         self.timeout = 0.0
-        self.poller = Poller.recovering(spin)
+        self.poller = Poller(spin)
         # replies land in this buffer: ``recv(65536)`` would malloc and shrink a 64 KiB bytes
         # object per call (CPU, and heap trims that take the process's mmap lock)
         self.buf = bytearray(RECV_BUFFER)
@@ -213,17 +213,9 @@ class MasterClient:
                 self._waiting += 1
                 alone = self._waiting == 1
             try:
-                if not alone:
+                got = c.poller.recv_into(sock, c.view, RECV_BUFFER) if alone else None
+                if got is None:
                     got = sock.recv_into(c.view, RECV_BUFFER)
-                elif c.poller.should_poll():
-                    got = poll_recv_into(sock, c.view, RECV_BUFFER, self._spin)
-                    c.poller.record(got is not None)
-                    if got is None:
-                        got = sock.recv_into(c.view, RECV_BUFFER)
-                else:  # backed off: block, and tell the poller how long the reply took
-                    t0 = time.perf_counter()
-                    got = sock.recv_into(c.view, RECV_BUFFER)
-                    c.poller.skipped(time.perf_counter() - t0)
             finally:
                 with self._waiting_lock:
                     self._waiting -= 1

@@ -287,12 +287,9 @@ class MasterServer:
         conns: dict[int, _Conn] = {}
         next_tick = time.monotonic() + self.tick_interval
         spin = self.busy_poll_s
-        # polls after bursts, backs off when the next request does not come, and ends a
-        # back-off when requests keep coming back-to-back anyway (one client's calls in a row)
-        poller = Poller.recovering(spin)
+        poller = Poller(spin)  # polls after bursts, backs off when the next request does not come
         polling = False
         hot_until = 0.0
-        idle_since = 0.0  # the loop went idle here without polling (a skipped poll); 0: not
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
@@ -300,9 +297,6 @@ class MasterServer:
                     poller.record(False)
                     polling = False
                 events = ep.poll(0.0 if polling else max(0.0, next_tick - now))
-                if idle_since:  # how long that blocking wait took (a tick's timeout: long)
-                    poller.skipped(time.monotonic() - idle_since)
-                    idle_since = 0.0
                 if not events:
                     if now >= next_tick:
                         next_tick = now + self.tick_interval
@@ -328,8 +322,6 @@ class MasterServer:
                 elif poller.should_poll():
                     polling = True
                     hot_until = now + spin
-                elif spin:
-                    idle_since = now
                 if now >= next_tick:
                     next_tick = now + self.tick_interval
                     self._tick()

@@ -9,17 +9,14 @@ the serving side, after answering one) keeps the thread on its core.
 Why back off: polling only wins while a core is free for the peer. On a loaded box the poller
 takes the core the peer needs to answer (measured here with one core busy: 4 KiB round trips
 went from ~15 us to ~180 us). So a poll that finds nothing makes the next 1, 3, 7, ... 63
-waits block at once; a poll that finds data resets that (the policy, and how a back-off ends
-early for back-to-back calls: ``mooncake_core.utils.poll_backoff``). Idle processes never
-poll: polling only follows traffic.
+waits block at once; a poll that finds data resets that. Idle processes never poll: polling
+only follows traffic.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-
-from mooncake_core.utils.poll_backoff import PollBackoff
 
 __all__ = ["POLL_MAX_REQUEST", "Poller", "env_busy_poll_s", "poll_recv", "poll_recv_into"]
 
@@ -40,11 +37,33 @@ def env_busy_poll_s(name: str) -> float:
     return int(envs.get(name)) / 1e6
 
 
-class Poller(PollBackoff):
-    """Polling budget with back-off (``PollBackoff``) around a socket. One instance per
-    connection or loop, used by one thread at a time. ``spin`` 0 never polls."""
+class Poller:
+    """Polling budget with back-off (see module docstring). One instance per connection or
+    loop, used by one thread at a time. ``spin`` 0 never polls."""
 
-    __slots__ = ()
+    __slots__ = ("_misses", "_skip", "spin")
+
+    def __init__(self, spin: float):
+        self.spin = spin
+        self._skip = 0
+        self._misses = 0
+
+    def should_poll(self) -> bool:
+        """Whether to poll for this wait (consumes one skipped wait after misses)."""
+        if not self.spin:
+            return False
+        if self._skip:
+            self._skip -= 1
+            return False
+        return True
+
+    def record(self, hit: bool) -> None:
+        """The outcome of a poll: data came in time (hit) or not (miss: back off)."""
+        if hit:
+            self._misses = 0
+        else:
+            self._misses = min(self._misses + 1, 6)
+            self._skip = (1 << self._misses) - 1
 
     def recv_into(self, sock: socket.socket, view: memoryview, n: int) -> int | None:
         """Like ``poll_recv_into``; None when not polling now or nothing came in time."""

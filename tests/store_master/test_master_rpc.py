@@ -469,23 +469,3 @@ def test_batches_do_not_back_the_poller_off(start_master) -> None:
             c.batch_put_start("cA", keys, [1024] * len(keys))
             c.batch_put_end("cA", keys)
         assert c._pool[-1][1] is conn and conn.poller._misses == 0 and conn.poller._skip == 0
-
-
-def test_back_to_back_calls_end_the_pollers_back_off(start_master, monkeypatch) -> None:
-    """A connection at its longest back-off (63 of 64 waits block) polls again after a few
-    calls whose replies came back-to-back: a back-off that lasted stuck one client's single
-    puts at a wake-up per call at each end (issue 18)."""
-    from mooncake_core.utils.poll_backoff import MAX_MISSES, RECOVER_AFTER
-
-    # a 40 ms recovery window (twice the poll), which no reply here takes even on a loaded box
-    monkeypatch.setenv("MC_MASTER_BUSY_POLL_US", "20000")
-    m = start_master()
-    with MasterClient(m.addr) as c:
-        assert c.exist_key("warm-up") is False
-        conn = c._pool[-1][1]
-        for _ in range(MAX_MISSES):
-            conn.poller.record(False)
-        assert conn.poller.backed_off == (1 << MAX_MISSES) - 1
-        for _ in range(RECOVER_AFTER):
-            assert c.exist_key("k") is False
-        assert c._pool[-1][1] is conn and conn.poller.backed_off == 0
