@@ -19,6 +19,7 @@ from mooncake_core.utils.proc import stop_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "store_worker.py")
+OLDER_MASTER = os.path.join(HERE, "older_master.py")
 
 
 def payload(seed: int, size: int) -> bytes:
@@ -51,8 +52,12 @@ class Master:
     def meta(self) -> str:
         return f"http://127.0.0.1:{self.http_port}/metadata"
 
+    def main_args(self) -> list[str]:
+        """How the master program is started (after the python executable)."""
+        return ["-m", "mooncake_core.store.master_main"]
+
     def start(self) -> Master:
-        args = [self.python_exe, "-m", "mooncake_core.store.master_main",
+        args = [self.python_exe, *self.main_args(),
                 f"--port={self.port}", "--rpc_address=127.0.0.1",
                 f"--metrics_port={self.metrics_port}"]
         if self.http:
@@ -97,6 +102,18 @@ class Master:
                 return f.read()[-3000:]
         except OSError:
             return ""
+
+
+class OlderMaster(Master):
+    """A ``Master`` that does not know the request types ``forget`` (``older_master.py``): how
+    a master of an older release answers RPCs added since."""
+
+    def __init__(self, python_exe: str, tmpdir: str, forget: list[str], **flags: Any):
+        super().__init__(python_exe, tmpdir, **flags)
+        self.forget = forget
+
+    def main_args(self) -> list[str]:
+        return [OLDER_MASTER, ",".join(self.forget)]
 
 
 class Worker:
