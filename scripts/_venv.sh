@@ -9,6 +9,10 @@
 #                                         list of that --no-deps package's missing requirements
 #   locked CMD...                         CMD under the same lock (pip uninstall)
 #   have PKG VERSION                      the venv has PKG at VERSION (a local +suffix ignored)
+#   repo_deps [EXTRA...]                  this repo's runtime requirements, one per line, read from
+#                                         pyproject.toml (dependencies + the named extras): the
+#                                         framework venvs install the repo with --no-deps, and a
+#                                         hand-kept list once lacked pluggy
 #   venv_done                             the last step's time, the total and the venv size
 # shellcheck shell=bash
 
@@ -58,6 +62,29 @@ have() {
   "$VPY" - "$1" "$2" >/dev/null 2>&1 <<'EOF'
 import sys, importlib.metadata as m
 assert m.version(sys.argv[1]).split("+")[0] == sys.argv[2]
+EOF
+}
+
+repo_deps() {
+  "$VPY" - "$REPO/pyproject.toml" "$@" <<'EOF'
+import re, sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+extras = project.get("optional-dependencies", {})
+seen, out, todo = set(), list(project["dependencies"]), list(sys.argv[2:])
+while todo:
+    name = todo.pop()
+    if name in seen:
+        continue
+    if name not in extras:
+        sys.exit(f"repo_deps: pyproject.toml has no extra {name!r} (it has {', '.join(sorted(extras))})")
+    seen.add(name)
+    for spec in extras[name]:
+        self_ref = re.fullmatch(re.escape(project["name"]) + r"\[([^]]*)\]", spec.strip())
+        if self_ref:  # "mooncake-core[etcd,redis]": follow the extras it names
+            todo.extend(e.strip() for e in self_ref.group(1).split(","))
+        else:
+            out.append(spec)
+print("\n".join(dict.fromkeys(out)))
 EOF
 }
 

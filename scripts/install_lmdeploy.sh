@@ -56,7 +56,7 @@ if ! have xgrammar 0.2.9; then
 fi
 
 step "installing this repo (editable, no deps) + its runtime deps"
-pipi numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers regex pluggy
+deps_txt="$(repo_deps all)"; mapfile -t deps <<<"$deps_txt"; pipi "${deps[@]}"
 pipi --no-deps -e "$REPO"
 
 step "import check"

@@ -112,7 +112,7 @@ if [ "${SGLANG_WITH_NIXL:-0}" = "1" ] && ! "$VPY" -c "import nixl._api" >/dev/nu
 fi
 
 step "installing this repo (editable, no deps) + its runtime deps"
-pipi -c "$CONSTRAINTS" numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers regex pluggy
+deps_txt="$(repo_deps all)"; mapfile -t deps <<<"$deps_txt"; pipi -c "$CONSTRAINTS" "${deps[@]}"
 pipi --no-deps -e "$REPO"
 
 step "import check"

@@ -40,7 +40,7 @@ for p in torchvision torchaudio torchcodec; do
 done
 
 step "installing this repo (editable, no deps) + its runtime deps"
-pipi numpy msgspec pyzmq aiohttp prometheus-client etcd3gw redis tqdm sortedcontainers regex pluggy tokenizers
+deps_txt="$(repo_deps all)"; mapfile -t deps <<<"$deps_txt"; pipi "${deps[@]}" tokenizers
 pipi --no-deps -e "$REPO"
 
 if [ "$WITH_NIXL" = 1 ] && ! "$VPY" -c "import nixl" >/dev/null 2>&1; then
