@@ -13,6 +13,8 @@
 #                                         pyproject.toml (dependencies + the named extras): the
 #                                         framework venvs install the repo with --no-deps, and a
 #                                         hand-kept list once lacked pluggy
+#   install_repo [PIP ARGS...]            pip installs repo_deps all (with ARGS: constraints, extra
+#                                         packages), then this repo editable with --no-deps
 #   venv_done                             the last step's time, the total and the venv size
 # shellcheck shell=bash
 
@@ -86,6 +88,14 @@ while todo:
             out.append(spec)
 print("\n".join(dict.fromkeys(out)))
 EOF
+}
+
+install_repo() {
+  local deps_txt deps
+  deps_txt="$(repo_deps all)"  # its own line: a failing repo_deps stops the script (set -e)
+  mapfile -t deps <<<"$deps_txt"
+  pipi "$@" "${deps[@]}"
+  pipi --no-deps -e "$REPO"
 }
 
 venv_done() {

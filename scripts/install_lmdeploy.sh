@@ -56,8 +56,7 @@ if ! have xgrammar 0.2.9; then
 fi
 
 step "installing this repo (editable, no deps) + its runtime deps"
-deps_txt="$(repo_deps all)"; mapfile -t deps <<<"$deps_txt"; pipi "${deps[@]}"
-pipi --no-deps -e "$REPO"
+install_repo
 
 step "import check"
 "$VPY" - <<'EOF'

@@ -112,8 +112,7 @@ if [ "${SGLANG_WITH_NIXL:-0}" = "1" ] && ! "$VPY" -c "import nixl._api" >/dev/nu
 fi
 
 step "installing this repo (editable, no deps) + its runtime deps"
-deps_txt="$(repo_deps all)"; mapfile -t deps <<<"$deps_txt"; pipi -c "$CONSTRAINTS" "${deps[@]}"
-pipi --no-deps -e "$REPO"
+install_repo -c "$CONSTRAINTS"
 
 step "import check"
 "$VPY" -W ignore - <<'EOF'

@@ -40,8 +40,7 @@ for p in torchvision torchaudio torchcodec; do
 done
 
 step "installing this repo (editable, no deps) + its runtime deps"
-deps_txt="$(repo_deps all)"; mapfile -t deps <<<"$deps_txt"; pipi "${deps[@]}" tokenizers
-pipi --no-deps -e "$REPO"
+install_repo tokenizers
 
 if [ "$WITH_NIXL" = 1 ] && ! "$VPY" -c "import nixl" >/dev/null 2>&1; then
   step "pip install --no-deps nixl-cu12==1.5.1 nixl==1.5.1"
