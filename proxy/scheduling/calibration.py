@@ -27,11 +27,18 @@ bench one prefill's vLLM process froze for 35 s; with one factor per side its sa
 prefill factor of *every* instance to 17x and every request got a 429, although the other prefill
 served in the SLO. Now those samples slow down only the frozen instance's estimates, and the
 scheduler sends the load to the healthy one. An instance's factor rests on its own samples only
-once it has ``prior_samples`` of them; before that it is pulled towards the shared factor (the
-per-side one above, from every instance's samples: the prior of a new instance), in proportion:
-``log f = shared + min(1, n / prior_samples) * (own - shared)``. The fade brings an unconfirmed
-instance factor back to the shared one (same ``stale_s`` / ``half_life_s``), so an instance that
-was avoided after a freeze is tried again.
+once it has ``prior_samples`` of them; before that it is pulled towards the side's prior, in
+proportion: ``log f = prior + min(1, n / prior_samples) * (own - prior)``. The fade brings an
+unconfirmed instance factor back to the prior (same ``stale_s`` / ``half_life_s``), so an
+instance that was avoided after a freeze is tried again.
+
+The prior is the lowest of the shared factor (the per-side one above, from every instance's
+samples) and the factors of the instances confirmed by ``prior_samples`` of their own. Why not the
+shared factor alone: after a freeze it holds the frozen instance's samples (10-20x on the live
+bench) for tens of seconds, and a new instance, or the frozen one faded back, borrowed that
+inflation -- estimated 10x slow, it got no traffic and so no sample to correct it. Optimism is the
+cheaper error: an instance estimated as fast as the best healthy one gets a request and learns its
+own factor from it within ``prior_samples`` answers.
 
 The proxy feeds it (``observe_prefill`` when a prefill answers, ``observe_decode`` when a
 decode stream ends) with the *unscaled* prediction (the scheduler's estimate divided by the
@@ -95,8 +102,8 @@ class LatencyCalibrator:
             raise ValueError(f"LatencyCalibrator.prior_samples must be >= 1, got {self.prior_samples!r}")
 
     def factor(self, side: str, instance: str | None = None) -> float:
-        """Current factor of ``side`` ('prefill' or 'decode'); 1.0 before any sample. With
-        ``instance``: that instance's factor (the shared one until it has samples of its own)."""
+        """Current shared factor of ``side`` ('prefill' or 'decode'); 1.0 before any sample. With
+        ``instance``: that instance's factor (the side's :meth:`prior` until it has samples of its own)."""
         return math.exp(self._log_factor(side, instance))
 
     def samples(self, side: str, instance: str | None = None) -> int:
@@ -150,12 +157,13 @@ class LatencyCalibrator:
     def tick(self, now: float) -> bool:
         """Fade factors and first-token delays without a sample for ``stale_s`` (see module doc):
         the shared factors and first-token delays towards 1.0 / 0 s, instance factors towards the
-        shared factor of their side. True when one moved."""
+        prior of their side. True when one moved."""
         changed = False
         for s in (*self._sides.values(), *self._first.values()):
             changed |= self._fade(s, 0.0, now)
+        priors = {side: self._prior(side) for side in self._sides}
         for (side, _), s in self._inst.items():
-            changed |= self._fade(s, self._sides[side].log_factor, now)
+            changed |= self._fade(s, priors[side], now)
         if changed:
             self._cost = None
             self._costs = None
@@ -163,9 +171,10 @@ class LatencyCalibrator:
 
     def cost(self) -> CostModel:
         """``base`` with the prefill coefficients (c*) and decode coefficients (d*) multiplied by
-        their factors; transfer times are left as measured (the network is not the contended part)."""
+        their sides' priors (module doc): the model of an instance without samples of its own.
+        Transfer times are left as measured (the network is not the contended part)."""
         if self._cost is None:
-            self._cost = self._scaled(self.factor("prefill"), self.factor("decode"))
+            self._cost = self._scaled(math.exp(self._prior("prefill")), math.exp(self._prior("decode")))
         return self._cost
 
     def cost_for(self, instance: str) -> CostModel:
@@ -191,14 +200,25 @@ class LatencyCalibrator:
         except KeyError:
             raise ValueError(f"calibration side must be 'prefill' or 'decode', got {side!r}") from None
 
-    def _log_factor(self, side: str, instance: str | None) -> float:
+    def prior(self, side: str) -> float:
+        """The factor of an instance of ``side`` without samples of its own (module doc)."""
+        return math.exp(self._prior(side))
+
+    def _prior(self, side: str) -> float:
         shared = self._side(side).log_factor
-        s = self._inst.get((side, instance)) if instance is not None else None
+        return min([shared, *(s.log_factor for (sd, _), s in self._inst.items()
+                              if sd == side and s.samples >= self.prior_samples)])
+
+    def _log_factor(self, side: str, instance: str | None) -> float:
+        if instance is None:
+            return self._side(side).log_factor
+        s = self._inst.get((side, instance))
+        if s is not None and s.samples >= self.prior_samples:
+            return s.log_factor  # its own alone: the other instances' later moves do not reach it
+        prior = self._prior(side)
         if s is None or not s.samples:
-            return shared
-        if s.samples >= self.prior_samples:
-            return s.log_factor  # its own alone: the shared factor's later moves do not reach it
-        return shared + s.samples / self.prior_samples * (s.log_factor - shared)
+            return prior
+        return prior + s.samples / self.prior_samples * (s.log_factor - prior)
 
     def _fade(self, s: _Ewma, target: float, now: float) -> bool:
         """Halve ``s``'s distance to ``target`` every ``half_life_s`` once it is ``stale_s`` old."""

@@ -76,13 +76,15 @@ class TtftErrorQuantile:
         d = self._res.get((prefill_id, decode_id))
         return len(d) if d is not None else 0
 
-    def margin(self, prefill_id: str, decode_id: str, now: float) -> float:
+    def margin(self, prefill_id: str, decode_id: str, now: float, *, fade: bool = True) -> float:
         """Seconds to add to the pair's predicted TTFT: the nearest-rank ``quantile`` of its faded
-        residuals and ``prior`` zeros, at least 0 (0 without samples)."""
+        residuals and ``prior`` zeros, at least 0 (0 without samples). ``fade=False``: the same
+        quantile of the residuals as observed -- what the pair is known to cost, for ranking pairs
+        (the fade is for the admission check: it reopens an avoided pair, it is not new evidence)."""
         d = self._res.get((prefill_id, decode_id))
         if not d:
             return 0.0
-        faded = sorted([r * self._weight(now - t) for t, r in d] + [0.0] * self.prior)
+        faded = sorted([r * (self._weight(now - t) if fade else 1.0) for t, r in d] + [0.0] * self.prior)
         k = max(0, math.ceil(self.quantile * len(faded)) - 1)
         return max(0.0, faded[k])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -115,7 +116,10 @@ def test_a_frozen_instances_samples_leave_the_other_instances_estimate_unchanged
     assert cal.factor("prefill", "p0") == f0  # exactly: none of p1's samples reach it
     assert cal.cost_for("p0").prefill_time(100) == c0.prefill_time(100)
     assert cal.cost_for("p1").prefill_time(100) == pytest.approx(17.0 * BASE.prefill_time(100), rel=1e-3)
-    assert cal.factor("prefill") > 10.0  # the shared factor (a new instance's prior) did see them
+    assert cal.factor("prefill") > 10.0  # the shared factor did see them...
+    # ...but a new instance's prior is the healthy confirmed instance's factor, not that inflation
+    assert cal.prior("prefill") == pytest.approx(1.5) and cal.factor("prefill", "p2") == pytest.approx(1.5)
+    assert cal.cost_for("p2") is cal.cost() and cal.cost().prefill_time(100) == c0.prefill_time(100)
     assert cal.instance_factors()[("prefill", "p0")] == f0
     assert cal.samples("prefill", "p1") == 36 and cal.samples("prefill", "p2") == 0
 
@@ -137,6 +141,29 @@ def test_a_new_instance_starts_from_the_shared_prior() -> None:
     assert cal.factor("decode", "p9") == pytest.approx(3.0) and cal.factor("decode", "d0") == pytest.approx(3.0)
     with pytest.raises(ValueError, match="prior_samples"):
         LatencyCalibrator(BASE, prior_samples=0)
+
+
+def test_the_prior_is_the_best_confirmed_instance_not_the_inflated_shared_factor() -> None:
+    # The live bench's freeze: one prefill's samples at 17x took the shared factor to ~10x for
+    # tens of seconds; an instance borrowing it (new, or faded back) got no traffic and no sample.
+    cal = LatencyCalibrator(BASE, alpha=0.5, prior_samples=3, stale_s=10.0, half_life_s=10.0)
+    _steady(cal, "p0", 1.2, 4)
+    _steady(cal, "p1", 17.0, 4, now=1.0)
+    assert cal.factor("prefill") > 8.0
+    assert cal.prior("prefill") == pytest.approx(1.2)
+    assert cal.factor("prefill", "new") == pytest.approx(1.2)
+    # an unconfirmed instance is pulled towards that prior, not towards the shared factor
+    cal.observe_prefill(0.1, 0.3, now=1.0, instance="p2")  # one sample at 3x
+    assert math.log(cal.factor("prefill", "p2")) == pytest.approx(math.log(1.2) + (math.log(3.0) - math.log(1.2)) / 3)
+    # the frozen instance, once avoided, fades towards the healthy factor: halfway 10 s after stale
+    _steady(cal, "p0", 1.2, 1, now=20.0)
+    assert cal.tick(21.0)
+    assert cal.factor("prefill", "p1") == pytest.approx(math.sqrt(17.0 * 1.2), rel=1e-2)
+    # a prior never above the shared factor: when every confirmed instance is slower, it is the shared one
+    cal2 = LatencyCalibrator(BASE, alpha=1.0, prior_samples=2)
+    _steady(cal2, "a", 4.0, 2)
+    cal2.observe_prefill(0.1, 0.2, instance="b")  # the shared factor (alpha 1) now 2x; b unconfirmed
+    assert cal2.prior("prefill") == pytest.approx(2.0)
 
 
 def test_an_avoided_instance_fades_back_to_the_shared_factor() -> None:
@@ -172,7 +199,8 @@ def test_the_scheduler_routes_around_a_frozen_prefill_instead_of_rejecting() -> 
     _steady(cal, "p0", 1.0, 5)
     _steady(cal, "p1", 17.0, 40)
     r = RequestInfo("r", 100, [1, 2], max_output_tokens=4)  # 0.1 s at 1x, 1.7 s at 17x
-    s = make_scheduler("conductor", cl, cal.cost(), SloConfig(ttft_s=0.5))
+    shared = dataclasses.replace(cost, c1=cost.c1 * cal.factor("prefill"))  # the old global factor
+    s = make_scheduler("conductor", cl, shared, SloConfig(ttft_s=0.5))
     assert isinstance(s.schedule(r, 0.0), Rejection)  # the global factor (> 10x) alone
     s.instance_costs = cal.costs()
     d = s.schedule(r, 0.0)

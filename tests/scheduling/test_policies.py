@@ -229,6 +229,39 @@ def test_ttft_check_adds_the_pairs_error_margin_and_tries_the_other_prefill() ->
     assert isinstance(s.schedule(req(), now=1.0), Decision)
 
 
+def test_conductor_ranks_pairs_by_their_known_error_and_falls_back_on_the_faded_one() -> None:
+    # The live bench: p1 shares the decode's core and its requests came ~1 s late. Long after,
+    # the check's faded margin no longer holds that against p1, and ranking by queue + prefill alone
+    # would send it every other request (a tie with an idle p0). Ranked by the unfaded margin it
+    # gets a request only when p0 would be later; the faded margin still admits it as a fallback.
+    cl = cluster(n_prefill=2, n_decode=1)
+    errs = cl.ttft_errors = TtftErrorQuantile()
+    for _ in range(2):
+        errs.observe("p1", "d0", 0.04, 1.04, now=0.0)
+    assert errs.margin("p1", "d0", 100.0) < 0.01 and errs.margin("p1", "d0", 100.0, fade=False) == pytest.approx(1.0)
+    slo = SloConfig(ttft_s=2.0)
+    conductor = make_scheduler("conductor", cl, COST, slo)
+    picks = [conductor.schedule(req(f"r{i}"), now=100.0) for i in range(6)]
+    assert all(isinstance(d, Decision) and d.prefill_id == "p0" for d in picks)
+    lb = make_scheduler("load_balance", cl, COST, slo)  # ranks by queue only: ties rotate onto p1
+    assert any(getattr(lb.schedule(req(f"l{i}"), now=100.0), "prefill_id", None) == "p1" for i in range(6))
+    busy(cl, "p0", 0.5, now=100.0)  # p0 0.54 s vs p1 0.04 + 1.0: still p0
+    conductor.queue_time("p0", 100.0)
+    d = conductor.schedule(req("q"), now=100.0)
+    assert isinstance(d, Decision) and d.prefill_id == "p0"
+    busy(cl, "p0", 1.0, now=100.0)  # p0 1.54 s: now p1's known second is the better bet
+    d = conductor.schedule(req("q2"), now=100.0)
+    assert isinstance(d, Decision) and d.prefill_id == "p1" and d.est_first_token_s == pytest.approx(0.04)
+    # a pair known to cost 3 s ranks last, but with p0 past a 1 s SLO the check falls back to it
+    for _ in range(2):
+        errs.observe("p1", "d0", 0.04, 3.04, now=0.0)
+    strict = make_scheduler("conductor", cl, COST, SloConfig(ttft_s=1.0))
+    d = strict.schedule(req("q3"), now=100.0)
+    assert isinstance(d, Decision) and d.prefill_id == "p1"
+    r = strict.schedule(req("q4"), now=20.0)  # before the fade: p1's 3 s margin holds, a 429
+    assert isinstance(r, Rejection)
+
+
 def test_ttft_check_sees_a_prefill_running_past_its_estimate() -> None:
     # queue_time counts a head that overran its estimate as done, so a stalled prefill engine looks
     # idle; the TTFT check expects it to need as long again as it is late, and routes around it.
