@@ -41,6 +41,10 @@ engines delivered at the admitted load; ``--slo-from-unloaded K_TTFT K_TBT`` tak
 latency of requests sent one at a time instead; ``--ttft-slo``/``--tbt-slo`` override. The
 table says why the admitted requests that missed did: TTFT, TBT (their own p90), both, no answer.
 
+``--warmup N``: each overload mode's fresh proxy first serves N requests one at a time (the
+window's first N, prompts of another seed), not counted -- a calibrated proxy otherwise admits its
+first requests before it has seen any pair's hand-off (the cold-start misses of the runs).
+
 ``--freeze-prefill I AT DUR``: in every overload mode, ``AT`` s into the replay, prefill ``I``'s
 whole vLLM process group is stopped (SIGSTOP) for ``DUR`` s and continued -- the multi-second
 engine freeze seen on this box (issue 19), made to happen at the same moment in each mode, so the
@@ -210,8 +214,8 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
                events: dict[str, str], master: str, profile: Path, logs: Path, reqs: list[TraceRequest],
                speed: float, a: argparse.Namespace, extra: list[str] | None = None,
                label: str | None = None, concurrency_cap: int | None = None,
-               log_name: str | None = None,
-               freeze: tuple[VllmServer, float, float] | None = None) -> tuple[dict[str, Any], list[Result]]:
+               log_name: str | None = None, freeze: tuple[VllmServer, float, float] | None = None,
+               warmup: int = 0) -> tuple[dict[str, Any], list[Result]]:
     for s in (*prefills, decode):
         reset_prefix_cache(s, timeout=120)
     with MasterClient(master) as c:
@@ -220,6 +224,14 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
     proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{log_name or label}.log",
                   a.startup_timeout, extra)
     try:
+        if warmup:
+            # a long-running proxy has learned its pairs: send these one at a time first, with prompts
+            # of another seed (no prefix the window reuses), and count nothing of them
+            wcfg = ReplayConfig(url=proxy.url, speed=1e6, model="tiny", block_tokens=a.block_tokens,
+                                max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed + 7919,
+                                concurrency_cap=1)
+            asyncio.run(replay(reqs[:warmup], wcfg, progress=False))
+        counted = proxy_counts(http_text(proxy.url + "/metrics"), prefills)
         before = prefix_counters(prefills)
         results: list[Result] = []
         cfg = ReplayConfig(url=proxy.url, speed=speed, model="tiny", block_tokens=a.block_tokens,
@@ -235,19 +247,17 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
                 thaw.join(timeout=freeze[2] + 5 if freeze is not None else 5)
         time.sleep(1.0)  # the last prefill's counters
         after = prefix_counters(prefills)
-        decisions: collections.Counter[str] = collections.Counter()
-        inst_factor: dict[str, float] = {}
         proxy_metrics = http_text(proxy.url + "/metrics")
+        total = proxy_counts(proxy_metrics, prefills)
+        inst_factor: dict[str, float] = {}
         for line in proxy_metrics.splitlines():
-            if line.startswith("mooncake_proxy_scheduler_decisions_total{") and 'prefill="' in line:
-                pid = line.split('prefill="', 1)[1].split('"', 1)[0]
-                decisions[f"p{[p.url for p in prefills].index(pid.split('@', 1)[1])}"] += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("mooncake_proxy_instance_cost_factor{") and 'side="prefill"' in line:
+            if line.startswith("mooncake_proxy_instance_cost_factor{") and 'side="prefill"' in line:
                 url = line.split('instance="', 1)[1].split('"', 1)[0].split("@", 1)[1]
                 if url in (urls := [p.url for p in prefills]):  # each prefill's own factor (--calibrate)
                     inst_factor[f"p{urls.index(url)}"] = float(line.rsplit(" ", 1)[1])
     finally:
         proxy.stop()
+    decisions = {k: v - counted.get(k, 0.0) for k, v in total.items() if k.startswith("p")}
     q = after["queries"] - before["queries"]
     loc, ext = after["local"] - before["local"], after["external"] - before["external"]
     row = {"policy": policy, "completed": s["completed"], "requests": s["requests"], "errors": s["errors"],
@@ -256,12 +266,27 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
            "hit_local": loc / q if q else 0.0, "hit_store": ext / q if q else 0.0,
            "recomputed": (q - loc - ext) / q if q else 0.0, "wall_s": s["wall_s"],
            "prefill_split": dict(decisions), "label": label,
-           "rejected_on_arrival": metric(proxy_metrics, 'mooncake_proxy_rejections_total{reason="slo"}'),
-           "rejected_after_prefill": metric(proxy_metrics, 'mooncake_proxy_rejections_total{reason="slo_decode"}'),
+           "rejected_on_arrival": total["slo"] - counted["slo"],
+           "rejected_after_prefill": total["slo_decode"] - counted["slo_decode"], "warmup": warmup,
            "cost_factor": {side: metric(proxy_metrics, f'mooncake_proxy_cost_factor{{side="{side}"}}')
                            for side in ("prefill", "decode")},
            "prefill_factor": dict(sorted(inst_factor.items()))}
     return row, results
+
+
+def proxy_counts(text: str, prefills: list[VllmServer]) -> dict[str, float]:
+    """The proxy's counters a run is judged on: decisions per prefill ("p0", "p1") and the SLO
+    rejections ("slo" on arrival, "slo_decode" after the prefill) -- read before and after the
+    replay, so that warm-up requests are not counted."""
+    out: dict[str, float] = collections.Counter()
+    urls = [p.url for p in prefills]
+    for line in text.splitlines():
+        if line.startswith("mooncake_proxy_scheduler_decisions_total{") and 'prefill="' in line:
+            pid = line.split('prefill="', 1)[1].split('"', 1)[0]
+            out[f"p{urls.index(pid.split('@', 1)[1])}"] += float(line.rsplit(" ", 1)[1])
+    for reason in ("slo", "slo_decode"):
+        out[reason] = metric(text, f'mooncake_proxy_rejections_total{{reason="{reason}"}}')
+    return out
 
 
 def freeze_later(server: VllmServer, at: float, dur: float, stop: threading.Event) -> threading.Thread:
@@ -412,7 +437,8 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
             i, at, dur = a.freeze_prefill
             freeze = (prefills[int(i)], at, dur)
         row, res = run_policy(a.overload_policy, py, prefills, decode, model, events, master, profile, logs, reqs,
-                              speed * a.overload, a, extra, label=mode, log_name=f"{k}_{mode}", freeze=freeze)
+                              speed * a.overload, a, extra, label=mode, log_name=f"{k}_{mode}", freeze=freeze,
+                              warmup=a.warmup)
         row = overload_row(row, res, ttft_slo, tbt_slo)
         row["per_request"] = [{"i": r.index, "status": r.status, "ttft": r.ttft, "tbt_p90": r.tbt_p90,
                                "send_lag": r.send_lag} for r in res]  # --json: which requests missed, when
@@ -474,6 +500,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="percentile of the first half's latencies that sets the default SLOs")
     g.add_argument("--prediction-horizon", type=float, default=10.0,
                    help="the predictive mode's --prediction-horizon (s)")
+    g.add_argument("--warmup", type=int, default=0, metavar="N",
+                   help="before each overload replay, send N of the window's requests (prompts of another seed, "
+                        "so no shared prefix) one at a time through the fresh proxy, not counted: what a "
+                        "long-running proxy has already learned about its instances (--calibrate); 0 = cold start")
     g.add_argument("--freeze-prefill", type=float, nargs=3, default=None, metavar=("I", "AT", "DUR"),
                    help="in every overload mode, stop prefill I's vLLM processes (SIGSTOP) AT s into the "
                         "replay for DUR s: a reproducible engine freeze (module doc)")
@@ -481,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.freeze_prefill and not (a.freeze_prefill[0] in (0, 1) and a.freeze_prefill[1] >= 0
                                  and a.freeze_prefill[2] > 0):
         ap.error("--freeze-prefill I AT DUR needs I in {0, 1}, AT >= 0 and DUR > 0")
+    if a.warmup < 0 or a.warmup > a.requests:
+        ap.error(f"--warmup must be in 0..--requests ({a.requests}), got {a.warmup}")
     if not a.policies and not a.overload:
         ap.error("nothing to run: give --policies or --overload")
     if a.overload < 0:
