@@ -21,6 +21,11 @@ most frequent conversations (keyed by ``hash_ids[1]``, the block after the share
 the first ``--requests`` of them, time-scaled so the window lasts ``--duration`` s; prompts follow
 ``hash_ids`` (``--block-tokens`` words per trace block), outputs are capped at ``--max-tokens``.
 
+``--store-lookup hint`` is the paper's comparison: the prefills load a prefix from the store only
+when the proxy's hint says so, and only the conductor (which sees the store) hints, so the baselines
+reuse their own instance's cache alone; with ``always`` (default) every policy gets the store's
+prefixes from the connector, and the policies differ only in *where* the reused KV comes from.
+
 Per policy (the engines' prefix caches and the store are emptied, the proxy restarted): TTFT
 mean/p90, TPOT p90 (TBT), requests completed, and the prefill instances' own prefix-cache
 counters: tokens hit locally, loaded by a connector (store), recomputed. Ratios are against
@@ -72,6 +77,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+NO_SPIN = REPO / "bench" / "vllm_no_spin"  # sitecustomize for --no-idle-spin
+NO_SPIN_MARK = "[bench no-idle-spin]"
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 sys.path.insert(0, str(REPO / "tests"))  # checkout_shim, venvs, master_proc (the harness's imports)
 
@@ -465,6 +472,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=768, help="model hidden size")
     ap.add_argument("--heads", type=int, default=12, help="attention heads (head size hidden/heads: 64)")
     ap.add_argument("--layers", type=int, default=6, help="decoder layers")
+    ap.add_argument("--store-lookup", choices=("always", "hint"), default="always",
+                    help="the prefills' store connector: 'always' looks the store up for every request (every "
+                         "policy then reuses what any instance saved); 'hint' only for requests the proxy hints "
+                         "(mooncake_store_prefix: only the conductor, which sees the store, sends them) -- the "
+                         "paper's setup, where the baselines reuse only their instance's own cache")
+    ap.add_argument("--no-idle-spin", action="store_true",
+                    help="bench-only: start the vLLM servers with bench/vllm_no_spin on PYTHONPATH, which cuts vLLM "
+                         "CPU's 1 s busy spin after each message to 2 ms (bench_vllm_pd.py has the same switch). "
+                         "Why: the decode shares a core with prefill 1, whose spin after each answer delays the "
+                         "decode's first token by ~1 s; on dedicated cores (a real deployment) that cost is absent")
     ap.add_argument("--kv-cache-bytes", type=int, default=128 << 20, help="KV cache per vLLM instance (bytes)")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the vLLM servers (and each proxy)")
     ap.add_argument("--request-timeout", type=float, default=600.0, help="per-request timeout of the replay (s)")
@@ -544,13 +561,17 @@ def main(argv: list[str] | None = None) -> int:
                    "global_segment_size": "256MB", "local_buffer_size": "64MB", "local_hostname": "127.0.0.1"}
     common = ["--kv-cache-memory-bytes", a.kv_cache_bytes, "--max-model-len", 2048]
     ev_ports = [ev0, ev1]
-    prefills = [VllmServer(py, model, (http0, http1)[i], i, logs / f"prefill{i}.log", multi_config("kv_producer", store_extra),
-                           env={"VLLM_SERVER_DEV_MODE": "1"},
+    prefill_store = {**store_extra, "store_lookup": a.store_lookup}
+    vllm_env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if a.no_idle_spin:
+        vllm_env["PYTHONPATH"] = os.pathsep.join([str(NO_SPIN), shim_pythonpath()])
+    prefills = [VllmServer(py, model, (http0, http1)[i], i, logs / f"prefill{i}.log", multi_config("kv_producer", prefill_store),
+                           env=vllm_env,
                            args=[*common, "--kv-events-config", json.dumps(
                                {"enable_kv_cache_events": True, "publisher": "zmq",
                                 "endpoint": f"tcp://*:{ev_ports[i]}"})]) for i in range(2)]
     decode = VllmServer(py, model, http_d, 1, logs / "decode.log", multi_config("kv_consumer", store_extra),
-                        env={"VLLM_SERVER_DEV_MODE": "1"}, args=common)
+                        env=vllm_env, args=common)
     servers = [*prefills, decode]
     rows: list[dict[str, Any]] = []
     results: dict[str, list[Result]] = {}
@@ -562,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
             s.start()
         wait_all(servers, a.startup_timeout)
         print(f"3 vLLM servers healthy in {time.monotonic() - t0:.0f} s", flush=True)
+        if a.no_idle_spin and not all(NO_SPIN_MARK in s.log_text() for s in servers):
+            raise RuntimeError(f"--no-idle-spin: a server's log lacks {NO_SPIN_MARK!r} (patch not applied); see {logs}")
         kv_bytes = 2 * a.hidden * a.layers * 4  # K and V, fp32, every layer (heads = kv heads)
         profile, samples = fit_prefill_profile(prefills[0].url, logs / "profile.json", kv_bytes)
         print("prefill profile: " + ", ".join(f"{s['new_tokens']} tok {s['seconds']:.2f}s" for s in samples[4:]), flush=True)
