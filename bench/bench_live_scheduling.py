@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The paper's scheduling comparison on live engines: 2 prefill + 1 decode vLLM (CPU) instances,
+"""The paper's scheduling comparison on live engines: 2 (``--prefills``) prefill + 1 decode vLLM (CPU) instances,
 our proxy, one conversation-trace window replayed once per policy.
 
     python bench/bench_live_scheduling.py                        # conductor cache_aware load_balance random
@@ -47,7 +47,7 @@ latency of requests sent one at a time instead; ``--ttft-slo``/``--tbt-slo`` ove
 table says why the admitted requests that missed did: TTFT, TBT (their own p90), both, no answer.
 
 ``--warmup N``: each overload mode's fresh proxy first serves N requests one at a time (the
-window's first N, prompts of another seed), not counted -- a calibrated proxy otherwise admits its
+window's first N, each with prompts of its own seed), not counted -- a calibrated proxy otherwise admits its
 first requests before it has seen any pair's hand-off (the cold-start misses of the runs).
 
 ``--freeze-prefill I AT DUR``: in every overload mode, ``AT`` s into the replay, prefill ``I``'s
@@ -231,13 +231,13 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
     proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{log_name or label}.log",
                   a.startup_timeout, extra)
     try:
-        if warmup:
-            # a long-running proxy has learned its pairs: send these one at a time first, with prompts
-            # of another seed (no prefix the window reuses), and count nothing of them
+        for k in range(warmup):
+            # a long-running proxy has learned its pairs: send these one at a time first, each with
+            # prompts of its own seed (no prefix shared with the window or with each other, so the
+            # policy's ties spread them over the prefills), and count nothing of them
             wcfg = ReplayConfig(url=proxy.url, speed=1e6, model="tiny", block_tokens=a.block_tokens,
-                                max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed + 7919,
-                                concurrency_cap=1)
-            asyncio.run(replay(reqs[:warmup], wcfg, progress=False))
+                                max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed + 7919 + k)
+            asyncio.run(replay(reqs[k:k + 1], wcfg, progress=False))
         counted = proxy_counts(http_text(proxy.url + "/metrics"), prefills)
         before = prefix_counters(prefills)
         results: list[Result] = []
@@ -472,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=768, help="model hidden size")
     ap.add_argument("--heads", type=int, default=12, help="attention heads (head size hidden/heads: 64)")
     ap.add_argument("--layers", type=int, default=6, help="decoder layers")
+    ap.add_argument("--prefills", type=int, default=2,
+                    help="prefill instances (prefill i on core i mod the core count; the decode on core 1, with "
+                         "prefill 1): more than 2 lets locality differ between policies as in the paper's 10+ "
+                         "instances, at the cost of sharing cores")
     ap.add_argument("--store-lookup", choices=("always", "hint"), default="always",
                     help="the prefills' store connector: 'always' looks the store up for every request (every "
                          "policy then reuses what any instance saved); 'hint' only for requests the proxy hints "
@@ -518,16 +522,18 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--prediction-horizon", type=float, default=10.0,
                    help="the predictive mode's --prediction-horizon (s)")
     g.add_argument("--warmup", type=int, default=0, metavar="N",
-                   help="before each overload replay, send N of the window's requests (prompts of another seed, "
-                        "so no shared prefix) one at a time through the fresh proxy, not counted: what a "
+                   help="before each overload replay, send N of the window's requests (each with prompts of its "
+                        "own seed, so no shared prefix) one at a time through the fresh proxy, not counted: what a "
                         "long-running proxy has already learned about its instances (--calibrate); 0 = cold start")
     g.add_argument("--freeze-prefill", type=float, nargs=3, default=None, metavar=("I", "AT", "DUR"),
                    help="in every overload mode, stop prefill I's vLLM processes (SIGSTOP) AT s into the "
                         "replay for DUR s: a reproducible engine freeze (module doc)")
     a = ap.parse_args(argv)
-    if a.freeze_prefill and not (a.freeze_prefill[0] in (0, 1) and a.freeze_prefill[1] >= 0
+    if a.prefills < 1:
+        ap.error(f"--prefills must be >= 1, got {a.prefills}")
+    if a.freeze_prefill and not (a.freeze_prefill[0] in range(a.prefills) and a.freeze_prefill[1] >= 0
                                  and a.freeze_prefill[2] > 0):
-        ap.error("--freeze-prefill I AT DUR needs I in {0, 1}, AT >= 0 and DUR > 0")
+        ap.error(f"--freeze-prefill I AT DUR needs I in 0..{a.prefills - 1}, AT >= 0 and DUR > 0")
     if a.warmup < 0 or a.warmup > a.requests:
         ap.error(f"--warmup must be in 0..--requests ({a.requests}), got {a.warmup}")
     if not a.policies and not a.overload:
@@ -553,24 +559,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"window: {len(reqs)} requests, ideal prefix reuse {100 * ideal_hit_ratio(reqs):.0f}% of blocks, "
           f"speed x{speed:.1f} (over {a.duration:.0f} s); load average {os.getloadavg()[0]:.1f}; logs {logs}", flush=True)
     model = make_model(py, logs / "model", a.hidden, a.heads, a.layers)
-    mport, hport, mmetrics, ev0, ev1, http0, http1, http_d = (free_port() for _ in range(8))  # distinct: free_port never repeats a port
+    mport, hport, mmetrics, http_d = (free_port() for _ in range(4))  # distinct: free_port never repeats a port
+    ev_ports = [free_port() for _ in range(a.prefills)]
+    http_ports = [free_port() for _ in range(a.prefills)]
+    ncpu = os.cpu_count() or 1
     master = MasterProc([f"--port={mport}", "--rpc_address=127.0.0.1", f"--metrics_port={mmetrics}",
                          "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
                          f"--http_metadata_server_port={hport}"], mport, mmetrics, str(logs / "master.log"))
     store_extra = {"master_server_address": master.addr, "metadata_server": f"http://127.0.0.1:{hport}/metadata",
                    "global_segment_size": "256MB", "local_buffer_size": "64MB", "local_hostname": "127.0.0.1"}
     common = ["--kv-cache-memory-bytes", a.kv_cache_bytes, "--max-model-len", 2048]
-    ev_ports = [ev0, ev1]
     prefill_store = {**store_extra, "store_lookup": a.store_lookup}
     vllm_env = {"VLLM_SERVER_DEV_MODE": "1"}
     if a.no_idle_spin:
         vllm_env["PYTHONPATH"] = os.pathsep.join([str(NO_SPIN), shim_pythonpath()])
-    prefills = [VllmServer(py, model, (http0, http1)[i], i, logs / f"prefill{i}.log", multi_config("kv_producer", prefill_store),
+    prefills = [VllmServer(py, model, http_ports[i], i % ncpu, logs / f"prefill{i}.log",
+                           multi_config("kv_producer", prefill_store),
                            env=vllm_env,
                            args=[*common, "--kv-events-config", json.dumps(
                                {"enable_kv_cache_events": True, "publisher": "zmq",
-                                "endpoint": f"tcp://*:{ev_ports[i]}"})]) for i in range(2)]
-    decode = VllmServer(py, model, http_d, 1, logs / "decode.log", multi_config("kv_consumer", store_extra),
+                                "endpoint": f"tcp://*:{ev_ports[i]}"})]) for i in range(a.prefills)]
+    decode = VllmServer(py, model, http_d, 1 % ncpu, logs / "decode.log", multi_config("kv_consumer", store_extra),
                         env=vllm_env, args=common)
     servers = [*prefills, decode]
     rows: list[dict[str, Any]] = []
@@ -582,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers:
             s.start()
         wait_all(servers, a.startup_timeout)
-        print(f"3 vLLM servers healthy in {time.monotonic() - t0:.0f} s", flush=True)
+        print(f"{len(servers)} vLLM servers healthy in {time.monotonic() - t0:.0f} s", flush=True)
         if a.no_idle_spin and not all(NO_SPIN_MARK in s.log_text() for s in servers):
             raise RuntimeError(f"--no-idle-spin: a server's log lacks {NO_SPIN_MARK!r} (patch not applied); see {logs}")
         kv_bytes = 2 * a.hidden * a.layers * 4  # K and V, fp32, every layer (heads = kv heads)
