@@ -222,7 +222,7 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
                speed: float, a: argparse.Namespace, extra: list[str] | None = None,
                label: str | None = None, concurrency_cap: int | None = None,
                log_name: str | None = None, freeze: tuple[VllmServer, float, float] | None = None,
-               warmup: int = 0) -> tuple[dict[str, Any], list[Result]]:
+               warmup: int = 0, seed_offset: int = 0) -> tuple[dict[str, Any], list[Result]]:
     for s in (*prefills, decode):
         reset_prefix_cache(s, timeout=120)
     with MasterClient(master) as c:
@@ -242,7 +242,7 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         before = prefix_counters(prefills)
         results: list[Result] = []
         cfg = ReplayConfig(url=proxy.url, speed=speed, model="tiny", block_tokens=a.block_tokens,
-                           max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed,
+                           max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed + seed_offset,
                            concurrency_cap=concurrency_cap)
         stop = threading.Event()
         thaw = freeze_later(*freeze, stop) if freeze is not None else None
@@ -472,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=768, help="model hidden size")
     ap.add_argument("--heads", type=int, default=12, help="attention heads (head size hidden/heads: 64)")
     ap.add_argument("--layers", type=int, default=6, help="decoder layers")
+    ap.add_argument("--warm-window", action="store_true",
+                    help="before the policies, replay the window once (prompts of another seed, round_robin, not "
+                         "counted): the first replay after start-up is slower than later ones, which otherwise "
+                         "penalises whichever policy runs first")
     ap.add_argument("--prefills", type=int, default=2,
                     help="prefill instances (prefill i on core i mod the core count; the decode on core 1, with "
                          "prefill 1): more than 2 lets locality differ between policies as in the paper's 10+ "
@@ -598,6 +602,14 @@ def main(argv: list[str] | None = None) -> int:
         profile, samples = fit_prefill_profile(prefills[0].url, logs / "profile.json", kv_bytes)
         print("prefill profile: " + ", ".join(f"{s['new_tokens']} tok {s['seconds']:.2f}s" for s in samples[4:]), flush=True)
         events = {p.url: f"tcp://127.0.0.1:{port}" for p, port in zip(prefills, ev_ports)}
+        if a.warm_window and a.policies:
+            # the first replay after start-up ran slower than the same policy later (first touch of
+            # the KV cache, first calls per shape): replay the window once, prompts of another seed,
+            # through round_robin so every prefill serves a share of it, and keep nothing of it
+            t1 = time.monotonic()
+            run_policy("round_robin", py, prefills, decode, model, events, master.addr, profile, logs, reqs, speed, a,
+                       label="warm-window", seed_offset=104729)
+            print(f"warm-up replay of the window (not counted) in {time.monotonic() - t1:.0f} s", flush=True)
         for pol in a.policies:
             load = os.getloadavg()[0]
             row, res = run_policy(pol, py, prefills, decode, model, events, master.addr, profile, logs, reqs, speed, a)
