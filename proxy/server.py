@@ -118,6 +118,7 @@ class ProxyServer:
         sched = scheduling
         self.sched_mod = sched
         self.cluster = sched.ClusterState(block_size=cfg.block_size)
+        self.cluster.peer_fetch = False  # engines load a prefix from the store, not from a peer (cluster.py)
         cost = sched.CostModel.from_file(cfg.profile) if cfg.profile else sched.CostModel.default()
         slo = sched.SloConfig(ttft_s=cfg.ttft_slo, tbt_s=cfg.tbt_slo, retry_after_s=cfg.retry_after,
                               prediction_horizon_s=cfg.prediction_horizon)

@@ -133,6 +133,12 @@ class ClusterState:
         self._store_view: StoreView | None = None
         #: the TTFT check's per-pair safety margin (ttft_error.py; the live proxy's --calibrate)
         self.ttft_errors: TtftErrorQuantile | None = None
+        #: whether an engine can load a prefix another *instance* holds (the simulator: yes). The live
+        #: proxy sets False: our connectors load prefixes from the store (the hint), and the P2P
+        #: connector only moves a request's own KV to its decode -- a plan counting on a peer's copy
+        #: would be estimated as a fetch and then recomputed (seen on the live bench: 0 % store hits
+        #: for the conductor, whose peer "fetches" tied with the store's and won)
+        self.peer_fetch: bool = True
         if store_capacity_blocks is not None:
             self._store = LruBlockCache(store_capacity_blocks)
 

@@ -409,7 +409,7 @@ class ConductorScheduler(Scheduler):
         # Top two healthy holders, so "best remote excluding me" is O(1) per instance.
         top1: tuple[str | None, int] = (None, 0)
         top2: tuple[str | None, int] = (None, 0)
-        for inst_id, n in hits.items():
+        for inst_id, n in hits.items() if cl.peer_fetch else ():
             if not cl.get_instance(inst_id).healthy:
                 continue
             n = cl.ready_prefix(inst_id, hashes, n)  # only computed blocks can be fetched

@@ -63,6 +63,25 @@ def test_conductor_bypasses_busy_holder_and_fetches_prefix() -> None:
     assert c.est_ttft_s == pytest.approx(0.040)
 
 
+def test_without_peer_fetch_the_conductor_plans_only_store_loads() -> None:
+    # The live proxy (peer_fetch False): the engines load prefixes from the store, never from a
+    # peer, so a busy holder's copy is no fetch source -- and with the store holding the same
+    # blocks the plan names the store (the hint the connector acts on), not the peer.
+    cl = cluster(store=0)
+    cl.peer_fetch = False
+    cl.record_blocks("p1", BLOCKS[:8])
+    busy(cl, "p1", 1.0)
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.0)
+    assert isinstance(d, Decision) and d.prefill_id in ("p0", "p2")
+    assert d.remote_source is None and d.cached_blocks == 0 and d.est_ttft_s == pytest.approx(0.040)
+    cl.store_record(BLOCKS[:8])
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.0)
+    assert isinstance(d, Decision) and d.remote_source == "store" and d.remote_blocks == 8
+    cl.peer_fetch = True  # the simulator's engines: the peer ties with the store and is named
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.0)
+    assert isinstance(d, Decision) and d.remote_source == "p1"
+
+
 def test_conductor_partial_local_plus_remote_and_head_progress() -> None:
     cl = cluster(n_prefill=2)
     cl.record_blocks("p0", BLOCKS[:3])
