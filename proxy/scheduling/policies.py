@@ -26,7 +26,7 @@ import abc
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar, Iterable, Sequence
+from typing import ClassVar, Iterable, Iterator, Sequence
 
 from .cluster import STORE, ClusterState, DecodeLoad, PrefillEntry, kv_footprint
 from .cost import CostModel
@@ -121,12 +121,13 @@ class Scheduler(abc.ABC):
                         plan.remote_source, plan.remote_blocks, plan.est_queue_s,
                         self.replicate_blocks(req, plan), first)
 
-    def _first_token(self, plan: PrefillPlan, decode_id: str, now: float) -> tuple[float, float]:
-        """(predicted TTFT of ``plan`` handed off to ``decode_id``, the pair's safety margin)."""
+    def _first_token(self, plan: PrefillPlan, decode_id: str, now: float, *, fade: bool = True) -> tuple[float, float]:
+        """(predicted TTFT of ``plan`` handed off to ``decode_id``, the pair's safety margin;
+        ``fade=False``: the margin without the fade of old errors)."""
         cl = self.cluster
         return (cl.first_token_in(decode_id, now, plan.est_ttft_s + self.prefill_lateness(plan.instance_id, now),
                                   plan.instance_id),
-                cl.ttft_margin(plan.instance_id, decode_id, now))
+                cl.ttft_margin(plan.instance_id, decode_id, now, fade=fade))
 
     def _soonest_first_token(self, req: RequestInfo, prefills: Sequence[InstanceInfo],
                              decodes: Sequence[InstanceInfo], plan: PrefillPlan, decode_id: str, tbt: float,
@@ -141,24 +142,24 @@ class Scheduler(abc.ABC):
         misses a run, most of the misses left). Ranked by what the pair is known to cost, it gets a
         request only when the other pair would be as late -- and the faded margin still lets the
         check fall back to it (:meth:`_other_prefill_within`) when the preferred one would miss."""
-        cl = self.cluster
-
-        def score(p: PrefillPlan, d: str) -> float:
-            return (cl.first_token_in(d, now, p.est_ttft_s + self.prefill_lateness(p.instance_id, now), p.instance_id)
-                    + cl.ttft_margin(p.instance_id, d, now, fade=False))
-
-        best = (score(plan, decode_id), plan, decode_id, tbt)
-        for inst in prefills:
-            if inst.instance_id == plan.instance_id:
-                continue
-            p = self.choose_prefill(req, [inst], now)
-            dchoice = self.choose_decode(req, decodes, now, p.est_ttft_s)
-            if dchoice is None:
-                continue
-            sc = score(p, dchoice[0])
+        best = (sum(self._first_token(plan, decode_id, now, fade=False)), plan, decode_id, tbt)
+        for p, d, t in self._plans_elsewhere(req, prefills, decodes, plan.instance_id, now):
+            sc = sum(self._first_token(p, d, now, fade=False))
             if sc < best[0]:
-                best = (sc, p, dchoice[0], dchoice[1])
+                best = (sc, p, d, t)
         return best[1], best[2], best[3]
+
+    def _plans_elsewhere(self, req: RequestInfo, prefills: Sequence[InstanceInfo], decodes: Sequence[InstanceInfo],
+                         skip_id: str, now: float) -> Iterator[tuple[PrefillPlan, str, float]]:
+        """The policy's own plan on each prefill instance but ``skip_id``, with its decode and TBT
+        (instances whose request no decode has room for are left out)."""
+        for inst in prefills:
+            if inst.instance_id == skip_id:
+                continue
+            plan = self.choose_prefill(req, [inst], now)
+            dchoice = self.choose_decode(req, decodes, now, plan.est_ttft_s)
+            if dchoice is not None:
+                yield plan, dchoice[0], dchoice[1]
 
     def prefill_lateness(self, instance_id: str, now: float) -> float:
         """How far the head of the prefill instance's queue is past its estimate (0 if not late).
@@ -181,16 +182,10 @@ class Scheduler(abc.ABC):
         Why: the margin and the hand-off time are per pair (ttft_error.py, handoff_queue.py), and a
         request the first choice would fail may well meet the SLO on another instance."""
         best: tuple[float, tuple[PrefillPlan, str, float, float]] | None = None
-        for inst in prefills:
-            if inst.instance_id == failed.instance_id:
-                continue
-            plan = self.choose_prefill(req, [inst], now)
-            dchoice = self.choose_decode(req, decodes, now, plan.est_ttft_s)
-            if dchoice is None:
-                continue
-            first, margin = self._first_token(plan, dchoice[0], now)
+        for plan, d, tbt in self._plans_elsewhere(req, prefills, decodes, failed.instance_id, now):
+            first, margin = self._first_token(plan, d, now)
             if first + margin <= limit_s and (best is None or first + margin < best[0]):
-                best = (first + margin, (plan, dchoice[0], dchoice[1], first))
+                best = (first + margin, (plan, d, tbt, first))
         return best[1] if best is not None else None
 
     # ------------------------------------------------------------------ policy hooks
