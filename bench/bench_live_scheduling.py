@@ -153,17 +153,27 @@ def wait_all(servers: list[VllmServer], timeout: float) -> None:
         s.wait_healthy(timeout)
 
 
-def fit_prefill_profile(url: str, out: Path, kv_bytes_per_token: int) -> tuple[Path, list[dict[str, Any]]]:
-    """Time salted prefills (no cache reuse) of a few sizes on one prefill; fit the cost model.
+def fit_prefill_profile(urls: list[str], out: Path, kv_bytes_per_token: int) -> tuple[Path, list[dict[str, Any]]]:
+    """Time salted prefills (no cache reuse) of a few sizes; fit the cost model. With one URL, on
+    that prefill alone (idle); with several (``--fit-concurrent``), each size on all of them at once,
+    every timing a sample -- the speed the instances have when they share the cores, as under load.
     Block size and KV bytes per token are the engines'; the transfer bandwidth is set to ~1 GB/s
     (loopback TCP, not measured here); decode keeps the default profile's coefficients."""
-    samples = []
-    for n in (64, 256, 512, 768, 64, 256, 512, 768):
+    samples: list[dict[str, Any]] = []
+
+    def one(url: str, n: int) -> None:
         prompt = [3 + (i * 7919) % 290 for i in range(n)]  # ids inside the tiny vocabulary
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0, "cache_salt": uuid.uuid4().hex}
         t0 = time.perf_counter()
         http_json(url + "/v1/completions", body, timeout=300)
         samples.append({"kind": "prefill", "new_tokens": n, "cached_tokens": 0, "seconds": time.perf_counter() - t0})
+
+    for n in (64, 256, 512, 768, 64, 256, 512, 768):
+        threads = [threading.Thread(target=one, args=(u, n)) for u in urls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     model = dataclasses.replace(CostModel.fit(samples), name="live-fitted", block_size=BLOCK,
                                 bytes_per_token=kv_bytes_per_token, bandwidth_bytes_per_s=1e9)
     model.save(str(out))
@@ -476,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="before the policies, replay the window once (prompts of another seed, round_robin, not "
                          "counted): the first replay after start-up is slower than later ones, which otherwise "
                          "penalises whichever policy runs first")
+    ap.add_argument("--fit-concurrent", action="store_true",
+                    help="fit the proxy's prefill profile with every prefill timed at once (the speed they have "
+                         "when sharing the cores, as under load) instead of one idle prefill")
     ap.add_argument("--prefills", type=int, default=2,
                     help="prefill instances (prefill i on core i mod the core count; the decode on core 1, with "
                          "prefill 1): more than 2 lets locality differ between policies as in the paper's 10+ "
@@ -599,8 +612,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.no_idle_spin and not all(NO_SPIN_MARK in s.log_text() for s in servers):
             raise RuntimeError(f"--no-idle-spin: a server's log lacks {NO_SPIN_MARK!r} (patch not applied); see {logs}")
         kv_bytes = 2 * a.hidden * a.layers * 4  # K and V, fp32, every layer (heads = kv heads)
-        profile, samples = fit_prefill_profile(prefills[0].url, logs / "profile.json", kv_bytes)
-        print("prefill profile: " + ", ".join(f"{s['new_tokens']} tok {s['seconds']:.2f}s" for s in samples[4:]), flush=True)
+        fit_urls = [p.url for p in prefills] if a.fit_concurrent else [prefills[0].url]
+        profile, samples = fit_prefill_profile(fit_urls, logs / "profile.json", kv_bytes)
+        print(f"prefill profile ({len(fit_urls)} at once): " + ", ".join(
+            f"{s['new_tokens']} tok {s['seconds']:.2f}s" for s in samples[4 * len(fit_urls)::len(fit_urls)]), flush=True)
         events = {p.url: f"tcp://127.0.0.1:{port}" for p, port in zip(prefills, ev_ports)}
         if a.warm_window and a.policies:
             # the first replay after start-up ran slower than the same policy later (first touch of
