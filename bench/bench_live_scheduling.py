@@ -625,9 +625,10 @@ def main(argv: list[str] | None = None) -> int:
             run_policy("round_robin", py, prefills, decode, model, events, master.addr, profile, logs, reqs, speed, a,
                        label="warm-window", seed_offset=104729)
             print(f"warm-up replay of the window (not counted) in {time.monotonic() - t1:.0f} s", flush=True)
-        for pol in a.policies:
+        for k, pol in enumerate(a.policies):  # a policy may be listed twice (alternated runs): one log each
             load = os.getloadavg()[0]
-            row, res = run_policy(pol, py, prefills, decode, model, events, master.addr, profile, logs, reqs, speed, a)
+            row, res = run_policy(pol, py, prefills, decode, model, events, master.addr, profile, logs, reqs, speed, a,
+                                  log_name=f"p{k}_{pol}")
             row["load_avg_start"] = round(load, 1)
             rows.append(row)
             results[pol] = res
