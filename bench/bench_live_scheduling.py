@@ -77,11 +77,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-NO_SPIN = REPO / "bench" / "vllm_no_spin"  # sitecustomize for --no-idle-spin
-NO_SPIN_MARK = "[bench no-idle-spin]"
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 sys.path.insert(0, str(REPO / "tests"))  # checkout_shim, venvs, master_proc (the harness's imports)
 
+import no_spin  # noqa: E402  (bench/, this script's directory)
 from checkout_shim import shim_pythonpath  # noqa: E402
 from master_proc import MasterProc  # noqa: E402
 from vllm_harness import (VllmServer, free_port, http_json, http_text, metric, p2p_config,  # noqa: E402
@@ -589,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     prefill_store = {**store_extra, "store_lookup": a.store_lookup}
     vllm_env = {"VLLM_SERVER_DEV_MODE": "1"}
     if a.no_idle_spin:
-        vllm_env["PYTHONPATH"] = os.pathsep.join([str(NO_SPIN), shim_pythonpath()])
+        vllm_env["PYTHONPATH"] = no_spin.pythonpath(shim_pythonpath())
     prefills = [VllmServer(py, model, http_ports[i], i % ncpu, logs / f"prefill{i}.log",
                            multi_config("kv_producer", prefill_store),
                            env=vllm_env,
@@ -609,8 +608,8 @@ def main(argv: list[str] | None = None) -> int:
             s.start()
         wait_all(servers, a.startup_timeout)
         print(f"{len(servers)} vLLM servers healthy in {time.monotonic() - t0:.0f} s", flush=True)
-        if a.no_idle_spin and not all(NO_SPIN_MARK in s.log_text() for s in servers):
-            raise RuntimeError(f"--no-idle-spin: a server's log lacks {NO_SPIN_MARK!r} (patch not applied); see {logs}")
+        if a.no_idle_spin:
+            no_spin.check_applied(servers, f"; see {logs}")
         kv_bytes = 2 * a.hidden * a.layers * 4  # K and V, fp32, every layer (heads = kv heads)
         fit_urls = [p.url for p in prefills] if a.fit_concurrent else [prefills[0].url]
         profile, samples = fit_prefill_profile(fit_urls, logs / "profile.json", kv_bytes)

@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "vllm"))
 sys.path.insert(0, str(REPO / "tests"))  # checkout_shim, venvs (the harness's imports)
 
+import no_spin as no_spin_patch  # noqa: E402  (bench/, this script's directory)
 from checkout_shim import shim_pythonpath  # noqa: E402
 from vllm_harness import (VllmServer, free_port, make_tiny_model, p2p_config, start_all,  # noqa: E402
                           start_proxy, stop_proxy, tp_args, vllm_python)
@@ -118,8 +119,6 @@ def servers_for(mode: str, py: str, model: Path, logs: Path, tp: int = 1) -> tup
     raise ValueError(f"unknown mode {mode!r}")
 
 
-NO_SPIN = Path(__file__).resolve().parent / "vllm_no_spin"  # sitecustomize for --no-idle-spin
-NO_SPIN_MARK = "[bench no-idle-spin]"
 OURS = ("ours", "ours-conc", "ours-ft")  # MooncakeCoreConnector on both instances
 HANDOFF = {"builtin": "mooncake", "ours-conc": "mooncake-core"}  # the proxy's --handoff (default: vllm)
 PROXY_FLAGS = {"ours-ft": ("--prefill-first-token",)}  # more proxy flags per mode
@@ -173,12 +172,12 @@ def run_mode(mode: str, py: str, model: Path, logs: Path, prompts: list[list[int
     for s in servers:
         s.pin_all = pin
         if no_spin:
-            s.env = {**s.env, "PYTHONPATH": os.pathsep.join([str(NO_SPIN), shim_pythonpath()])}
+            s.env = {**s.env, "PYTHONPATH": no_spin_patch.pythonpath(shim_pythonpath())}
     proxy = None
     try:
         start_all(servers)
-        if no_spin and not all(NO_SPIN_MARK in s.log_text() for s in servers):
-            raise RuntimeError(f"--no-idle-spin: a server's log lacks {NO_SPIN_MARK!r} (patch not applied)")
+        if no_spin:
+            no_spin_patch.check_applied(servers)
         if warmup_lens:
             warm_up(servers, warmup_lens, concurrency, seed)
         if mode == "nodisagg":
