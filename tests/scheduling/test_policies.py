@@ -294,8 +294,26 @@ def test_ttft_check_sees_a_prefill_running_past_its_estimate() -> None:
     assert isinstance(d, Decision) and d.prefill_id == "p1"
     busy(cl, "p1", 0.5, now=0.0)
     s.queue_time("p1", 0.0)
-    r = s.schedule(req(), now=3.0)
-    assert isinstance(r, Rejection) and r.est_ttft_s == pytest.approx(2.5 + 0.04)
+    r = s.schedule(req(), now=3.0)  # 2.5 s late, and the new request's 0.04 s at 6x (prefill_slowdown)
+    assert isinstance(r, Rejection) and r.est_ttft_s == pytest.approx(2.5 + 6 * 0.04)
+
+
+def test_ttft_check_scales_the_queue_behind_a_late_head_by_its_slowdown() -> None:
+    # A burst on a contended instance: its head, estimated 0.3 s, has run 0.9 s and three requests
+    # wait behind it. Nothing has answered, so no calibration sample exists yet; but the head is
+    # a censored sample: the instance runs at least 3x its estimates, so the 0.902 s queued behind
+    # it will take ~2.7 s. Adding the head's lateness alone (0.6 s) would admit under a 2 s SLO.
+    cl = cluster(n_prefill=1, n_decode=1)
+    for t, secs in ((0.0, 0.3), (0.1, 0.301), (0.2, 0.299), (0.3, 0.302)):
+        busy(cl, "p0", secs, now=t)
+    s = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=2.0))
+    s.queue_time("p0", 0.0)
+    assert s.prefill_slowdown("p0", 0.25) == 1.0 and s.prefill_slowdown("p0", 0.9) == pytest.approx(3.0)
+    d = s.schedule(req("early"), now=0.25)  # not late yet: 0.05 + 0.902 + 0.04 s
+    assert isinstance(d, Decision) and d.est_first_token_s == pytest.approx(0.05 + 0.902 + 0.04)
+    r = s.schedule(req("late"), now=0.9)
+    assert isinstance(r, Rejection) and r.est_ttft_s == pytest.approx(0.6 + 3 * (0.902 + 0.04))
+    assert "at 3.0x its estimate" in r.reason
 
 
 def test_tbt_slo_rejection() -> None:
