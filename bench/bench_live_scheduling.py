@@ -49,6 +49,8 @@ table says why the admitted requests that missed did: TTFT, TBT (their own p90),
 ``--warmup N``: each overload mode's fresh proxy first serves N requests one at a time (the
 window's first N, each with prompts of its own seed), not counted -- a calibrated proxy otherwise admits its
 first requests before it has seen any pair's hand-off (the cold-start misses of the runs).
+With ``--warmup-at-rate`` those N requests are replayed at the first half's (1x) rate instead, so
+the proxy's factors start from the contention of the admitted load rather than from an idle box.
 
 ``--freeze-prefill I AT DUR``: in every overload mode, ``AT`` s into the replay, prefill ``I``'s
 whole vLLM process group is stopped (SIGSTOP) for ``DUR`` s and continued -- the multi-second
@@ -231,7 +233,8 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
                speed: float, a: argparse.Namespace, extra: list[str] | None = None,
                label: str | None = None, concurrency_cap: int | None = None,
                log_name: str | None = None, freeze: tuple[VllmServer, float, float] | None = None,
-               warmup: int = 0, seed_offset: int = 0) -> tuple[dict[str, Any], list[Result]]:
+               warmup: int = 0, seed_offset: int = 0,
+               warmup_speed: float | None = None) -> tuple[dict[str, Any], list[Result]]:
     for s in (*prefills, decode):
         reset_prefix_cache(s, timeout=120)
     with MasterClient(master) as c:
@@ -240,7 +243,13 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
     proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{log_name or label}.log",
                   a.startup_timeout, extra)
     try:
-        for k in range(warmup):
+        if warmup and warmup_speed is not None:
+            # a proxy that has been serving the admitted load: the window's first N requests at the
+            # 1x rate, prompts of their own seed (no prefix shared with the counted replay), uncounted
+            wcfg = ReplayConfig(url=proxy.url, speed=warmup_speed, model="tiny", block_tokens=a.block_tokens,
+                                max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed + 7919)
+            asyncio.run(replay(reqs[:warmup], wcfg, progress=False))
+        for k in range(warmup if warmup_speed is None else 0):
             # a long-running proxy has learned its pairs: send these one at a time first, each with
             # prompts of its own seed (no prefix shared with the window or with each other, so the
             # policy's ties spread them over the prefills), and count nothing of them
@@ -375,7 +384,7 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
         lines.append(f"{r['label']:<12}{r['requests']:>5}{r['rejected_429']:>5}{split:>9}{r['completed']:>6}"
                      f"{r['met']:>5}{num(r['attainment_admitted'], '.0%'):>11}{num(r['attainment_all'], '.0%'):>11}"
                      f"{num(r['ttft_mean'], '.2f'):>10}{num(r['ttft_p90'], '.2f'):>7}"
-                     f"{num(r['tbt_p90'], '.0f', 1000):>9}{fac:>20}{'/'.join(str(v) for v in r['missed'].values()):>22}"
+                     f"{num(r['tbt_p90'], '.0f', 1000):>9} {fac:>19}{'/'.join(str(v) for v in r['missed'].values()):>22}"
                      f"{str(r.get('load_avg_start', '-')) + '->' + str(r.get('load_avg_end', '-')):>12}")
     slo = rows[0]
     return "\n".join(lines) + (f"\n(SLO: TTFT <= {slo['ttft_slo_s']:.2f} s and the request's TBT p90 <= "
@@ -454,7 +463,7 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
             freeze = (prefills[int(i)], at, dur)
         row, res = run_policy(a.overload_policy, py, prefills, decode, model, events, master, profile, logs, reqs,
                               speed * a.overload, a, extra, label=mode, log_name=f"{k}_{mode}", freeze=freeze,
-                              warmup=a.warmup)
+                              warmup=a.warmup, warmup_speed=speed if a.warmup_at_rate else None)
         row = overload_row(row, res, ttft_slo, tbt_slo)
         row["per_request"] = [{"i": r.index, "status": r.status, "ttft": r.ttft, "tbt_p90": r.tbt_p90,
                                "send_lag": r.send_lag} for r in res]  # --json: which requests missed, when
@@ -541,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="before each overload replay, send N of the window's requests (each with prompts of its "
                         "own seed, so no shared prefix) one at a time through the fresh proxy, not counted: what a "
                         "long-running proxy has already learned about its instances (--calibrate); 0 = cold start")
+    g.add_argument("--warmup-at-rate", action="store_true",
+                   help="send the --warmup requests as a replay at the first half's (1x) rate instead of one at "
+                        "a time: the proxy's factors then start from the contention of the admitted load")
     g.add_argument("--freeze-prefill", type=float, nargs=3, default=None, metavar=("I", "AT", "DUR"),
                    help="in every overload mode, stop prefill I's vLLM processes (SIGSTOP) AT s into the "
                         "replay for DUR s: a reproducible engine freeze (module doc)")
@@ -552,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--freeze-prefill I AT DUR needs I in 0..{a.prefills - 1}, AT >= 0 and DUR > 0")
     if a.warmup < 0 or a.warmup > a.requests:
         ap.error(f"--warmup must be in 0..--requests ({a.requests}), got {a.warmup}")
+    if a.warmup_at_rate and not a.warmup:
+        ap.error("--warmup-at-rate needs --warmup N")
     if not a.policies and not a.overload:
         ap.error("nothing to run: give --policies or --overload")
     if a.overload < 0:
