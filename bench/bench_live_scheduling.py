@@ -640,11 +640,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warm-up replay of the window (not counted) in {time.monotonic() - t1:.0f} s", flush=True)
         for k, pol in enumerate(a.policies):  # a policy may be listed twice (alternated runs): one log each
             load = os.getloadavg()[0]
+            # DEBUG: each decision (prefill, estimate) in proxy_p<k>_<policy>.log, for a slow run's diagnosis
             row, res = run_policy(pol, py, prefills, decode, model, events, master.addr, profile, logs, reqs, speed, a,
-                                  log_name=f"p{k}_{pol}")
+                                  extra=["--log-level", "DEBUG"], log_name=f"p{k}_{pol}")
             row["load_avg_start"] = round(load, 1)
+            row["per_request"] = [{"i": r.index, "status": r.status, "ttft": r.ttft, "tbt_p90": r.tbt_p90}
+                                  for r in res]
             rows.append(row)
-            results[pol] = res
+            results.setdefault(pol, []).extend(res)  # a policy run twice: SLOs and plot from both runs
             print(f"{pol}: {row['completed']}/{row['requests']} done, TTFT mean {row['ttft_mean']}, "
                   f"load avg {load:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
         if a.overload:
