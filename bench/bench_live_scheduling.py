@@ -410,8 +410,8 @@ def fmt_table(rows: list[dict[str, Any]]) -> str:
 
 
 def write_plot(path: Path, results: dict[str, list[Result]], reqs: list[TraceRequest], speed: float,
-               profile: Path, tokens_per_trace_token: float, max_tokens: int) -> None:
-    """Live TTFT CDF per policy next to the simulator's on the same window: 2P1D, the fitted
+               profile: Path, tokens_per_trace_token: float, max_tokens: int, n_prefills: int = 2) -> None:
+    """Live TTFT CDF per policy next to the simulator's on the same window: ``n_prefills`` P + 1 D, the fitted
     profile, input lengths and block size scaled to the live prompts' token counts."""
     from mooncake_proxy.sim import SimConfig, simulate
     from mooncake_proxy.sim.plot import ttft_cdf_panel
@@ -423,12 +423,12 @@ def write_plot(path: Path, results: dict[str, list[Result]], reqs: list[TraceReq
         t = [r.ttft for r in res if r.ok and r.ttft]
         if t:
             series[f"{p} (mean {sum(t) / len(t):.2f}s)"] = cdf_points(t)
-    live = Panel("live (2P1D vLLM CPU)", series, "TTFT (s, log scale)", "fraction of requests", log_x=True)
+    live = Panel(f"live ({n_prefills}P1D vLLM CPU)", series, "TTFT (s, log scale)", "fraction of requests", log_x=True)
     k = tokens_per_trace_token
     recs = [TraceRecord(timestamp=r.timestamp_ms, input_length=max(1, round(r.input_length * k)),
                         output_length=min(r.output_length, max_tokens), hash_ids=list(r.hash_ids)) for r in reqs]
     cost = CostModel.from_file(str(profile))
-    cfg = {"prefill": 2, "decode": 1, "speed": speed, "block_size": max(1, round(512 * k))}
+    cfg = {"prefill": n_prefills, "decode": 1, "speed": speed, "block_size": max(1, round(512 * k))}
     sim = {p: simulate(recs, SimConfig(policy=p, **cfg), cost) for p in results}  # type: ignore[arg-type]
     path.write_text(render_svg([live, ttft_cdf_panel(sim, "simulated (same window, fitted profile)")]))
 
@@ -666,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
                                      indent=1))
     if a.plot and rows:
         live_tokens = statistics.mean(r["prompt_tokens"] for r in rows) / max(1, sum(q.input_length for q in reqs))
-        write_plot(a.plot, results, reqs, speed, profile, live_tokens, a.max_tokens)
+        write_plot(a.plot, results, reqs, speed, profile, live_tokens, a.max_tokens, a.prefills)
         print(f"wrote {a.plot}")
     return 0 if (rows or over_rows) and all(r["completed"] for r in rows) else 1
 
