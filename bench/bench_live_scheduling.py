@@ -505,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the prefills' store connector: 'always' looks the store up for every request (every "
                          "policy then reuses what any instance saved); 'hint' only for requests the proxy hints "
                          "(mooncake_store_prefix: only the conductor, which sees the store, sends them) -- the "
-                         "paper's setup, where the baselines reuse only their instance's own cache")
+                         "paper's setup, where the baselines reuse only their instance's own cache; the decode, "
+                         "which gets its KV from the prefill, then makes no store lookups either")
     ap.add_argument("--no-idle-spin", action="store_true",
                     help="bench-only: start the vLLM servers with bench/vllm_no_spin on PYTHONPATH, which cuts vLLM "
                          "CPU's 1 s busy spin after each message to 2 ms (bench_vllm_pd.py has the same switch). "
@@ -609,7 +610,10 @@ def main(argv: list[str] | None = None) -> int:
                            args=[*common, "--kv-events-config", json.dumps(
                                {"enable_kv_cache_events": True, "publisher": "zmq",
                                 "endpoint": f"tcp://*:{ev_ports[i]}"})]) for i in range(a.prefills)]
-    decode = VllmServer(py, model, http_d, 1 % ncpu, logs / "decode.log", multi_config("kv_consumer", store_extra),
+    # the decode gets its KV from the prefill (P2P); with --store-lookup hint it makes no store lookups
+    # either (no request to it carries a hint): one master RPC per request less in its scheduler loop
+    decode = VllmServer(py, model, http_d, 1 % ncpu, logs / "decode.log",
+                        multi_config("kv_consumer", {**store_extra, "store_lookup": a.store_lookup}),
                         env=vllm_env, args=common)
     servers = [*prefills, decode]
     rows: list[dict[str, Any]] = []
