@@ -249,7 +249,7 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
             wcfg = ReplayConfig(url=proxy.url, speed=warmup_speed, model="tiny", block_tokens=a.block_tokens,
                                 max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed + 7919)
             asyncio.run(replay(reqs[:warmup], wcfg, progress=False))
-        for k in range(warmup if warmup_speed is None else 0):
+        for k in range(warmup) if warmup_speed is None else ():
             # a long-running proxy has learned its pairs: send these one at a time first, each with
             # prompts of its own seed (no prefix shared with the window or with each other, so the
             # policy's ties spread them over the prefills), and count nothing of them

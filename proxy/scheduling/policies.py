@@ -104,7 +104,7 @@ class Scheduler(abc.ABC):
                 if alt is None:
                     ttft = first + margin
                     slow = self.prefill_slowdown(plan.instance_id, now)
-                    handoff = first - self.prefill_lateness(plan.instance_id, now) - slow * plan.est_ttft_s
+                    handoff = first - self._prefill_done_in(plan, now)
                     return Rejection(
                         f"TTFT SLO: predicted {ttft:.3f}s > {slo.ttft_s:.3f}s on prefill "
                         f"{plan.instance_id!r} (queue {plan.est_queue_s:.3f}s"
@@ -127,10 +127,14 @@ class Scheduler(abc.ABC):
         """(predicted TTFT of ``plan`` handed off to ``decode_id``, the pair's safety margin;
         ``fade=False``: the margin without the fade of old errors)."""
         cl = self.cluster
-        iid = plan.instance_id
-        prefill_s = self.prefill_lateness(iid, now) + self.prefill_slowdown(iid, now) * plan.est_ttft_s
-        return (cl.first_token_in(decode_id, now, prefill_s, iid),
+        return (cl.first_token_in(decode_id, now, self._prefill_done_in(plan, now), plan.instance_id),
                 cl.ttft_margin(plan.instance_id, decode_id, now, fade=fade))
+
+    def _prefill_done_in(self, plan: PrefillPlan, now: float) -> float:
+        """Seconds until ``plan``'s prefill is done as the TTFT check sees it: a late head needs
+        its lateness again, and everything behind it runs at the head's slowdown."""
+        iid = plan.instance_id
+        return self.prefill_lateness(iid, now) + self.prefill_slowdown(iid, now) * plan.est_ttft_s
 
     def _soonest_first_token(self, req: RequestInfo, prefills: Sequence[InstanceInfo],
                              decodes: Sequence[InstanceInfo], plan: PrefillPlan, decode_id: str, tbt: float,
@@ -168,13 +172,15 @@ class Scheduler(abc.ABC):
         """How far the head of the prefill instance's queue is past its estimate (0 if not late).
         The TTFT check expects it to need that long again: :meth:`queue_time` counts a late head
         as done, so a stalled engine -- seen for 35 s on the live bench -- would look idle."""
+        head, since = self._head(instance_id)
+        if head is None or head.est_s < 0:
+            return 0.0
+        return max(0.0, now - since - head.est_s)
+
+    def _head(self, instance_id: str) -> tuple[PrefillEntry | None, float]:
+        """The prefill instance's running request (None when idle) and when it started."""
         load = self.cluster.prefill_load(instance_id)
-        if not load.entries:
-            return 0.0
-        head = next(iter(load.entries.values()))
-        if head.est_s < 0:
-            return 0.0
-        return max(0.0, now - load.head_since - head.est_s)
+        return (next(iter(load.entries.values())) if load.entries else None), load.head_since
 
     def prefill_slowdown(self, instance_id: str, now: float) -> float:
         """How many times slower than estimated the prefill instance runs, at least: the head's
@@ -189,13 +195,10 @@ class Scheduler(abc.ABC):
         every request on estimates 2-8x too low. The ratio grows with every second the head runs,
         so the check tightens while the burst arrives instead of after it. Entries with an estimate
         under 1 ms give no ratio (their estimate is noise)."""
-        load = self.cluster.prefill_load(instance_id)
-        if not load.entries:
+        head, since = self._head(instance_id)
+        if head is None or head.est_s < 1e-3:
             return 1.0
-        head = next(iter(load.entries.values()))
-        if head.est_s < 1e-3:
-            return 1.0
-        return max(1.0, (now - load.head_since) / head.est_s)
+        return max(1.0, (now - since) / head.est_s)
 
     def _other_prefill_within(self, req: RequestInfo, prefills: Sequence[InstanceInfo],
                               decodes: Sequence[InstanceInfo], failed: PrefillPlan, now: float,
