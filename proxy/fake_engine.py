@@ -41,6 +41,10 @@ class Behaviour:
     engine_id: str = "fake-engine"
     dp_size: int = 1              # data-parallel ranks reported by the bootstrap /query route
     query_status: int = 200       # status of GET /query (404 = connector without it)
+    #: engines sharing this Behaviour share cores: while k other prefills run on them, a prefill's
+    #: ``prefill_delay`` advances 1 + prefill_contention * k times slower (processor sharing)
+    prefill_contention: float = 0.0
+    _prefills_running: int = field(default=0, repr=False)
 
 
 @dataclass
@@ -97,7 +101,7 @@ class FakeEngine:
     async def _control(self, request: web.Request) -> web.Response:
         data = _dec.decode(await request.read())
         for k, v in data.items():
-            if not hasattr(self.behaviour, k):
+            if k.startswith("_") or not hasattr(self.behaviour, k):
                 return web.json_response({"error": f"unknown behaviour field {k!r}"}, status=400)
             setattr(self.behaviour, k, v)
         if data.get("clear_records"):
@@ -120,7 +124,9 @@ class FakeEngine:
                                          status=b.fail_status)
             params = body.get("kv_transfer_params") or {}
             if not body.get("stream"):
-                if b.prefill_delay:
+                if b.prefill_delay and b.prefill_contention:
+                    await _shared_core_prefill(b)
+                elif b.prefill_delay:
                     await asyncio.sleep(b.prefill_delay)
                 out: dict[str, Any] = {"id": rec.request_id or "cmpl-fake", "object": "text_completion",
                                        "model": b.model, "served_by": self.name,
@@ -155,6 +161,21 @@ class FakeEngine:
         except asyncio.CancelledError:
             rec.cancelled = True
             raise
+
+
+async def _shared_core_prefill(b: Behaviour) -> None:
+    """``b.prefill_delay`` of work done at the speed the other running prefills leave (see
+    ``Behaviour.prefill_contention``), in 5 ms steps."""
+    b._prefills_running += 1
+    try:
+        done, t = 0.0, time.monotonic()
+        while done < b.prefill_delay:
+            await asyncio.sleep(0.005)
+            now = time.monotonic()
+            done += (now - t) / (1.0 + b.prefill_contention * (b._prefills_running - 1))
+            t = now
+    finally:
+        b._prefills_running -= 1
 
 
 async def start_fake(engine: FakeEngine, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:

@@ -110,6 +110,10 @@ class ProxyMetrics:
                                           "instance (its own samples, pulled towards the shared factor until it "
                                           "has 3); the scheduler estimates each instance with its own",
                                           ["instance", "side"], registry=r)
+        self.contention_slope = Gauge("mooncake_proxy_contention_slope",
+                                      "Online calibration (--calibrate): log-slowdown per busy neighbouring "
+                                      "prefill instance, by side (0 where instances do not slow each other; "
+                                      "scheduling/contention.py)", ["side"], registry=r)
         self.first_token_delay = Gauge("mooncake_proxy_decode_first_token_seconds",
                                        "Online calibration (--calibrate): moving mean of the delay from a "
                                        "prefill's answer to the decode instance's first token (KV pull, "

@@ -95,6 +95,15 @@ class ProxyConfig:
     store_model_tag: str | None = None
 
 
+def _mean_busy(cluster: Any, area_then: float, then: float, now: float, own: int) -> float | None:
+    """The mean number of busy prefill instances from ``then`` to ``now`` (``ClusterState.busy_area``
+    read at ``then``: ``area_then``) minus ``own`` (1 for a prefill: its own instance); None when no
+    time passed."""
+    if now <= then:
+        return None
+    return max(0.0, (cluster.busy_area(now) - area_then) / (now - then) - own)
+
+
 def with_store_hint(payload: dict[str, Any], decision: Any, block_size: int) -> dict[str, Any]:
     """The prefill payload with the store prefix hint (``connectors/vllm/store_hint.py``): the
     scheduler counted on the prefill loading ``cached_blocks`` leading blocks, the ones it lacks
@@ -476,6 +485,7 @@ class ProxyServer:
         ctx = ho.new_context(rid)
         cluster = self.cluster
         now = time.monotonic
+        c_dec = self.scheduler.decode_contention()  # as when est_tbt_s was made (before this prefill's start)
         cluster.on_prefill_start(p.instance_id, req, now(), cached_blocks=decision.cached_blocks,
                                  decode_id=d.instance_id)
         # Record the prompt's blocks now, not when the prefill ends: requests sharing the prefix
@@ -498,6 +508,7 @@ class ProxyServer:
         f_pre, f_dec = ((cal.factor("prefill", p.instance_id), cal.factor("decode", d.instance_id))
                         if cal is not None else (1.0, 1.0))
         t_sent = now()
+        busy_sent = cluster.busy_area(t_sent)  # the contention the prefill runs under (contention.py)
         t_answered: float | None = None  # perf_counter of the prefill's answer (sequential hand-off)
         timing = StreamTiming() if cal is not None else None
         try:
@@ -517,11 +528,13 @@ class ProxyServer:
                 if first:
                     ppayload = ftok.prefill_body(ppayload, body)
                 presp = await self.relay.post_json(p, route, ppayload, pheaders, "prefill")
+                t_done = now()
                 prefill_finished()
                 if cal is not None:
                     t_answered = time.perf_counter()
-                    self._calibrated("prefill", cal.observe_prefill(decision.est_ttft_s / f_pre, now() - t_sent, now(),
-                                                                    p.instance_id))
+                    self._calibrated("prefill", cal.observe_prefill(
+                        decision.est_ttft_s / f_pre, t_done - t_sent, t_done, p.instance_id,
+                        _mean_busy(cluster, busy_sent, t_sent, t_done, own=1)))
                 ho.on_prefill_answer(p.addr, presp)
                 ft = ftok.parse_first_token(presp) if first else None
                 if first and ft is None:
@@ -556,7 +569,9 @@ class ProxyServer:
                 if rejected is not None:
                     return rejected
                 dpayload = ho.decode_payload(body, route, p.addr, ctx, None)
-            cluster.on_decode_start(d.instance_id, req, now())
+            t_decode = now()
+            cluster.on_decode_start(d.instance_id, req, t_decode)
+            busy_decode = cluster.busy_area(t_decode)
             self._inflight(d, 1)
             hq = cluster.decode_load(d.instance_id).handoff if t_answered is not None else None
             if hq is not None and timing is not None:
@@ -589,8 +604,10 @@ class ProxyServer:
                         cal.observe_first_token(d.instance_id, timing.first - t_answered, now())
                         self._sync_first_token()
                     if (gap := timing.mean_gap()) is not None:
-                        self._calibrated("decode", cal.observe_decode(decision.est_tbt_s / f_dec, gap, now(),
-                                                                      d.instance_id))
+                        t_end = now()
+                        self._calibrated("decode", cal.observe_decode(
+                            decision.est_tbt_s / (f_dec * c_dec), gap, t_end, d.instance_id,
+                            _mean_busy(cluster, busy_decode, t_decode, t_end, own=0)))
         finally:
             if ptask is not None:
                 if not ptask.done():
@@ -624,7 +641,7 @@ class ProxyServer:
             return None
         rej = self.sched_mod.decode_stage_rejection(self.cluster, self.scheduler.cost_for(d.instance_id),
                                                     d.instance_id, req, limit,
-                                                    self.cfg.retry_after)
+                                                    self.cfg.retry_after, self.scheduler.decode_contention())
         if rej is None:
             return None
         self.metrics.rejections.labels("slo_decode").inc()
@@ -639,7 +656,9 @@ class ProxyServer:
         if changed and cal is not None:
             self.scheduler.cost = cal.cost()
             self.scheduler.instance_costs = cal.costs()
+            self.scheduler.contention_slope = {sd: cal.slope(sd) for sd in ("prefill", "decode")}
             self.metrics.cost_factor.labels(side).set(cal.factor(side))
+            self.metrics.contention_slope.labels(side).set(cal.slope(side))
             for key, f in cal.instance_factors().items():
                 g = self._factor_gauge.get(key)
                 if g is None:

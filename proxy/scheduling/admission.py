@@ -33,12 +33,14 @@ def split_rejection(slo: SloConfig, mode: str) -> tuple[SloConfig, float | None]
 
 
 def decode_stage_rejection(cluster: ClusterState, cost: CostModel, decode_id: str, req: RequestInfo,
-                           limit_s: float, retry_after_s: float) -> Rejection | None:
+                           limit_s: float, retry_after_s: float, contention: float = 1.0) -> Rejection | None:
     """Reject ``req`` when its prefill is done and decode ``decode_id``'s current batch plus it
-    would step slower than ``limit_s`` (None: admit). Current load only: that is the baseline."""
+    would step slower than ``limit_s`` (None: admit). Current load only: that is the baseline.
+    ``contention``: the multiplier of the step from the prefills busy now
+    (``Scheduler.decode_contention``; 1.0 where instances do not share hardware)."""
     load = cluster.decode_load(decode_id)
-    tbt = cost.decode_step_time(load.running + 1,
-                                load.kv_tokens + kv_footprint(req.prompt_tokens, req.max_output_tokens))
+    tbt = contention * cost.decode_step_time(load.running + 1,
+                                             load.kv_tokens + kv_footprint(req.prompt_tokens, req.max_output_tokens))
     if tbt <= limit_s:
         return None
     return Rejection(f"TBT SLO at the decode stage: predicted {tbt * 1000:.1f}ms > {limit_s * 1000:.1f}ms on "

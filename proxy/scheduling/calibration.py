@@ -40,6 +40,13 @@ inflation -- estimated 10x slow, it got no traffic and so no sample to correct i
 cheaper error: an instance estimated as fast as the best healthy one gets a request and learns its
 own factor from it within ``prior_samples`` answers.
 
+Contention, too (contention.py): a sample that says how many other prefill instances were busy
+during it (``contention``) moves its side's :class:`ContentionSlope` by its residual against its
+instance's own factor, and the factors learn from the sample with the contention taken out -- so
+an instance's factor is its speed with nobody else busy, and the scheduler multiplies its estimates
+by :meth:`contention_factor` of the contention it predicts. Without ``contention`` a sample moves
+the factors as before and no slope is learned.
+
 The proxy feeds it (``observe_prefill`` when a prefill answers, ``observe_decode`` when a
 decode stream ends) with the *unscaled* prediction (the scheduler's estimate divided by the
 factor in force when it was made, :meth:`factor` of that instance), and installs :meth:`cost`
@@ -51,6 +58,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from .contention import ContentionSlope
 from .cost import CostModel
 
 __all__ = ["LatencyCalibrator"]
@@ -86,6 +94,9 @@ class LatencyCalibrator:
     _inst: dict[tuple[str, str], _Ewma] = field(default_factory=dict)
     #: decode instance -> EWMA of the first-token delay, in log_factor (seconds, not a log here)
     _first: dict[str, _Ewma] = field(default_factory=dict)
+    #: side -> the slope of its log ratio in the busy neighbours (contention.py)
+    _slopes: dict[str, ContentionSlope] = field(
+        default_factory=lambda: {"prefill": ContentionSlope(), "decode": ContentionSlope()})
     _cost: CostModel | None = None
     #: instance -> its cost model (cached; dropped whenever a factor moves)
     _costs: dict[str, CostModel] | None = None
@@ -118,16 +129,29 @@ class LatencyCalibrator:
         return {k: self.factor(*k) for k in self._inst}
 
     def observe_prefill(self, predicted_s: float, observed_s: float, now: float = 0.0,
-                        instance: str | None = None) -> bool:
+                        instance: str | None = None, contention: float | None = None) -> bool:
         """A prefill (queue + compute, as predicted at scheduling time) took ``observed_s`` on
-        ``instance``; ``now`` is the caller's clock. Returns True when a factor changed (then
-        install :meth:`cost` and :meth:`costs`)."""
-        return self._observe("prefill", predicted_s, observed_s, now, instance)
+        ``instance``; ``now`` is the caller's clock; ``contention``: the mean number of other busy
+        prefill instances meanwhile (module doc). Returns True when a factor or the slope changed
+        (then install :meth:`cost`, :meth:`costs` and :meth:`slope`)."""
+        return self._observe("prefill", predicted_s, observed_s, now, instance, contention)
 
     def observe_decode(self, predicted_tbt_s: float, observed_tbt_s: float, now: float = 0.0,
-                       instance: str | None = None) -> bool:
-        """A decode stream's mean time between tokens on ``instance`` was ``observed_tbt_s``."""
-        return self._observe("decode", predicted_tbt_s, observed_tbt_s, now, instance)
+                       instance: str | None = None, contention: float | None = None) -> bool:
+        """A decode stream's mean time between tokens on ``instance`` was ``observed_tbt_s``, with
+        ``contention`` busy prefill instances on average meanwhile."""
+        return self._observe("decode", predicted_tbt_s, observed_tbt_s, now, instance, contention)
+
+    def slope(self, side: str) -> float:
+        """The learned log-slowdown per busy neighbour of ``side`` (0.0 until contention samples
+        show one; contention.py)."""
+        self._side(side)
+        return self._slopes[side].slope
+
+    def contention_factor(self, side: str, busy_neighbours: float) -> float:
+        """The multiplier of ``side``'s estimates for a request that runs with ``busy_neighbours``."""
+        self._side(side)
+        return self._slopes[side].factor(busy_neighbours)
 
     def observe_first_token(self, decode_id: str, seconds: float, now: float = 0.0) -> bool:
         """Decode ``decode_id`` gave its first token ``seconds`` after the prefill answered."""
@@ -246,13 +270,21 @@ class LatencyCalibrator:
         s.log_factor = new
         return True
 
-    def _observe(self, side: str, predicted: float, observed: float, now: float, instance: str | None) -> bool:
+    def _observe(self, side: str, predicted: float, observed: float, now: float, instance: str | None,
+                 contention: float | None = None) -> bool:
         s = self._side(side)
         if not (math.isfinite(predicted) and math.isfinite(observed)) or predicted < self.min_predicted_s \
                 or observed <= 0:
             return False
         sample = math.log(observed / predicted)
-        changed = self._update(s, sample, now)
+        moved = False
+        if contention is not None and math.isfinite(contention) and contention >= 0:
+            # the residual against the instance's contention-free factor fits the slope; the
+            # factors then learn from the sample with its contention taken out
+            slope = self._slopes[side]
+            moved = slope.observe(contention, sample - self._log_factor(side, instance))
+            sample -= slope.slope * contention
+        changed = self._update(s, sample, now) or moved
         if instance is not None:
             own = self._inst.get((side, instance))
             if own is None:

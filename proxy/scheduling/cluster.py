@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, KeysView, Protocol, Sequence
 
 from .datatypes import Decision, InstanceInfo, RequestInfo, Role, ROLES
 from .handoff_queue import HandoffQueue
@@ -139,6 +139,11 @@ class ClusterState:
         #: would be estimated as a fetch and then recomputed (seen on the live bench: 0 % store hits
         #: for the conductor, whose peer "fetches" tied with the store's and won)
         self.peer_fetch: bool = True
+        # prefill instances with a request queued or running, and its integral over time (the
+        # contention a request ran under: busy_area, contention.py)
+        self._busy = 0
+        self._busy_area = 0.0
+        self._busy_t = 0.0
         if store_capacity_blocks is not None:
             self._store = LruBlockCache(store_capacity_blocks)
 
@@ -179,6 +184,8 @@ class ClusterState:
         for dl in self._decode.values():
             if dl.handoff is not None:
                 dl.handoff.forget(instance_id)
+        if pload is not None and pload.entries:
+            self._busy_step(self._busy_t, -1)
         if pload is not None:
             # Its queued requests will never reach their decode instance: stop counting them
             # as incoming load there.
@@ -374,6 +381,27 @@ class ClusterState:
         return len(self._store) if self._store is not None else 0
 
     # ------------------------------------------------------------------ load
+    def prefill_ids(self) -> KeysView[str]:
+        """Every prefill instance's id, healthy or not (a live view: do not change the cluster
+        while iterating it)."""
+        return self._prefill.keys()
+
+    def busy_prefills(self) -> int:
+        """Prefill instances with a request queued or running now."""
+        return self._busy
+
+    def busy_area(self, now: float) -> float:
+        """The integral of :meth:`busy_prefills` over time up to ``now`` (its origin is arbitrary):
+        the difference of two readings over the time between them is the mean number of busy
+        prefill instances meanwhile -- the contention a request ran under (contention.py)."""
+        return self._busy_area + self._busy * max(0.0, now - self._busy_t)
+
+    def _busy_step(self, now: float, delta: int) -> None:
+        if now > self._busy_t:
+            self._busy_area += self._busy * (now - self._busy_t)
+            self._busy_t = now
+        self._busy = max(0, self._busy + delta)
+
     def prefill_load(self, instance_id: str) -> PrefillLoad:
         self._require(instance_id, "prefill")
         return self._prefill[instance_id]
@@ -433,6 +461,7 @@ class ClusterState:
             load.n_unknown += 1
         if not load.entries:
             load.head_since = now
+            self._busy_step(now, 1)
         load.entries[req.request_id] = entry
         load.queued_tokens += new
         if decode_id is not None and decode_id in self._decode:
@@ -457,6 +486,7 @@ class ClusterState:
         if not load.entries:
             load.est_sum = 0.0  # no float drift accumulates across busy periods
             load.n_unknown = 0
+            self._busy_step(now, -1)
         pend = self._pending[instance_id]
         for k in entry.pending:
             c = pend.get(k, 0) - 1

@@ -23,12 +23,14 @@ only round-robin cursors, the random generator and hotness counters advance.
 from __future__ import annotations
 
 import abc
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar, Iterable, Iterator, Sequence
 
 from .cluster import STORE, ClusterState, DecodeLoad, PrefillEntry, kv_footprint
+from .contention import expected_busy_neighbours
 from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
 
@@ -67,6 +69,9 @@ class Scheduler(abc.ABC):
         #: instance -> its own cost model (the live proxy's per-instance calibration,
         #: calibration.py); instances not in it are estimated with ``cost``
         self.instance_costs: dict[str, CostModel] = {}
+        #: side ('prefill', 'decode') -> log-slowdown per busy neighbouring prefill instance (the live
+        #: proxy's --calibrate learns it, contention.py); 0 / absent: instances do not slow each other
+        self.contention_slope: dict[str, float] = {}
         self.slo = slo if slo is not None else SloConfig()
         self.rng = random.Random(seed)
         self._rot = 0   # rotating tie-break / round-robin cursor for prefill
@@ -131,10 +136,34 @@ class Scheduler(abc.ABC):
                 cl.ttft_margin(plan.instance_id, decode_id, now, fade=fade))
 
     def _prefill_done_in(self, plan: PrefillPlan, now: float) -> float:
-        """Seconds until ``plan``'s prefill is done as the TTFT check sees it: a late head needs
-        its lateness again, and everything behind it runs at the head's slowdown."""
+        """Seconds until ``plan``'s prefill is done as the TTFT check sees it: everything runs at the
+        contention the other prefill instances' queues predict (:meth:`prefill_contention`), or at
+        the head's slowdown where that is worse, and a head late even for the contention needs its
+        lateness again."""
         iid = plan.instance_id
-        return self.prefill_lateness(iid, now) + self.prefill_slowdown(iid, now) * plan.est_ttft_s
+        m = self.prefill_contention(iid, now, plan.est_ttft_s)
+        return self.prefill_lateness(iid, now, m) + max(m, self.prefill_slowdown(iid, now)) * plan.est_ttft_s
+
+    def prefill_contention(self, instance_id: str, now: float, est_s: float) -> float:
+        """The multiplier of an estimate of ``est_s`` seconds (queue + prefill) on ``instance_id``
+        from the other prefill instances busy meanwhile: exp(slope * their expected number), each
+        counted for the share of ``est_s`` its own queue lasts (contention.py). 1.0 without a slope.
+
+        Why: where instances share cores, a burst makes all of them busy at once and each runs
+        slower than its factor, learned at the calmer load before, says -- before any head is late."""
+        slope = self.contention_slope.get("prefill", 0.0)
+        if slope <= 0:
+            return 1.0
+        busy = [self.queue_time(j, now) + self.prefill_lateness(j, now)
+                for j in self.cluster.prefill_ids() if j != instance_id]
+        return math.exp(slope * expected_busy_neighbours(est_s, busy))
+
+    def decode_contention(self) -> float:
+        """The multiplier of a decode step's estimate from the prefill instances busy now
+        (contention.py; 1.0 without a slope): where a decode shares cores with prefills, its steps
+        slow down while they compute."""
+        slope = self.contention_slope.get("decode", 0.0)
+        return math.exp(slope * self.cluster.busy_prefills()) if slope > 0 else 1.0
 
     def _soonest_first_token(self, req: RequestInfo, prefills: Sequence[InstanceInfo],
                              decodes: Sequence[InstanceInfo], plan: PrefillPlan, decode_id: str, tbt: float,
@@ -168,14 +197,14 @@ class Scheduler(abc.ABC):
             if dchoice is not None:
                 yield plan, dchoice[0], dchoice[1]
 
-    def prefill_lateness(self, instance_id: str, now: float) -> float:
-        """How far the head of the prefill instance's queue is past its estimate (0 if not late).
-        The TTFT check expects it to need that long again: :meth:`queue_time` counts a late head
-        as done, so a stalled engine -- seen for 35 s on the live bench -- would look idle."""
+    def prefill_lateness(self, instance_id: str, now: float, factor: float = 1.0) -> float:
+        """How far the head of the prefill instance's queue is past ``factor`` x its estimate (0 if
+        not late). The TTFT check expects it to need that long again: :meth:`queue_time` counts a
+        late head as done, so a stalled engine -- seen for 35 s on the live bench -- would look idle."""
         head, since = self._head(instance_id)
         if head is None or head.est_s < 0:
             return 0.0
-        return max(0.0, now - since - head.est_s)
+        return max(0.0, now - since - factor * head.est_s)
 
     def _head(self, instance_id: str) -> tuple[PrefillEntry | None, float]:
         """The prefill instance's running request (None when idle) and when it started."""
@@ -316,7 +345,7 @@ class Scheduler(abc.ABC):
         cap = inst.cache_capacity_blocks
         if cap and kv > cap * self.cluster.block_size and load.running > 0:
             return None
-        return cost.decode_step_time(n, kv)
+        return cost.decode_step_time(n, kv) * self.decode_contention()
 
     def _argmin_prefill(self, plans_iter: Iterable[PrefillPlan]) -> PrefillPlan:
         best: PrefillPlan | None = None

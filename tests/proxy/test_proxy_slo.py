@@ -171,3 +171,39 @@ async def test_a_pair_whose_requests_come_late_is_avoided_not_rejected(make_env,
         assert errs is not None and errs.margin(p1, f"decode@{env.decode_urls[0]}", time.monotonic()) > 0.4
     else:
         assert slow == 4 and sum(t > 0.4 for t in ttfts) == 4, ttfts
+
+
+async def test_a_burst_on_instances_that_share_cores_is_admitted_for_the_contention_it_brings(make_env) -> None:
+    # Four prefills sharing cores (the fake engines' processor sharing): 0.15 s alone, 0.3 s with one
+    # other running, 0.6 s with all four. The calibrated proxy learns the factor alone and the slope
+    # per busy neighbour (contention.py) from a few single and paired requests; a burst of 6 then
+    # finds every instance idle, and without the slope each would be estimated at 0.15 s and all
+    # admitted -- to run four at once, 0.6 s each, past the 0.5 s SLO. With it, each arrival sees the
+    # others' queues: 2-3 are admitted, and they meet the SLO.
+    import asyncio
+    import time
+
+    env = await make_env(n_prefill=4, policy="load_balance", ttft_slo=0.5, calibrate=True,
+                         prefill_behaviour=Behaviour(prefill_delay=0.15, prefill_contention=1.0),
+                         decode_behaviour=Behaviour(chunks=2))
+    seq = iter(range(10_000))
+
+    async def one() -> tuple[int, float]:
+        body = {**BODY, "prompt": f"request {next(seq)} " + BODY["prompt"]}  # no shared prefix
+        t0 = time.perf_counter()
+        async with env.session.post(env.url + "/v1/completions", json=body) as r:
+            await r.content.readany()
+            ttft = time.perf_counter() - t0
+            await r.read()
+            return r.status, ttft
+
+    for _ in range(3):  # alone
+        assert (await one())[0] == 200
+    for _ in range(4):  # two at a time
+        assert [st for st, _ in await asyncio.gather(one(), one())] == [200, 200]
+    slope = gauge(await metrics(env), "mooncake_proxy_contention_slope", side="prefill")
+    assert 0.3 < slope < 1.0, slope  # log 2 per busy neighbour, pulled towards 0 by the prior
+    got = await asyncio.gather(*(one() for _ in range(6)))
+    ok = [t for st, t in got if st == 200]
+    assert 1 <= len(ok) <= 3 and sorted({st for st, _ in got}) == [200, 429], got
+    assert max(ok) < 0.5, got

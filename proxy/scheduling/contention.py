@@ -1,0 +1,83 @@
+"""How much slower an instance runs while other prefill instances are busy (pure, no clock).
+
+Why: where instances share hardware (the live bench: four vLLM CPU prefills and the decode on two
+cores) an instance's speed depends on how many others work at the same time. The per-instance
+factors of calibration.py learn the speed an instance *had*. Under a burst every instance becomes
+busy at once and runs 2-4x slower than at the admitted load just before, so the whole burst was
+admitted on the calmer minute's factors (o2 in BENCHMARKS.md: 9 requests estimated at 0.55-1.6 s
+answered in 2.8-3.8 s). The censored head (``Scheduler.prefill_slowdown``) sees it only once a head
+is late, after the burst's first second has been let in. This model predicts it from how many
+prefill instances are busy, before anything is late.
+
+The model, per side (prefill, decode)::
+
+    log(observed / predicted) = the instance's own factor + slope * x
+
+``x`` is the contention a sample ran under: the time-averaged number of *other* busy prefill
+instances over its life (a prefill's own instance is not counted; for a decode stream every busy
+prefill is). The caller measures it with ``ClusterState.busy_area``. The slope is a least-squares
+fit through the origin of the residuals (a sample minus its instance's own factor) on ``x``, old
+samples forgotten by ``forget`` per new one, with ``prior_weight`` pseudo-samples at x = 1 and
+residual 0 pulling it to 0 until the data says otherwise. It is clamped to ``[0, max_slope]``:
+more busy neighbours never make an instance faster. On dedicated hardware (an accelerator per
+instance) the residuals do not grow with ``x``, the slope stays near 0, and no estimate changes.
+
+Why one slope for all instances and a count, not a matrix of which instance slows which: a
+shared slope is learned from every sample (a few dozen in a warm-up), a pairwise matrix needs
+many per pair; and on the bench each instance's neighbours are busy together under a burst,
+which is exactly when the estimate matters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["ContentionSlope", "expected_busy_neighbours"]
+
+
+@dataclass(slots=True)
+class ContentionSlope:
+    """The slope of log(observed/predicted) in the number of busy neighbours ``x`` (module doc)."""
+
+    forget: float = 0.95
+    prior_weight: float = 1.0
+    max_slope: float = 2.0
+    _sxy: float = 0.0
+    _sxx: float = 0.0
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.forget <= 1:
+            raise ValueError(f"ContentionSlope.forget must be in (0, 1], got {self.forget!r}")
+        if self.prior_weight <= 0 or self.max_slope < 0:
+            raise ValueError(f"ContentionSlope needs prior_weight > 0 and max_slope >= 0, got "
+                             f"{self.prior_weight!r}, {self.max_slope!r}")
+
+    @property
+    def slope(self) -> float:
+        return min(max(self._sxy / (self._sxx + self.prior_weight), 0.0), self.max_slope)
+
+    def observe(self, x: float, residual: float) -> bool:
+        """A sample ran with ``x`` busy neighbours on average and came ``residual`` (a log ratio)
+        above its instance's own factor. Returns True when the slope moved."""
+        if not (math.isfinite(x) and math.isfinite(residual)) or x < 0:
+            return False
+        before = self.slope
+        self._sxy = self.forget * self._sxy + x * residual
+        self._sxx = self.forget * self._sxx + x * x
+        self.samples += 1
+        return self.slope != before
+
+    def factor(self, x: float) -> float:
+        """The multiplier of an estimate that will run with ``x`` busy neighbours."""
+        return math.exp(self.slope * max(0.0, x))
+
+
+def expected_busy_neighbours(own_s: float, others_busy_s: list[float] | tuple[float, ...]) -> float:
+    """The time-averaged number of other instances busy while a request takes ``own_s`` seconds
+    from now, each other instance being busy for the next ``others_busy_s[j]`` seconds (its queue):
+    sum of min(1, busy_j / own_s). With ``own_s`` <= 0: the count of busy ones."""
+    if own_s <= 0:
+        return float(sum(1 for b in others_busy_s if b > 0))
+    return sum(min(1.0, b / own_s) for b in others_busy_s if b > 0)

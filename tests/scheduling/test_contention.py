@@ -1,0 +1,168 @@
+"""Contention between instances that share hardware: the learned slope, its use in the
+calibrator, the cluster's busy count, and the scheduler's TTFT and TBT checks (pure)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mooncake_proxy.scheduling import (ClusterState, CostModel, Decision, InstanceInfo, LatencyCalibrator, Rejection,
+                                       RequestInfo, SloConfig, make_scheduler)
+from mooncake_proxy.scheduling.contention import ContentionSlope, expected_busy_neighbours
+
+BASE = CostModel(c0=0.01, c1=0.001, c2=0.0, d0=0.02, d1=0.0, d2=0.0, transfer_latency_s=0.003,
+                 block_size=4, name="base")
+
+
+def test_the_slope_fits_residuals_that_grow_with_the_busy_neighbours() -> None:
+    s = ContentionSlope(forget=1.0, prior_weight=1.0)
+    assert s.slope == 0.0 and s.factor(3) == 1.0
+    for _ in range(40):
+        for x in (0.0, 1.0, 2.0, 3.0):
+            s.observe(x, 0.4 * x)
+    assert s.slope == pytest.approx(0.4, rel=0.01)  # the prior's one pseudo-sample is diluted
+    assert s.factor(2.5) == pytest.approx(math.exp(0.4 * 2.5), rel=0.03)
+
+
+def test_the_prior_holds_the_slope_down_until_the_data_says_otherwise() -> None:
+    s = ContentionSlope(prior_weight=4.0)
+    s.observe(1.0, 1.0)
+    assert s.slope == pytest.approx(1.0 / 5.0)  # one sample against four at zero
+    t = ContentionSlope()
+    for _ in range(50):
+        t.observe(2.0, 0.0)  # busy neighbours, no slowdown: dedicated hardware
+    assert t.slope == 0.0
+
+
+def test_the_slope_is_clamped_and_forgets_old_samples() -> None:
+    s = ContentionSlope(forget=0.5, max_slope=1.0)
+    for _ in range(20):
+        s.observe(1.0, -2.0)  # neighbours making it faster: not physical
+    assert s.slope == 0.0
+    for _ in range(20):
+        s.observe(1.0, 5.0)
+    assert s.slope == 1.0
+    for _ in range(30):  # the box went quiet: the new samples replace the old
+        s.observe(1.0, 0.1)
+    assert s.slope == pytest.approx(0.1 * 2 / 3, rel=0.01)  # sum of x^2 with forget 0.5 -> 2, + prior 1
+    assert not s.observe(float("nan"), 1.0) and not s.observe(-1.0, 1.0)
+    with pytest.raises(ValueError, match="forget"):
+        ContentionSlope(forget=0.0)
+    with pytest.raises(ValueError, match="prior_weight"):
+        ContentionSlope(prior_weight=0.0)
+
+
+def test_expected_busy_neighbours_counts_each_for_the_share_of_the_request_it_lasts() -> None:
+    assert expected_busy_neighbours(1.0, [0.0, 0.5, 2.0, 1.0]) == pytest.approx(0.5 + 1.0 + 1.0)
+    assert expected_busy_neighbours(0.0, [0.0, 0.5, 2.0]) == 2.0
+    assert expected_busy_neighbours(1.0, []) == 0.0
+
+
+def test_the_calibrator_learns_the_factor_without_contention_and_the_slope_from_it() -> None:
+    # an instance 1.5x its profile when alone, and exp(0.5) slower again per busy neighbour
+    cal = LatencyCalibrator(BASE)
+    for _ in range(30):
+        for x in (0.0, 1.0, 3.0):
+            cal.observe_prefill(0.2, 0.2 * 1.5 * math.exp(0.5 * x), instance="p0", contention=x)
+    assert cal.factor("prefill", "p0") == pytest.approx(1.5, rel=0.05)
+    assert cal.slope("prefill") == pytest.approx(0.5, rel=0.05)
+    assert cal.contention_factor("prefill", 3.0) == pytest.approx(math.exp(1.5), rel=0.1)
+    assert cal.slope("decode") == 0.0
+    # without the contention the same samples give one averaged factor and no slope
+    flat = LatencyCalibrator(BASE)
+    for _ in range(30):
+        for x in (0.0, 1.0, 3.0):
+            flat.observe_prefill(0.2, 0.2 * 1.5 * math.exp(0.5 * x), instance="p0")
+    assert flat.slope("prefill") == 0.0 and flat.factor("prefill", "p0") > 2.0
+    with pytest.raises(ValueError, match="side"):
+        cal.slope("middle")
+
+
+def test_the_cluster_integrates_the_busy_prefill_count() -> None:
+    cl = ClusterState(block_size=4)
+    for i in range(3):
+        cl.add_instance(InstanceInfo(f"p{i}", "prefill"))
+    cl.add_instance(InstanceInfo("d0", "decode"))
+    r = [RequestInfo(f"r{i}", prompt_tokens=8, block_hashes=[], max_output_tokens=4) for i in range(4)]
+    a0 = cl.busy_area(0.0)
+    cl.on_prefill_start("p0", r[0], 0.0)
+    cl.on_prefill_start("p0", r[1], 0.5)  # same instance: still one busy
+    cl.on_prefill_start("p1", r[2], 1.0)
+    assert cl.busy_prefills() == 2
+    cl.on_prefill_done("p0", r[0], 1.5)
+    assert cl.busy_prefills() == 2  # p0 still has r1
+    cl.on_prefill_done("p0", r[1], 2.0)
+    assert cl.busy_prefills() == 1
+    # 0..1 s: one busy, 1..2 s: two, 2..3 s: one
+    assert (cl.busy_area(3.0) - a0) / 3.0 == pytest.approx(4.0 / 3.0)
+    cl.on_prefill_start("p2", r[3], 3.0)
+    cl.remove_instance("p2")  # a busy instance removed: no longer counted
+    assert cl.busy_prefills() == 1
+    cl.on_prefill_done("p1", r[2], 4.0)
+    assert cl.busy_prefills() == 0 and cl.busy_area(9.0) == cl.busy_area(4.0)
+
+
+def _cluster(n: int) -> ClusterState:
+    cl = ClusterState(block_size=4)
+    for i in range(n):
+        cl.add_instance(InstanceInfo(f"p{i}", "prefill", cache_capacity_blocks=100))
+    cl.add_instance(InstanceInfo("d0", "decode", cache_capacity_blocks=10_000))
+    return cl
+
+
+def _req(i: int, tokens: int = 190) -> RequestInfo:
+    return RequestInfo(f"r{i}", prompt_tokens=tokens, block_hashes=[1000 * i + k for k in range(tokens // 4)],
+                       max_output_tokens=4)
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.7])
+def test_the_ttft_check_expects_the_busy_neighbours_to_slow_the_request(slope: float) -> None:
+    # 4 prefills, each request 0.2 s alone, a 0.35 s TTFT SLO. A burst of 4 at once: with no slope
+    # every instance is idle and each request fits; with one, each new request sees the others'
+    # queues and the check admits only while exp(slope * busy) * 0.2 s fits.
+    cl = _cluster(4)
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.35))
+    sched.contention_slope = {"prefill": slope}
+    out = []
+    for i in range(4):
+        d = sched.schedule(_req(i), 0.0)
+        out.append(d)
+        if isinstance(d, Decision):
+            cl.on_scheduled(d, _req(i), 0.0)
+    admitted = [d for d in out if isinstance(d, Decision)]
+    if slope == 0.0:
+        assert len(admitted) == 4
+    else:  # 0.2 s x exp(0.7 x busy neighbours) <= 0.35 s: at most 0 .. 0.8 neighbours, so one
+        assert len(admitted) == 1
+        rej = next(d for d in out if isinstance(d, Rejection))
+        assert "TTFT SLO" in rej.reason
+
+
+def test_a_late_head_and_the_contention_are_not_counted_twice() -> None:
+    # the head is 2x its estimate late, the contention predicts 2x: the check multiplies by 2, not 4
+    cl = _cluster(2)
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=100.0))
+    sched.contention_slope = {"prefill": math.log(2.0)}
+    head = _req(0)
+    d0 = sched.schedule(head, 0.0)
+    assert isinstance(d0, Decision)
+    cl.on_scheduled(d0, head, 0.0)
+    other = _req(1)
+    cl.on_prefill_start("p1" if d0.prefill_id == "p0" else "p0", other, 0.0, est_s=10.0)  # a busy neighbour
+    est = d0.est_ttft_s
+    plan = sched.local_plan(d0.prefill_id, _req(2), 2 * est)
+    done = sched._prefill_done_in(plan, 2 * est)
+    assert done == pytest.approx(2.0 * plan.est_ttft_s, rel=1e-6)
+
+
+def test_the_tbt_check_expects_busy_prefills_to_slow_the_decode() -> None:
+    cl = _cluster(3)
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(tbt_s=0.03))
+    assert isinstance(sched.schedule(_req(0), 0.0), Decision)  # 20 ms step
+    sched.contention_slope = {"decode": 0.5}
+    assert isinstance(sched.schedule(_req(1), 0.0), Decision)  # no prefill busy yet
+    for i in range(2):
+        cl.on_prefill_start(f"p{i}", _req(10 + i), 0.0, est_s=1.0)
+    r = sched.schedule(_req(2), 0.0)  # 20 ms x exp(0.5 x 2) = 54 ms
+    assert isinstance(r, Rejection) and "TBT SLO" in r.reason
