@@ -295,6 +295,8 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
            "rejected_after_prefill": total["slo_decode"] - counted["slo_decode"], "warmup": warmup,
            "cost_factor": {side: metric(proxy_metrics, f'mooncake_proxy_cost_factor{{side="{side}"}}')
                            for side in ("prefill", "decode")},
+           "contention_slope": {side: metric(proxy_metrics, f'mooncake_proxy_contention_slope{{side="{side}"}}')
+                                for side in ("prefill", "decode")},
            "prefill_factor": dict(sorted(inst_factor.items()))}
     return row, results
 
@@ -380,6 +382,9 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
         fac = f"{f.get('prefill', 0):.1f}/{f.get('decode', 0):.1f}" if any(f.values()) else "-"
         if r.get("prefill_factor"):  # and each prefill's own: shared p/d (p0 p1)
             fac += " (" + " ".join(f"{v:.1f}" for v in r["prefill_factor"].values()) + ")"
+        sl = r.get("contention_slope") or {}
+        if any(sl.values()):  # the learned log slowdown per busy neighbouring prefill: prefill/decode
+            fac += f" s{sl.get('prefill', 0):.2f}/{sl.get('decode', 0):.2f}"
         split = f"{int(r['rejected_on_arrival'])}/{int(r['rejected_after_prefill'])}"
         lines.append(f"{r['label']:<12}{r['requests']:>5}{r['rejected_429']:>5}{split:>9}{r['completed']:>6}"
                      f"{r['met']:>5}{num(r['attainment_admitted'], '.0%'):>11}{num(r['attainment_all'], '.0%'):>11}"
@@ -391,7 +396,7 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
                                f"{1000 * slo['tbt_slo_s']:.0f} ms; attainment among the admitted (not 429) and "
                                "all requests; 429s on arrival / after the prefill; TTFT s, TBT ms; "
                                "factor: the proxy's --calibrate factors at the end, shared prefill/decode and each "
-                               "prefill's own)")
+                               "prefill's own, then s<prefill>/<decode>: the contention slopes)")
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:

@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "prediction the 0.9 quantile of its recent errors (observed - predicted), trying the "
                         "other prefills before a 429 (the conductor also ranks them by it, unfaded); "
                         "estimates fade back after 10 s without a sample (an instance's factor to the prior); "
+                        "and learn how much slower instances run per busy neighbouring prefill (instances "
+                        "sharing cores; gauge mooncake_proxy_contention_slope, ~0 on dedicated hardware): "
+                        "factors are learned without it, and the checks scale a request by the other "
+                        "prefills' queues it will run beside (TTFT) or the prefills busy now (TBT); "
                         "for engines slower than their profile, e.g. "
                         "sharing cores -- without it SLO estimates made from an idle profile admit everything")
     g.add_argument("--retry-after", type=float, default=1.0,

@@ -603,7 +603,7 @@ class ProxyServer:
                     if t_answered is not None and timing.chunks:
                         cal.observe_first_token(d.instance_id, timing.first - t_answered, now())
                         self._sync_first_token()
-                    if (gap := timing.mean_gap()) is not None:
+                    if (gap := timing.gap_quantile(0.9)) is not None:  # the TBT SLO is a p90 (relay.py)
                         t_end = now()
                         self._calibrated("decode", cal.observe_decode(
                             decision.est_tbt_s / (f_dec * c_dec), gap, t_end, d.instance_id,
