@@ -7,6 +7,14 @@ then take CPU from each other for the second after every request (BENCHMARKS.md,
 cost of co-location, not of the hand-off. With this module the readers poll with a short timeout
 instead (``BENCH_VLLM_SPIN_S``, default 0.002 s of spinning), for *every* mode of the bench alike,
 so a run with and without it separates the two. Never used by the product.
+
+It also lowers ``SHM_READER_RECHECK_INTERVAL_MS`` (5000 in vLLM 0.32) to ``BENCH_VLLM_RECHECK_MS``
+(default 20). Why: an idle reader waits for the writer's ZMQ ping, and that ping is best-effort
+(PUB with ``SNDHWM=1`` drops it silently, vllm-project/vllm#45224); a lost ping leaves the reader
+asleep until the recheck -- 5 s. With a 2 ms spin readers go idle between nearly every message,
+so the live scheduling bench met that 5 s over and over: prefills and the decode that had a
+request and did nothing for 5-6 s (BENCHMARKS.md, issue 16, "the 5 s stalls"). A reader now
+rechecks the shared-memory flag every 20 ms when no ping comes: a lost ping costs 20 ms.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import sys
 
 _TARGET = "vllm.distributed.device_communicators.shm_broadcast"
 _SPIN_S = float(os.environ.get("BENCH_VLLM_SPIN_S", "0.002"))
+_RECHECK_MS = int(os.environ.get("BENCH_VLLM_RECHECK_MS", "20"))
 
 
 def _patch(mod) -> None:
@@ -28,8 +37,12 @@ def _patch(mod) -> None:
         orig(self, is_reader, context, notify_address, busy_loop_s=min(busy_loop_s, _SPIN_S))
 
     cls.__init__ = __init__
-    print(f"[bench no-idle-spin] pid {os.getpid()}: vLLM SpinCondition busy_loop_s <= {_SPIN_S}", file=sys.stderr,
-          flush=True)
+    recheck = ""
+    if hasattr(mod, "SHM_READER_RECHECK_INTERVAL_MS"):  # read at each wait (ReadTimeoutWithWarnings)
+        mod.SHM_READER_RECHECK_INTERVAL_MS = min(mod.SHM_READER_RECHECK_INTERVAL_MS, _RECHECK_MS)
+        recheck = f", idle readers recheck every {mod.SHM_READER_RECHECK_INTERVAL_MS} ms"
+    print(f"[bench no-idle-spin] pid {os.getpid()}: vLLM SpinCondition busy_loop_s <= {_SPIN_S}{recheck}",
+          file=sys.stderr, flush=True)
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -41,8 +41,8 @@ cheaper error: an instance estimated as fast as the best healthy one gets a requ
 own factor from it within ``prior_samples`` answers.
 
 Contention, too (contention.py): a sample that says how many other prefill instances were busy
-during it (``contention``) moves its side's :class:`ContentionSlope` by its residual against its
-instance's own factor, and the factors learn from the sample with the contention taken out -- so
+during it (``contention``) goes into its side's :class:`ContentionSlope` (a fixed-effects fit over
+the instances' samples), and the factors learn from the sample with the contention taken out -- so
 an instance's factor is its speed with nobody else busy, and the scheduler multiplies its estimates
 by :meth:`contention_factor` of the contention it predicts. Without ``contention`` a sample moves
 the factors as before and no slope is learned.
@@ -174,6 +174,8 @@ class LatencyCalibrator:
     def forget(self, instance: str) -> None:
         """The instance was removed: drop its factors and its first-token delay."""
         self._first.pop(instance, None)
+        for sl in self._slopes.values():
+            sl.forget_instance(instance)
         for side in self._sides:
             if self._inst.pop((side, instance), None) is not None:
                 self._costs = None
@@ -279,10 +281,10 @@ class LatencyCalibrator:
         sample = math.log(observed / predicted)
         moved = False
         if contention is not None and math.isfinite(contention) and contention >= 0:
-            # the residual against the instance's contention-free factor fits the slope; the
-            # factors then learn from the sample with its contention taken out
+            # the slope is fitted on the samples themselves (contention.py); the factors then
+            # learn from the sample with its contention taken out
             slope = self._slopes[side]
-            moved = slope.observe(contention, sample - self._log_factor(side, instance))
+            moved = slope.observe(contention, sample, instance or "")
             sample -= slope.slope * contention
         changed = self._update(s, sample, now) or moved
         if instance is not None:

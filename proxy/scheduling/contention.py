@@ -15,12 +15,17 @@ The model, per side (prefill, decode)::
 
 ``x`` is the contention a sample ran under: the time-averaged number of *other* busy prefill
 instances over its life (a prefill's own instance is not counted; for a decode stream every busy
-prefill is). The caller measures it with ``ClusterState.busy_area``. The slope is a least-squares
-fit through the origin of the residuals (a sample minus its instance's own factor) on ``x``, old
-samples forgotten by ``forget`` per new one, with ``prior_weight`` pseudo-samples at x = 1 and
-residual 0 pulling it to 0 until the data says otherwise. It is clamped to ``[0, max_slope]``:
-more busy neighbours never make an instance faster. On dedicated hardware (an accelerator per
-instance) the residuals do not grow with ``x``, the slope stays near 0, and no estimate changes.
+prefill is). The caller measures it with ``ClusterState.busy_area``. The slope is the
+fixed-effects least-squares fit of that model: each instance's samples centred on their own means
+(so an instance that is simply slower does not look like contention, and its factor is not taken
+for a slope of 0), the within-instance products pooled over the instances, old samples forgotten
+by ``forget`` per new sample of the same instance, and ``prior_weight`` added to the pooled sum
+of squares to hold the slope at 0 until the samples spread over x. Why not a fit of the residuals
+against the current factors: the factors absorb the contention of the first samples, and the
+residuals then centre on 0 whatever the slope is (seen on the live bench: slope 0.16 where the
+instances ran 3-5x slower in a burst). The slope is clamped to ``[0, max_slope]``: more busy
+neighbours never make an instance faster. On dedicated hardware (an accelerator per instance) the
+ratio does not grow with ``x``, the slope stays near 0, and no estimate changes.
 
 Why one slope for all instances and a count, not a matrix of which instance slows which: a
 shared slope is learned from every sample (a few dozen in a warm-up), a pairwise matrix needs
@@ -31,9 +36,31 @@ which is exactly when the estimate matters.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["ContentionSlope", "expected_busy_neighbours"]
+
+
+@dataclass(slots=True)
+class _Sums:
+    """Forgetting-weighted sums of one instance's samples (n, x, y, x*x, x*y)."""
+
+    n: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, x: float, y: float, forget: float) -> None:
+        self.n = forget * self.n + 1.0
+        self.x = forget * self.x + x
+        self.y = forget * self.y + y
+        self.xx = forget * self.xx + x * x
+        self.xy = forget * self.xy + x * y
+
+    def centred(self) -> tuple[float, float]:
+        """(sum of (x - mean x)^2, sum of (x - mean x) * (y - mean y))."""
+        return self.xx - self.x * self.x / self.n, self.xy - self.x * self.y / self.n
 
 
 @dataclass(slots=True)
@@ -43,9 +70,9 @@ class ContentionSlope:
     forget: float = 0.95
     prior_weight: float = 1.0
     max_slope: float = 2.0
-    _sxy: float = 0.0
-    _sxx: float = 0.0
     samples: int = 0
+    _by: dict[str, _Sums] = field(default_factory=dict)
+    _slope: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.forget <= 1:
@@ -56,22 +83,31 @@ class ContentionSlope:
 
     @property
     def slope(self) -> float:
-        return min(max(self._sxy / (self._sxx + self.prior_weight), 0.0), self.max_slope)
+        return self._slope
 
-    def observe(self, x: float, residual: float) -> bool:
-        """A sample ran with ``x`` busy neighbours on average and came ``residual`` (a log ratio)
-        above its instance's own factor. Returns True when the slope moved."""
-        if not (math.isfinite(x) and math.isfinite(residual)) or x < 0:
+    def observe(self, x: float, log_ratio: float, instance: str = "") -> bool:
+        """A sample of ``instance`` ran with ``x`` busy neighbours on average and took
+        exp(``log_ratio``) times its profile's estimate. Returns True when the slope moved."""
+        if not (math.isfinite(x) and math.isfinite(log_ratio)) or x < 0:
             return False
-        before = self.slope
-        self._sxy = self.forget * self._sxy + x * residual
-        self._sxx = self.forget * self._sxx + x * x
+        self._by.setdefault(instance, _Sums()).add(x, log_ratio, self.forget)
         self.samples += 1
-        return self.slope != before
+        sxx = sxy = 0.0
+        for sums in self._by.values():
+            cxx, cxy = sums.centred()
+            sxx += cxx
+            sxy += cxy
+        before = self._slope
+        self._slope = min(max(sxy / (sxx + self.prior_weight), 0.0), self.max_slope)
+        return self._slope != before
+
+    def forget_instance(self, instance: str) -> None:
+        """The instance was removed: its samples no longer count."""
+        self._by.pop(instance, None)
 
     def factor(self, x: float) -> float:
         """The multiplier of an estimate that will run with ``x`` busy neighbours."""
-        return math.exp(self.slope * max(0.0, x))
+        return math.exp(self._slope * max(0.0, x))
 
 
 def expected_busy_neighbours(own_s: float, others_busy_s: list[float] | tuple[float, ...]) -> float:

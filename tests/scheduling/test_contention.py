@@ -15,37 +15,56 @@ BASE = CostModel(c0=0.01, c1=0.001, c2=0.0, d0=0.02, d1=0.0, d2=0.0, transfer_la
                  block_size=4, name="base")
 
 
-def test_the_slope_fits_residuals_that_grow_with_the_busy_neighbours() -> None:
+def test_the_slope_fits_ratios_that_grow_with_the_busy_neighbours_whatever_each_instances_speed() -> None:
     s = ContentionSlope(forget=1.0, prior_weight=1.0)
     assert s.slope == 0.0 and s.factor(3) == 1.0
     for _ in range(40):
         for x in (0.0, 1.0, 2.0, 3.0):
-            s.observe(x, 0.4 * x)
-    assert s.slope == pytest.approx(0.4, rel=0.01)  # the prior's one pseudo-sample is diluted
+            s.observe(x, 0.1 + 0.4 * x, "p0")  # p0 is 1.1x its profile alone
+            s.observe(x, 0.9 + 0.4 * x, "p1")  # p1 2.5x: a slower instance, not contention
+    assert s.slope == pytest.approx(0.4, rel=0.01)  # the prior's weight is diluted
     assert s.factor(2.5) == pytest.approx(math.exp(0.4 * 2.5), rel=0.03)
 
 
-def test_the_prior_holds_the_slope_down_until_the_data_says_otherwise() -> None:
-    s = ContentionSlope(prior_weight=4.0)
-    s.observe(1.0, 1.0)
-    assert s.slope == pytest.approx(1.0 / 5.0)  # one sample against four at zero
+def test_an_instance_that_ran_only_under_contention_is_not_read_as_a_slope() -> None:
+    # p0 saw only x = 2 and ran 3x; p1 saw only x = 0 and ran 1x: the fit within each instance has
+    # no spread, so the difference between them is their speed, not contention (the factors take it)
+    s = ContentionSlope()
+    for _ in range(20):
+        s.observe(2.0, math.log(3.0), "p0")
+        s.observe(0.0, 0.0, "p1")
+    assert s.slope == 0.0
+
+
+def test_the_prior_holds_the_slope_down_until_the_samples_spread() -> None:
+    s = ContentionSlope(prior_weight=4.0, forget=1.0)
+    s.observe(0.0, 0.0)
+    s.observe(2.0, 1.0)  # centred: x -1/+1, y -0.5/+0.5 -> sum xx 2, sum xy 1
+    assert s.slope == pytest.approx(1.0 / (2.0 + 4.0))
     t = ContentionSlope()
     for _ in range(50):
-        t.observe(2.0, 0.0)  # busy neighbours, no slowdown: dedicated hardware
+        for x in (0.0, 2.0):
+            t.observe(x, 0.3)  # busy neighbours, no slowdown: dedicated hardware
     assert t.slope == 0.0
 
 
 def test_the_slope_is_clamped_and_forgets_old_samples() -> None:
-    s = ContentionSlope(forget=0.5, max_slope=1.0)
+    s = ContentionSlope(forget=0.9, max_slope=1.0)
     for _ in range(20):
-        s.observe(1.0, -2.0)  # neighbours making it faster: not physical
+        for x in (0.0, 1.0):
+            s.observe(x, -2.0 * x)  # neighbours making it faster: not physical
     assert s.slope == 0.0
     for _ in range(20):
-        s.observe(1.0, 5.0)
+        for x in (0.0, 1.0):
+            s.observe(x, 5.0 * x)
     assert s.slope == 1.0
-    for _ in range(30):  # the box went quiet: the new samples replace the old
-        s.observe(1.0, 0.1)
-    assert s.slope == pytest.approx(0.1 * 2 / 3, rel=0.01)  # sum of x^2 with forget 0.5 -> 2, + prior 1
+    for _ in range(80):  # the box went quiet: the new samples replace the old
+        for x in (0.0, 1.0):
+            s.observe(x, 0.1 * x)
+    spread = 0.25 / (1 - 0.9)  # the forgotten sum of (x - mean x)^2 in the steady state
+    assert s.slope == pytest.approx(0.1 * spread / (spread + 1.0), rel=0.01)
+    s.forget_instance("")  # removed: a fresh instance's one sample has no spread, the slope is 0 again
+    assert s.observe(1.0, 0.0, "p9") and s.slope == 0.0
     assert not s.observe(float("nan"), 1.0) and not s.observe(-1.0, 1.0)
     with pytest.raises(ValueError, match="forget"):
         ContentionSlope(forget=0.0)
