@@ -12,7 +12,8 @@ and 1, the decode ``kv_consumer``; a random-weight Llama big enough that prefill
 request on this CPU (default hidden 768, 12 heads x 64, 6 layers, fp32: ~0.5 s per 500-token
 prefill on an idle core); our proxy in the vLLM venv with the engines' tokenizer, their KV events
 (``--kv-events-config``), the store's key events (``--store-master``) and a cost profile fitted
-from the prefill's measured times (``fit_profile``: 8 salted prefills of 64..768 tokens).
+from the prefill's measured times (``fit_profile``: 8 salted prefills of 64..768 tokens) and the
+decode's measured steps (batches of 1..8 streams; ``--default-decode-profile`` keeps the default's).
 
 Workload: ``mooncake_replay`` of a window of the conversation trace. A plain time window of the
 trace reuses few blocks (its conversations return minutes later), so the window is the requests
@@ -154,12 +155,17 @@ def wait_all(servers: list[VllmServer], timeout: float) -> None:
         s.wait_healthy(timeout)
 
 
-def fit_prefill_profile(urls: list[str], out: Path, kv_bytes_per_token: int) -> tuple[Path, list[dict[str, Any]]]:
+def fit_prefill_profile(urls: list[str], out: Path, kv_bytes_per_token: int,
+                        decode_url: str | None = None) -> tuple[Path, list[dict[str, Any]]]:
     """Time salted prefills (no cache reuse) of a few sizes; fit the cost model. With one URL, on
     that prefill alone (idle); with several (``--fit-concurrent``), each size on all of them at once,
     every timing a sample -- the speed the instances have when they share the cores, as under load.
+    With ``decode_url``, the decode's steps too (:func:`decode_step_samples`: batches of 1..8
+    streams), so that the TBT checks see how the step grows with the batch on this CPU -- the
+    default profile's decode (an A800's: nearly flat in the batch) cannot, and one calibration
+    factor on it then under-predicts every batch larger than the one it was learned at.
     Block size and KV bytes per token are the engines'; the transfer bandwidth is set to ~1 GB/s
-    (loopback TCP, not measured here); decode keeps the default profile's coefficients."""
+    (loopback TCP, not measured here)."""
     samples: list[dict[str, Any]] = []
 
     def one(url: str, n: int) -> None:
@@ -175,10 +181,43 @@ def fit_prefill_profile(urls: list[str], out: Path, kv_bytes_per_token: int) -> 
             t.start()
         for t in threads:
             t.join()
+    if decode_url is not None:
+        samples += decode_step_samples(decode_url)
     model = dataclasses.replace(CostModel.fit(samples), name="live-fitted", block_size=BLOCK,
                                 bytes_per_token=kv_bytes_per_token, bandwidth_bytes_per_s=1e9)
     model.save(str(out))
     return out, samples
+
+
+def decode_step_samples(url: str, prompt_tokens: int = 256, tokens: int = 24,
+                        batches: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8)) -> list[dict[str, Any]]:
+    """The decode instance's step time by batch: ``b`` streams of ``tokens`` tokens (salted prompts
+    of ``prompt_tokens``, EOS ignored) sent at once; a sample is the median over the streams of each
+    stream's mean gap between its tokens after the first (the steps they shared)."""
+    import aiohttp
+
+    async def stream(session: aiohttp.ClientSession) -> float | None:
+        prompt = [3 + (i * 104729) % 290 for i in range(prompt_tokens)]
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
+                "ignore_eos": True, "cache_salt": uuid.uuid4().hex}
+        times: list[float] = []
+        async with session.post(url + "/v1/completions", json=body) as r:
+            r.raise_for_status()
+            async for line in r.content:
+                if line.startswith(b"data:") and b"[DONE]" not in line:
+                    times.append(time.perf_counter())
+        return (times[-1] - times[1]) / (len(times) - 2) if len(times) > 3 else None
+
+    async def batch(b: int) -> dict[str, Any] | None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            gaps = [g for g in await asyncio.gather(*(stream(session) for _ in range(b))) if g is not None]
+        if not gaps:
+            return None
+        return {"kind": "decode", "batch_size": b, "kv_tokens": b * (prompt_tokens + tokens // 2),
+                "seconds": statistics.median(gaps)}
+
+    out = [asyncio.run(batch(b)) for b in batches]
+    return [s for s in out if s is not None]
 
 
 class Proxy:
@@ -499,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="before the policies, replay the window once (prompts of another seed, round_robin, not "
                          "counted): the first replay after start-up is slower than later ones, which otherwise "
                          "penalises whichever policy runs first")
+    ap.add_argument("--default-decode-profile", action="store_true",
+                    help="keep the default profile's decode coefficients (an A800's, nearly flat in the batch) "
+                         "instead of timing the decode's steps at batches 1..8 (what runs before 2026-12-03 did)")
     ap.add_argument("--fit-concurrent", action="store_true",
                     help="fit the proxy's prefill profile with every prefill timed at once (the speed they have "
                          "when sharing the cores, as under load) instead of one idle prefill")
@@ -635,9 +677,14 @@ def main(argv: list[str] | None = None) -> int:
             no_spin.check_applied(servers, f"; see {logs}")
         kv_bytes = 2 * a.hidden * a.layers * 4  # K and V, fp32, every layer (heads = kv heads)
         fit_urls = [p.url for p in prefills] if a.fit_concurrent else [prefills[0].url]
-        profile, samples = fit_prefill_profile(fit_urls, logs / "profile.json", kv_bytes)
+        profile, samples = fit_prefill_profile(fit_urls, logs / "profile.json", kv_bytes,
+                                               None if a.default_decode_profile else decode.url)
+        pre = [s for s in samples if s["kind"] == "prefill"]
         print(f"prefill profile ({len(fit_urls)} at once): " + ", ".join(
-            f"{s['new_tokens']} tok {s['seconds']:.2f}s" for s in samples[4 * len(fit_urls)::len(fit_urls)]), flush=True)
+            f"{s['new_tokens']} tok {s['seconds']:.2f}s" for s in pre[4 * len(fit_urls)::len(fit_urls)]), flush=True)
+        if not a.default_decode_profile:
+            print("decode steps: " + ", ".join(f"batch {s['batch_size']} {1000 * s['seconds']:.0f}ms"
+                                               for s in samples if s["kind"] == "decode"), flush=True)
         events = {p.url: f"tcp://127.0.0.1:{port}" for p, port in zip(prefills, ev_ports)}
         if a.warm_window and a.policies:
             # the first replay after start-up ran slower than the same policy later (first touch of

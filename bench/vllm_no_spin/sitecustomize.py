@@ -12,9 +12,9 @@ It also lowers ``SHM_READER_RECHECK_INTERVAL_MS`` (5000 in vLLM 0.32) to ``BENCH
 (default 20). Why: an idle reader waits for the writer's ZMQ ping, and that ping is best-effort
 (PUB with ``SNDHWM=1`` drops it silently, vllm-project/vllm#45224); a lost ping leaves the reader
 asleep until the recheck -- 5 s. With a 2 ms spin readers go idle between nearly every message,
-so the live scheduling bench met that 5 s over and over: prefills and the decode that had a
-request and did nothing for 5-6 s (BENCHMARKS.md, issue 16, "the 5 s stalls"). A reader now
-rechecks the shared-memory flag every 20 ms when no ping comes: a lost ping costs 20 ms.
+so they meet that race far more often than with vLLM's 1 s spin. A reader now rechecks the
+shared-memory flag every 20 ms when no ping comes: a lost ping costs at most 20 ms. (The live
+scheduling bench's 5-6 s prefill stalls did not all go with it: BENCHMARKS.md, issue 16.)
 """
 
 from __future__ import annotations
