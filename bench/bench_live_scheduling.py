@@ -314,7 +314,12 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         proxy_metrics = http_text(proxy.url + "/metrics")
         total = proxy_counts(proxy_metrics, prefills)
         inst_factor: dict[str, float] = {}
+        interference: dict[str, float] = {}
         for line in proxy_metrics.splitlines():
+            if line.startswith("mooncake_proxy_decode_interference{"):  # prefill -> its coefficient on the decode
+                url = line.split('prefill="', 1)[1].split('"', 1)[0].split("@", 1)[1]
+                if url in (urls := [p.url for p in prefills]):
+                    interference[f"p{urls.index(url)}"] = float(line.rsplit(" ", 1)[1])
             if line.startswith("mooncake_proxy_instance_cost_factor{") and 'side="prefill"' in line:
                 url = line.split('instance="', 1)[1].split('"', 1)[0].split("@", 1)[1]
                 if url in (urls := [p.url for p in prefills]):  # each prefill's own factor (--calibrate)
@@ -336,7 +341,8 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
                            for side in ("prefill", "decode")},
            "contention_slope": {side: metric(proxy_metrics, f'mooncake_proxy_contention_slope{{side="{side}"}}')
                                 for side in ("prefill", "decode")},
-           "prefill_factor": dict(sorted(inst_factor.items()))}
+           "prefill_factor": dict(sorted(inst_factor.items())),
+           "decode_interference": dict(sorted(interference.items()))}
     return row, results
 
 
@@ -422,8 +428,10 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
         if r.get("prefill_factor"):  # and each prefill's own: shared p/d (p0 p1)
             fac += " (" + " ".join(f"{v:.1f}" for v in r["prefill_factor"].values()) + ")"
         sl = r.get("contention_slope") or {}
-        if any(sl.values()):  # the learned log slowdown per busy neighbouring prefill: prefill/decode
-            fac += f" s{sl.get('prefill', 0):.2f}/{sl.get('decode', 0):.2f}"
+        if any(sl.values()):  # the learned log slowdown per busy neighbouring prefill
+            fac += f" s{sl.get('prefill', 0):.2f}"
+        if r.get("decode_interference"):  # each prefill's log slowdown of the decode's steps
+            fac += " i(" + " ".join(f"{k}:{v:.1f}" for k, v in r["decode_interference"].items()) + ")"
         split = f"{int(r['rejected_on_arrival'])}/{int(r['rejected_after_prefill'])}"
         lines.append(f"{r['label']:<12}{r['requests']:>5}{r['rejected_429']:>5}{split:>9}{r['completed']:>6}"
                      f"{r['met']:>5}{num(r['attainment_admitted'], '.0%'):>11}{num(r['attainment_all'], '.0%'):>11}"
@@ -435,7 +443,8 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
                                f"{1000 * slo['tbt_slo_s']:.0f} ms; attainment among the admitted (not 429) and "
                                "all requests; 429s on arrival / after the prefill; TTFT s, TBT ms; "
                                "factor: the proxy's --calibrate factors at the end, shared prefill/decode and each "
-                               "prefill's own, then s<prefill>/<decode>: the contention slopes)")
+                               "prefill's own, s: the prefills' contention slope, i(): each prefill's interference "
+                               "with the decode)")
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:

@@ -111,9 +111,13 @@ class ProxyMetrics:
                                           "has 3); the scheduler estimates each instance with its own",
                                           ["instance", "side"], registry=r)
         self.contention_slope = Gauge("mooncake_proxy_contention_slope",
-                                      "Online calibration (--calibrate): log-slowdown per busy neighbouring "
-                                      "prefill instance, by side (0 where instances do not slow each other; "
+                                      "Online calibration (--calibrate): log-slowdown of a prefill per busy "
+                                      "neighbouring prefill instance (0 where instances do not slow each other; "
                                       "scheduling/contention.py)", ["side"], registry=r)
+        self.decode_interference = Gauge("mooncake_proxy_decode_interference",
+                                         "Online calibration (--calibrate): log-slowdown of a decode instance's "
+                                         "steps while a prefill instance computes (0 where they do not share "
+                                         "hardware; scheduling/contention.py)", ["decode", "prefill"], registry=r)
         self.first_token_delay = Gauge("mooncake_proxy_decode_first_token_seconds",
                                        "Online calibration (--calibrate): moving mean of the delay from a "
                                        "prefill's answer to the decode instance's first token (KV pull, "

@@ -104,6 +104,14 @@ def _mean_busy(cluster: Any, area_then: float, then: float, now: float, own: int
     return max(0.0, (cluster.busy_area(now) - area_then) / (now - then) - own)
 
 
+def _busy_shares(cluster: Any, then_times: dict[str, float], then: float, now: float) -> dict[str, float] | None:
+    """The share of the time from ``then`` to ``now`` each prefill instance was busy
+    (``ClusterState.busy_times`` read at ``then``: ``then_times``); None when no time passed."""
+    if now <= then:
+        return None
+    return {p: max(0.0, t - then_times.get(p, 0.0)) / (now - then) for p, t in cluster.busy_times(now).items()}
+
+
 def with_store_hint(payload: dict[str, Any], decision: Any, block_size: int) -> dict[str, Any]:
     """The prefill payload with the store prefix hint (``connectors/vllm/store_hint.py``): the
     scheduler counted on the prefill loading ``cached_blocks`` leading blocks, the ones it lacks
@@ -485,7 +493,7 @@ class ProxyServer:
         ctx = ho.new_context(rid)
         cluster = self.cluster
         now = time.monotonic
-        c_dec = self.scheduler.decode_contention()  # as when est_tbt_s was made (before this prefill's start)
+        c_dec = self.scheduler.decode_contention(d.instance_id)  # as when est_tbt_s was made (before this prefill)
         cluster.on_prefill_start(p.instance_id, req, now(), cached_blocks=decision.cached_blocks,
                                  decode_id=d.instance_id)
         # Record the prompt's blocks now, not when the prefill ends: requests sharing the prefix
@@ -571,7 +579,7 @@ class ProxyServer:
                 dpayload = ho.decode_payload(body, route, p.addr, ctx, None)
             t_decode = now()
             cluster.on_decode_start(d.instance_id, req, t_decode)
-            busy_decode = cluster.busy_area(t_decode)
+            busy_decode = cluster.busy_times(t_decode)  # which prefills slow this stream (contention.py)
             self._inflight(d, 1)
             hq = cluster.decode_load(d.instance_id).handoff if t_answered is not None else None
             if hq is not None and timing is not None:
@@ -607,7 +615,7 @@ class ProxyServer:
                         t_end = now()
                         self._calibrated("decode", cal.observe_decode(
                             decision.est_tbt_s / (f_dec * c_dec), gap, t_end, d.instance_id,
-                            _mean_busy(cluster, busy_decode, t_decode, t_end, own=0)))
+                            _busy_shares(cluster, busy_decode, t_decode, t_end)))
         finally:
             if ptask is not None:
                 if not ptask.done():
@@ -641,7 +649,8 @@ class ProxyServer:
             return None
         rej = self.sched_mod.decode_stage_rejection(self.cluster, self.scheduler.cost_for(d.instance_id),
                                                     d.instance_id, req, limit,
-                                                    self.cfg.retry_after, self.scheduler.decode_contention())
+                                                    self.cfg.retry_after,
+                                                    self.scheduler.decode_contention(d.instance_id))
         if rej is None:
             return None
         self.metrics.rejections.labels("slo_decode").inc()
@@ -656,9 +665,16 @@ class ProxyServer:
         if changed and cal is not None:
             self.scheduler.cost = cal.cost()
             self.scheduler.instance_costs = cal.costs()
-            self.scheduler.contention_slope = {sd: cal.slope(sd) for sd in ("prefill", "decode")}
+            self.scheduler.contention_slope = {"prefill": cal.slope("prefill")}
+            self.scheduler.interference = cal.interference()
             self.metrics.cost_factor.labels(side).set(cal.factor(side))
-            self.metrics.contention_slope.labels(side).set(cal.slope(side))
+            if side == "prefill":
+                self.metrics.contention_slope.labels(side).set(cal.slope(side))
+            else:
+                for did, coef in self.scheduler.interference.items():
+                    for pid, c in coef.items():
+                        if did in self.cluster and pid in self.cluster:
+                            self.metrics.decode_interference.labels(did, pid).set(c)
             for key, f in cal.instance_factors().items():
                 g = self._factor_gauge.get(key)
                 if g is None:

@@ -40,12 +40,13 @@ inflation -- estimated 10x slow, it got no traffic and so no sample to correct i
 cheaper error: an instance estimated as fast as the best healthy one gets a request and learns its
 own factor from it within ``prior_samples`` answers.
 
-Contention, too (contention.py): a sample that says how many other prefill instances were busy
-during it (``contention``) goes into its side's :class:`ContentionSlope` (a fixed-effects fit over
-the instances' samples), and the factors learn from the sample with the contention taken out -- so
-an instance's factor is its speed with nobody else busy, and the scheduler multiplies its estimates
-by :meth:`contention_factor` of the contention it predicts. Without ``contention`` a sample moves
-the factors as before and no slope is learned.
+Contention, too (contention.py): a prefill sample that says how many other prefill instances were
+busy during it (``contention``) goes into the :class:`ContentionSlope` (a fixed-effects fit over
+the instances' samples), and a decode sample that says how long each prefill was busy during it
+(``prefill_busy``) into the :class:`Interference` fit of its decode; the factors learn from the
+sample with that contention taken out -- so an instance's factor is its speed with nobody else
+busy, and the scheduler multiplies its estimates by what it predicts (:meth:`contention_factor`,
+:meth:`interference`). Without them a sample moves the factors as before and nothing is learned.
 
 The proxy feeds it (``observe_prefill`` when a prefill answers, ``observe_decode`` when a
 decode stream ends) with the *unscaled* prediction (the scheduler's estimate divided by the
@@ -58,7 +59,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .contention import ContentionSlope
+from .contention import ContentionSlope, Interference
 from .cost import CostModel
 
 __all__ = ["LatencyCalibrator"]
@@ -94,9 +95,10 @@ class LatencyCalibrator:
     _inst: dict[tuple[str, str], _Ewma] = field(default_factory=dict)
     #: decode instance -> EWMA of the first-token delay, in log_factor (seconds, not a log here)
     _first: dict[str, _Ewma] = field(default_factory=dict)
-    #: side -> the slope of its log ratio in the busy neighbours (contention.py)
-    _slopes: dict[str, ContentionSlope] = field(
-        default_factory=lambda: {"prefill": ContentionSlope(), "decode": ContentionSlope()})
+    #: the prefill side's slope of its log ratio in the busy neighbours (contention.py)
+    _slope: ContentionSlope = field(default_factory=ContentionSlope)
+    #: how much each prefill's work slows each decode's steps (contention.py)
+    _interference: Interference = field(default_factory=Interference)
     _cost: CostModel | None = None
     #: instance -> its cost model (cached; dropped whenever a factor moves)
     _costs: dict[str, CostModel] | None = None
@@ -137,21 +139,26 @@ class LatencyCalibrator:
         return self._observe("prefill", predicted_s, observed_s, now, instance, contention)
 
     def observe_decode(self, predicted_tbt_s: float, observed_tbt_s: float, now: float = 0.0,
-                       instance: str | None = None, contention: float | None = None) -> bool:
-        """A decode stream's mean time between tokens on ``instance`` was ``observed_tbt_s``, with
-        ``contention`` busy prefill instances on average meanwhile."""
-        return self._observe("decode", predicted_tbt_s, observed_tbt_s, now, instance, contention)
+                       instance: str | None = None, prefill_busy: dict[str, float] | None = None) -> bool:
+        """A decode stream's time between tokens on ``instance`` was ``observed_tbt_s``;
+        ``prefill_busy``: the share of the stream's time each prefill instance was busy (what
+        slowed it: :meth:`interference`)."""
+        return self._observe("decode", predicted_tbt_s, observed_tbt_s, now, instance, busy=prefill_busy)
 
     def slope(self, side: str) -> float:
         """The learned log-slowdown per busy neighbour of ``side`` (0.0 until contention samples
-        show one; contention.py)."""
+        show one; contention.py). The decode side has none: it has :meth:`interference`."""
         self._side(side)
-        return self._slopes[side].slope
+        return self._slope.slope if side == "prefill" else 0.0
 
     def contention_factor(self, side: str, busy_neighbours: float) -> float:
         """The multiplier of ``side``'s estimates for a request that runs with ``busy_neighbours``."""
         self._side(side)
-        return self._slopes[side].factor(busy_neighbours)
+        return self._slope.factor(busy_neighbours) if side == "prefill" else 1.0
+
+    def interference(self) -> dict[str, dict[str, float]]:
+        """decode instance -> {prefill instance: log slowdown of its steps while that prefill is busy}."""
+        return self._interference.all_coefs()
 
     def observe_first_token(self, decode_id: str, seconds: float, now: float = 0.0) -> bool:
         """Decode ``decode_id`` gave its first token ``seconds`` after the prefill answered."""
@@ -174,8 +181,8 @@ class LatencyCalibrator:
     def forget(self, instance: str) -> None:
         """The instance was removed: drop its factors and its first-token delay."""
         self._first.pop(instance, None)
-        for sl in self._slopes.values():
-            sl.forget_instance(instance)
+        self._slope.forget_instance(instance)
+        self._interference.forget_instance(instance)
         for side in self._sides:
             if self._inst.pop((side, instance), None) is not None:
                 self._costs = None
@@ -273,7 +280,7 @@ class LatencyCalibrator:
         return True
 
     def _observe(self, side: str, predicted: float, observed: float, now: float, instance: str | None,
-                 contention: float | None = None) -> bool:
+                 contention: float | None = None, busy: dict[str, float] | None = None) -> bool:
         s = self._side(side)
         if not (math.isfinite(predicted) and math.isfinite(observed)) or predicted < self.min_predicted_s \
                 or observed <= 0:
@@ -283,9 +290,12 @@ class LatencyCalibrator:
         if contention is not None and math.isfinite(contention) and contention >= 0:
             # the slope is fitted on the samples themselves (contention.py); the factors then
             # learn from the sample with its contention taken out
-            slope = self._slopes[side]
-            moved = slope.observe(contention, sample, instance or "")
-            sample -= slope.slope * contention
+            moved = self._slope.observe(contention, sample, instance or "")
+            sample -= self._slope.slope * contention
+        if busy is not None and instance is not None:  # the decode side: which prefill slowed it
+            moved = self._interference.observe(instance, busy, sample)
+            coef = self._interference.coefs(instance)
+            sample -= sum(c * min(1.0, busy.get(p, 0.0)) for p, c in coef.items())
         changed = self._update(s, sample, now) or moved
         if instance is not None:
             own = self._inst.get((side, instance))

@@ -144,6 +144,9 @@ class ClusterState:
         self._busy = 0
         self._busy_area = 0.0
         self._busy_t = 0.0
+        # per prefill instance: seconds busy before its current busy period, and when that began
+        self._busy_total: dict[str, float] = {}
+        self._busy_since: dict[str, float] = {}
         if store_capacity_blocks is not None:
             self._store = LruBlockCache(store_capacity_blocks)
 
@@ -186,6 +189,8 @@ class ClusterState:
                 dl.handoff.forget(instance_id)
         if pload is not None and pload.entries:
             self._busy_step(self._busy_t, -1)
+        self._busy_total.pop(instance_id, None)
+        self._busy_since.pop(instance_id, None)
         if pload is not None:
             # Its queued requests will never reach their decode instance: stop counting them
             # as incoming load there.
@@ -396,6 +401,20 @@ class ClusterState:
         prefill instances meanwhile -- the contention a request ran under (contention.py)."""
         return self._busy_area + self._busy * max(0.0, now - self._busy_t)
 
+    def is_prefill_busy(self, instance_id: str) -> bool:
+        """Whether the prefill instance has a request queued or running."""
+        return instance_id in self._busy_since
+
+    def busy_times(self, now: float) -> dict[str, float]:
+        """prefill instance -> seconds it has had a request queued or running, up to ``now`` (its
+        origin is arbitrary): the difference of two readings over the time between them is the
+        share of that time each prefill was busy -- what slowed a decode stream meanwhile
+        (``contention.Interference``)."""
+        out = dict(self._busy_total)
+        for iid, since in self._busy_since.items():
+            out[iid] = out.get(iid, 0.0) + max(0.0, now - since)
+        return out
+
     def _busy_step(self, now: float, delta: int) -> None:
         if now > self._busy_t:
             self._busy_area += self._busy * (now - self._busy_t)
@@ -462,6 +481,7 @@ class ClusterState:
         if not load.entries:
             load.head_since = now
             self._busy_step(now, 1)
+            self._busy_since[instance_id] = now
         load.entries[req.request_id] = entry
         load.queued_tokens += new
         if decode_id is not None and decode_id in self._decode:
@@ -487,6 +507,8 @@ class ClusterState:
             load.est_sum = 0.0  # no float drift accumulates across busy periods
             load.n_unknown = 0
             self._busy_step(now, -1)
+            since = self._busy_since.pop(instance_id, now)
+            self._busy_total[instance_id] = self._busy_total.get(instance_id, 0.0) + max(0.0, now - since)
         pend = self._pending[instance_id]
         for k in entry.pending:
             c = pend.get(k, 0) - 1

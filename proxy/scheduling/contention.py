@@ -117,3 +117,109 @@ def expected_busy_neighbours(own_s: float, others_busy_s: list[float] | tuple[fl
     if own_s <= 0:
         return float(sum(1 for b in others_busy_s if b > 0))
     return sum(min(1.0, b / own_s) for b in others_busy_s if b > 0)
+
+
+@dataclass(slots=True)
+class _Fit:
+    """One decode instance's ridge regression: column 0 the intercept, then one per prefill."""
+
+    names: list[str] = field(default_factory=list)
+    xtx: list[list[float]] = field(default_factory=lambda: [[0.0]])
+    xty: list[float] = field(default_factory=lambda: [0.0])
+    coef: dict[str, float] = field(default_factory=dict)
+
+    def column(self, name: str) -> int:
+        try:
+            return self.names.index(name) + 1
+        except ValueError:
+            self.names.append(name)
+            for row in self.xtx:
+                row.append(0.0)
+            self.xtx.append([0.0] * (len(self.names) + 1))
+            self.xty.append(0.0)
+            return len(self.names)
+
+
+class Interference:
+    """How much each prefill instance's work slows each decode instance's steps (pure).
+
+    Why a coefficient per (decode, prefill) pair and not the busy count of :class:`ContentionSlope`:
+    on the live bench the decode shares a core with some prefills and not others. While a prefill
+    on its core computes, its requests' gaps between tokens grow 5-20x (40 ms -> 400-800 ms); a
+    prefill on the other core leaves them alone. One slope over "busy prefills" averages the two,
+    so the TBT check saw 2.6x where it was 10x -- and the conductor, ranking by first token, kept
+    sending prefills to the co-located instance (k5 in BENCHMARKS.md: 9 of the admitted missed
+    the TBT SLO there).
+
+    Per decode instance, a ridge regression with forgetting of the decode sample's log ratio
+    (observed / predicted step) on the fraction of the stream's time each prefill instance was
+    busy, with an intercept (the decode's own speed)::
+
+        log(observed / predicted) = a + sum_p b_p * busy_p
+
+    ``ridge`` pulls each b_p to 0 until the samples show it; a negative b_p is read as 0 (another
+    prefill's work never speeds a decode up). On dedicated hardware every b_p stays near 0.
+    """
+
+    def __init__(self, forget: float = 0.95, ridge: float = 0.3, max_coef: float = 4.0) -> None:
+        if not 0 < forget <= 1 or ridge <= 0 or max_coef < 0:
+            raise ValueError(f"Interference needs 0 < forget <= 1, ridge > 0, max_coef >= 0; got {forget!r}, "
+                             f"{ridge!r}, {max_coef!r}")
+        self.forget = forget
+        self.ridge = ridge
+        self.max_coef = max_coef
+        self._fits: dict[str, _Fit] = {}
+
+    def observe(self, decode_id: str, busy: dict[str, float], log_ratio: float) -> bool:
+        """A stream on ``decode_id`` stepped exp(``log_ratio``) times its prediction while each
+        prefill of ``busy`` was busy for that fraction of it. True when a coefficient moved."""
+        if not math.isfinite(log_ratio) or any(not math.isfinite(v) or v < 0 for v in busy.values()):
+            return False
+        fit = self._fits.setdefault(decode_id, _Fit())
+        x = [0.0] * (len(fit.names) + 1)
+        x[0] = 1.0
+        for name, v in busy.items():
+            i = fit.column(name)
+            if i >= len(x):
+                x.extend([0.0] * (i + 1 - len(x)))
+            x[i] = min(1.0, v)
+        n = len(x)
+        for i in range(n):
+            row = fit.xtx[i]
+            for j in range(n):
+                row[j] = self.forget * row[j] + x[i] * x[j]
+            fit.xty[i] = self.forget * fit.xty[i] + x[i] * log_ratio
+        before = fit.coef
+        fit.coef = self._solve(fit)
+        return fit.coef != before
+
+    def _solve(self, fit: _Fit) -> dict[str, float]:
+        n = len(fit.xty)
+        a = [[fit.xtx[i][j] + ((self.ridge if i else 1e-9) if i == j else 0.0) for j in range(n)] + [fit.xty[i]]
+             for i in range(n)]
+        for c in range(n):  # Gaussian elimination, partial pivoting (n is the prefill count + 1)
+            p = max(range(c, n), key=lambda r: abs(a[r][c]))
+            if abs(a[p][c]) < 1e-12:
+                continue
+            a[c], a[p] = a[p], a[c]
+            for r in range(n):
+                if r != c and a[r][c]:
+                    k = a[r][c] / a[c][c]
+                    a[r] = [vr - k * vc for vr, vc in zip(a[r], a[c])]
+        theta = [a[i][n] / a[i][i] if abs(a[i][i]) >= 1e-12 else 0.0 for i in range(n)]
+        return {name: min(max(theta[i + 1], 0.0), self.max_coef) for i, name in enumerate(fit.names)
+                if theta[i + 1] > 0}
+
+    def coefs(self, decode_id: str) -> dict[str, float]:
+        """prefill -> its coefficient on ``decode_id`` (the positive ones; empty before samples)."""
+        fit = self._fits.get(decode_id)
+        return dict(fit.coef) if fit is not None else {}
+
+    def all_coefs(self) -> dict[str, dict[str, float]]:
+        return {d: dict(f.coef) for d, f in self._fits.items()}
+
+    def forget_instance(self, instance_id: str) -> None:
+        """A removed decode loses its fit; a removed prefill its coefficients (its column stays, unused)."""
+        self._fits.pop(instance_id, None)
+        for fit in self._fits.values():
+            fit.coef.pop(instance_id, None)

@@ -69,9 +69,12 @@ class Scheduler(abc.ABC):
         #: instance -> its own cost model (the live proxy's per-instance calibration,
         #: calibration.py); instances not in it are estimated with ``cost``
         self.instance_costs: dict[str, CostModel] = {}
-        #: side ('prefill', 'decode') -> log-slowdown per busy neighbouring prefill instance (the live
-        #: proxy's --calibrate learns it, contention.py); 0 / absent: instances do not slow each other
+        #: side ('prefill') -> log-slowdown per busy neighbouring prefill instance (the live proxy's
+        #: --calibrate learns it, contention.py); 0 / absent: instances do not slow each other
         self.contention_slope: dict[str, float] = {}
+        #: decode -> {prefill: log-slowdown of its steps while that prefill computes} (the live proxy's
+        #: --calibrate learns it, contention.Interference); absent: prefills do not slow decodes
+        self.interference: dict[str, dict[str, float]] = {}
         self.slo = slo if slo is not None else SloConfig()
         self.rng = random.Random(seed)
         self._rot = 0   # rotating tie-break / round-robin cursor for prefill
@@ -124,6 +127,16 @@ class Scheduler(abc.ABC):
             return Rejection(
                 f"TBT SLO: predicted {tbt * 1000:.1f}ms > {slo.tbt_s * 1000:.1f}ms on decode "
                 f"{decode_id!r}", retry, plan.est_ttft_s, tbt)
+        if slo.tbt_s is not None and (harm := self.tbt_harm(plan.instance_id, decode_id)) > slo.tbt_s:
+            # its prefill would slow the requests decoding there past the SLO (contention.Interference)
+            alt = self._harmless_elsewhere(req, prefills, decodes, plan, now)
+            if alt is None:
+                return Rejection(
+                    f"TBT SLO: a prefill on {plan.instance_id!r} would slow decode {decode_id!r}'s "
+                    f"{self.cluster.decode_load(decode_id).running} running request(s) to "
+                    f"{harm * 1000:.1f}ms > {slo.tbt_s * 1000:.1f}ms, and no other prefill instance does better",
+                    retry, plan.est_ttft_s, tbt)
+            plan, decode_id, tbt, first = alt
         return Decision(plan.instance_id, decode_id, plan.est_ttft_s, tbt, plan.cached_blocks,
                         plan.remote_source, plan.remote_blocks, plan.est_queue_s,
                         self.replicate_blocks(req, plan), first)
@@ -158,12 +171,44 @@ class Scheduler(abc.ABC):
                 for j in self.cluster.prefill_ids() if j != instance_id]
         return math.exp(slope * expected_busy_neighbours(est_s, busy))
 
-    def decode_contention(self) -> float:
-        """The multiplier of a decode step's estimate from the prefill instances busy now
-        (contention.py; 1.0 without a slope): where a decode shares cores with prefills, its steps
-        slow down while they compute."""
-        slope = self.contention_slope.get("decode", 0.0)
-        return math.exp(slope * self.cluster.busy_prefills()) if slope > 0 else 1.0
+    def decode_contention(self, decode_id: str, also_busy: str | None = None) -> float:
+        """The multiplier of decode ``decode_id``'s step estimate from the prefill instances busy now,
+        and ``also_busy`` (one about to be): exp(sum of their interference coefficients; 1.0 without
+        any). Where a decode shares cores with some prefills, its steps slow down while they compute."""
+        coef = self.interference.get(decode_id)
+        if not coef:
+            return 1.0
+        cl = self.cluster
+        return math.exp(sum(c for p, c in coef.items() if p == also_busy or cl.is_prefill_busy(p)))
+
+    def tbt_harm(self, prefill_id: str, decode_id: str) -> float:
+        """The step time of decode ``decode_id``'s running requests while a prefill runs on
+        ``prefill_id`` (0.0 when nothing decodes there, or no interference is known): what placing a
+        request's prefill there costs the requests already decoding."""
+        load = self.cluster.decode_load(decode_id)
+        if not load.running or not self.interference.get(decode_id):
+            return 0.0
+        return (self.cost_for(decode_id).decode_step_time(load.running, load.kv_tokens)
+                * self.decode_contention(decode_id, also_busy=prefill_id))
+
+    def _harmless_elsewhere(self, req: RequestInfo, prefills: Sequence[InstanceInfo],
+                            decodes: Sequence[InstanceInfo], failed: PrefillPlan, now: float,
+                            ) -> tuple[PrefillPlan, str, float, float] | None:
+        """The policy's plan on another prefill instance whose prefill keeps the running decodes
+        within the TBT SLO (and the request within the TTFT SLO, if set): the one predicted soonest,
+        as (plan, decode, its TBT, its first token), or None."""
+        slo = self.slo
+        assert slo.tbt_s is not None
+        best: tuple[float, tuple[PrefillPlan, str, float, float]] | None = None
+        for plan, d, tbt in self._plans_elsewhere(req, prefills, decodes, failed.instance_id, now):
+            if tbt > slo.tbt_s or self.tbt_harm(plan.instance_id, d) > slo.tbt_s:
+                continue
+            first, margin = self._first_token(plan, d, now)
+            if slo.ttft_s is not None and first + margin > slo.ttft_s:
+                continue
+            if best is None or first + margin < best[0]:
+                best = (first + margin, (plan, d, tbt, first))
+        return best[1] if best is not None else None
 
     def _soonest_first_token(self, req: RequestInfo, prefills: Sequence[InstanceInfo],
                              decodes: Sequence[InstanceInfo], plan: PrefillPlan, decode_id: str, tbt: float,
@@ -345,7 +390,7 @@ class Scheduler(abc.ABC):
         cap = inst.cache_capacity_blocks
         if cap and kv > cap * self.cluster.block_size and load.running > 0:
             return None
-        return cost.decode_step_time(n, kv) * self.decode_contention()
+        return cost.decode_step_time(n, kv) * self.decode_contention(inst.instance_id)
 
     def _argmin_prefill(self, plans_iter: Iterable[PrefillPlan]) -> PrefillPlan:
         best: PrefillPlan | None = None

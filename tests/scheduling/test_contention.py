@@ -9,7 +9,7 @@ import pytest
 
 from mooncake_proxy.scheduling import (ClusterState, CostModel, Decision, InstanceInfo, LatencyCalibrator, Rejection,
                                        RequestInfo, SloConfig, make_scheduler)
-from mooncake_proxy.scheduling.contention import ContentionSlope, expected_busy_neighbours
+from mooncake_proxy.scheduling.contention import ContentionSlope, Interference, expected_busy_neighbours
 
 BASE = CostModel(c0=0.01, c1=0.001, c2=0.0, d0=0.02, d1=0.0, d2=0.0, transfer_latency_s=0.003,
                  block_size=4, name="base")
@@ -175,13 +175,76 @@ def test_a_late_head_and_the_contention_are_not_counted_twice() -> None:
     assert done == pytest.approx(2.0 * plan.est_ttft_s, rel=1e-6)
 
 
-def test_the_tbt_check_expects_busy_prefills_to_slow_the_decode() -> None:
+def test_the_tbt_check_expects_the_busy_prefills_that_interfere_to_slow_the_decode() -> None:
     cl = _cluster(3)
     sched = make_scheduler("load_balance", cl, BASE, SloConfig(tbt_s=0.03))
     assert isinstance(sched.schedule(_req(0), 0.0), Decision)  # 20 ms step
-    sched.contention_slope = {"decode": 0.5}
-    assert isinstance(sched.schedule(_req(1), 0.0), Decision)  # no prefill busy yet
-    for i in range(2):
-        cl.on_prefill_start(f"p{i}", _req(10 + i), 0.0, est_s=1.0)
-    r = sched.schedule(_req(2), 0.0)  # 20 ms x exp(0.5 x 2) = 54 ms
+    sched.interference = {"d0": {"p0": 1.0}}  # p0 shares the decode's core, p1 and p2 do not
+    cl.on_prefill_start("p1", _req(10), 0.0, est_s=1.0)
+    cl.on_prefill_start("p2", _req(11), 0.0, est_s=1.0)
+    assert isinstance(sched.schedule(_req(1), 0.0), Decision)  # busy, but not interfering
+    cl.on_prefill_start("p0", _req(12), 0.0, est_s=1.0)
+    r = sched.schedule(_req(2), 0.0)  # 20 ms x e = 54 ms
     assert isinstance(r, Rejection) and "TBT SLO" in r.reason
+
+
+def test_a_prefill_that_would_slow_the_running_decodes_goes_elsewhere_or_gets_a_429() -> None:
+    cl = _cluster(2)
+    sched = make_scheduler("conductor", cl, BASE, SloConfig(tbt_s=0.05))
+    running = _req(0)
+    cl.on_decode_start("d0", running, 0.0)  # one request decoding: 20 ms steps
+    sched.interference = {"d0": {"p0": 1.5}}  # a prefill on p0 makes them 90 ms
+    assert sched.tbt_harm("p0", "d0") == pytest.approx(0.02 * math.exp(1.5), rel=0.05)
+    assert sched.tbt_harm("p1", "d0") == pytest.approx(0.02, rel=0.05)
+    for i in range(1, 5):
+        d = sched.schedule(_req(i), 0.0)
+        assert isinstance(d, Decision) and d.prefill_id == "p1", d  # the rotation would give p0 half
+    sched.interference = {"d0": {"p0": 1.5, "p1": 1.5}}
+    r = sched.schedule(_req(9), 0.0)
+    assert isinstance(r, Rejection) and "would slow decode 'd0'" in r.reason
+    cl.on_decode_done("d0", running, 1.0)  # nothing decoding: nothing to harm
+    assert isinstance(sched.schedule(_req(10), 1.0), Decision)
+
+
+def test_interference_fits_which_prefill_slows_the_decode() -> None:
+    import random
+
+    rng = random.Random(0)
+    it = Interference(forget=1.0, ridge=1.0)
+    for _ in range(300):
+        busy = {"p0": rng.random(), "p1": rng.random(), "p2": rng.random()}
+        it.observe("d0", busy, 0.3 + 1.5 * busy["p1"] + rng.gauss(0, 0.05))  # p1 co-located
+        it.observe("d1", busy, -2.0 * busy["p0"])  # faster while p0 works: not physical
+    c = it.coefs("d0")
+    assert c["p1"] == pytest.approx(1.5, abs=0.1) and c.get("p0", 0.0) < 0.1 and c.get("p2", 0.0) < 0.1
+    assert all(v < 0.05 for v in it.coefs("d1").values())
+    it.forget_instance("p1")
+    assert "p1" not in it.coefs("d0")
+    it.forget_instance("d0")
+    assert it.coefs("d0") == {}
+    assert not it.observe("d0", {"p0": float("nan")}, 1.0)
+    with pytest.raises(ValueError, match="ridge"):
+        Interference(ridge=0.0)
+
+
+def test_the_calibrator_learns_the_interference_from_decode_samples() -> None:
+    cal = LatencyCalibrator(BASE)
+    for k in range(60):
+        busy = {"p0": (k % 3) / 2, "p1": ((k // 3) % 2) * 1.0}
+        cal.observe_decode(0.02, 0.02 * 1.2 * math.exp(1.0 * busy["p0"]), instance="d0", prefill_busy=busy)
+    coef = cal.interference()["d0"]
+    assert coef["p0"] == pytest.approx(1.0, abs=0.15) and coef.get("p1", 0.0) < 0.1
+    assert cal.factor("decode", "d0") == pytest.approx(1.2, rel=0.1)  # its speed with no prefill busy
+
+
+def test_the_cluster_keeps_each_prefills_busy_time() -> None:
+    cl = _cluster(2)
+    cl.on_prefill_start("p0", _req(0), 1.0)
+    cl.on_prefill_start("p0", _req(1), 1.5)
+    cl.on_prefill_done("p0", _req(0), 2.0)
+    cl.on_prefill_done("p0", _req(1), 3.0)  # busy 1.0 .. 3.0
+    cl.on_prefill_start("p1", _req(2), 2.5)
+    assert cl.is_prefill_busy("p1") and not cl.is_prefill_busy("p0")
+    assert cl.busy_times(4.0) == {"p0": pytest.approx(2.0), "p1": pytest.approx(1.5)}
+    cl.remove_instance("p1")
+    assert cl.busy_times(5.0) == {"p0": pytest.approx(2.0)}
