@@ -44,6 +44,10 @@ class Behaviour:
     #: engines sharing this Behaviour share cores: while k other prefills run on them, a prefill's
     #: ``prefill_delay`` advances 1 + prefill_contention * k times slower (processor sharing)
     prefill_contention: float = 0.0
+    #: a decode sharing a core with the prefills of this Behaviour: while one of them runs, each gap
+    #: between chunks is ``chunk_delay`` x ``shared_core_slowdown``
+    shares_core_with: "Behaviour | None" = field(default=None, repr=False)
+    shared_core_slowdown: float = 1.0
     _prefills_running: int = field(default=0, repr=False)
 
 
@@ -124,10 +128,15 @@ class FakeEngine:
                                          status=b.fail_status)
             params = body.get("kv_transfer_params") or {}
             if not body.get("stream"):
-                if b.prefill_delay and b.prefill_contention:
-                    await _shared_core_prefill(b)
-                elif b.prefill_delay:
-                    await asyncio.sleep(b.prefill_delay)
+                if b.prefill_delay:
+                    b._prefills_running += 1
+                    try:
+                        if b.prefill_contention:
+                            await _shared_core_prefill(b)
+                        else:
+                            await asyncio.sleep(b.prefill_delay)
+                    finally:
+                        b._prefills_running -= 1
                 out: dict[str, Any] = {"id": rec.request_id or "cmpl-fake", "object": "text_completion",
                                        "model": b.model, "served_by": self.name,
                                        "choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}
@@ -149,7 +158,9 @@ class FakeEngine:
                 await asyncio.sleep(b.first_chunk_delay)
             for i in range(b.chunks):
                 if i and b.chunk_delay:
-                    await asyncio.sleep(b.chunk_delay)
+                    other = b.shares_core_with
+                    slow = b.shared_core_slowdown if other is not None and other._prefills_running else 1.0
+                    await asyncio.sleep(b.chunk_delay * slow)
                 chunk = {"id": rec.request_id, "served_by": self.name, "seq": i,
                          "t": time.time(), "choices": [{"index": 0, "text": f"tok{i} "}]}
                 await resp.write(b"data: " + _enc.encode(chunk) + b"\n\n")
@@ -165,17 +176,14 @@ class FakeEngine:
 
 async def _shared_core_prefill(b: Behaviour) -> None:
     """``b.prefill_delay`` of work done at the speed the other running prefills leave (see
-    ``Behaviour.prefill_contention``), in 5 ms steps."""
-    b._prefills_running += 1
-    try:
-        done, t = 0.0, time.monotonic()
-        while done < b.prefill_delay:
-            await asyncio.sleep(0.005)
-            now = time.monotonic()
-            done += (now - t) / (1.0 + b.prefill_contention * (b._prefills_running - 1))
-            t = now
-    finally:
-        b._prefills_running -= 1
+    ``Behaviour.prefill_contention``; the caller counts this one in ``_prefills_running``), in 5 ms
+    steps."""
+    done, t = 0.0, time.monotonic()
+    while done < b.prefill_delay:
+        await asyncio.sleep(0.005)
+        now = time.monotonic()
+        done += (now - t) / (1.0 + b.prefill_contention * (b._prefills_running - 1))
+        t = now
 
 
 async def start_fake(engine: FakeEngine, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:

@@ -191,6 +191,7 @@ class ProxyServer:
         self._inflight_gauge: dict[str, Any] = {}
         self._prefix_ctr: dict[str, tuple[Any, Any]] = {}
         self._factor_gauge: dict[tuple[str, str], Any] = {}  # (side, instance) -> instance_cost_factor child
+        self._interference_shown: set[tuple[str, str]] = set()  # (decode, prefill) pairs with a gauge series
         self._seq = 0
         bports = list(cfg.prefill_bootstrap_ports)
         for i, url in enumerate(cfg.prefill_urls):
@@ -231,6 +232,13 @@ class ProxyServer:
                     self.metrics.instance_cost_factor.remove(instance_id, side)
                 except KeyError:
                     pass
+            for pair in [pr for pr in self._interference_shown if instance_id in pr]:
+                self._interference_shown.discard(pair)
+                try:
+                    self.metrics.decode_interference.remove(*pair)
+                except KeyError:
+                    pass
+            self.scheduler.interference = self.calibrator.interference()
         self._forget_bootstrap(inst)
         self._inflight_gauge.pop(instance_id, None)
         self._prefix_ctr.pop(instance_id, None)
@@ -670,11 +678,13 @@ class ProxyServer:
             self.metrics.cost_factor.labels(side).set(cal.factor(side))
             if side == "prefill":
                 self.metrics.contention_slope.labels(side).set(cal.slope(side))
-            else:
-                for did, coef in self.scheduler.interference.items():
-                    for pid, c in coef.items():
-                        if did in self.cluster and pid in self.cluster:
-                            self.metrics.decode_interference.labels(did, pid).set(c)
+            else:  # every pair shown once keeps a series: 0 once its coefficient is gone
+                coefs = self.scheduler.interference
+                for did, coef in coefs.items():
+                    self._interference_shown.update((did, pid) for pid in coef)
+                for did, pid in self._interference_shown:
+                    if did in self.cluster and pid in self.cluster:
+                        self.metrics.decode_interference.labels(did, pid).set(coefs.get(did, {}).get(pid, 0.0))
             for key, f in cal.instance_factors().items():
                 g = self._factor_gauge.get(key)
                 if g is None:

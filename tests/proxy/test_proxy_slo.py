@@ -207,3 +207,60 @@ async def test_a_burst_on_instances_that_share_cores_is_admitted_for_the_content
     ok = [t for st, t in got if st == 200]
     assert 1 <= len(ok) <= 3 and sorted({st for st, _ in got}) == [200, 429], got
     assert max(ok) < 0.5, got
+
+
+@pytest.mark.parametrize("calibrate", [True, False])
+async def test_prefills_that_slow_the_decode_are_kept_off_it_while_it_streams(make_env, calibrate: bool) -> None:
+    # The decode shares a core with prefill 0 (not with prefill 1): while prefill 0 computes, its
+    # token gaps are 5x. load_balance alternates; requests come every 0.15 s, so a prefill overlaps the
+    # previous request's stream. The calibrated proxy learns prefill 0's interference with the decode
+    # (contention.Interference) from the first streams and then sends prefills to prefill 1 while the
+    # decode streams -- its streams keep their 20 ms gaps. Without --calibrate half the prefills run
+    # on prefill 0 and the streams they overlap miss the 60 ms TBT SLO.
+    import asyncio
+    import time
+
+    colocated = Behaviour(prefill_delay=0.2)
+    env = await make_env(n_prefill=2, policy="load_balance", tbt_slo=0.06, calibrate=calibrate,
+                         decode_behaviour=Behaviour(chunks=12, chunk_delay=0.02, shares_core_with=colocated,
+                                                    shared_core_slowdown=5.0))
+    env.prefills[0].behaviour = colocated
+    env.prefills[1].behaviour = Behaviour(prefill_delay=0.2)
+    seq = iter(range(10_000))
+
+    async def one() -> tuple[int, float]:
+        body = {**BODY, "prompt": f"request {next(seq)} " + BODY["prompt"], "max_tokens": 12}
+        gaps: list[float] = []
+        async with env.session.post(env.url + "/v1/completions", json=body) as r:
+            last = None
+            async for _ in r.content.iter_any():
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+            return r.status, max(gaps, default=0.0)
+
+    async def burst(n: int) -> list[tuple[int, float]]:
+        tasks = []
+        for _ in range(n):
+            tasks.append(asyncio.create_task(one()))
+            await asyncio.sleep(0.15)
+        return await asyncio.gather(*tasks)
+
+    await burst(10)  # learn
+    before = len(env.prefills[0].records)
+    got = await burst(10)
+    to_p0 = len(env.prefills[0].records) - before
+    slow = sum(1 for st, g in got if st == 200 and g > 0.06)
+    if calibrate:
+        text = await metrics(env)
+        d, p0, p1 = (f"decode@{env.decode_urls[0]}", f"prefill@{env.prefill_urls[0]}",
+                     f"prefill@{env.prefill_urls[1]}")
+        c0 = gauge(text, "mooncake_proxy_decode_interference", decode=d, prefill=p0)
+        # prefill 1 gets a series once it had a coefficient (then 0 once it is gone)
+        c1 = gauge(text, "mooncake_proxy_decode_interference", decode=d, prefill=p1) \
+            if f'decode="{d}",prefill="{p1}"' in text else 0.0
+        assert c0 > 0.8 and c0 > c1, (c0, c1)  # the co-located prefill is the one that interferes
+        assert to_p0 <= 3 and slow <= 3, (to_p0, got)
+    else:
+        assert to_p0 >= 4 and slow >= 4, (to_p0, got)
