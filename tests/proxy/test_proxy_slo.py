@@ -19,6 +19,18 @@ async def metrics(env) -> str:
         return await r.text()
 
 
+async def post_ttft(env, body: dict) -> tuple[int, float]:
+    """POST ``body``; (status, seconds to the first streamed bytes)."""
+    import time
+
+    t0 = time.perf_counter()
+    async with env.session.post(env.url + "/v1/completions", json=body) as r:
+        await r.content.readany()
+        ttft = time.perf_counter() - t0
+        await r.read()
+        return r.status, ttft
+
+
 def gauge(text: str, name: str, **labels: str) -> float:
     lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
     m = re.search(rf"^{name}{{{lab}}} (\S+)$", text, re.M)
@@ -122,21 +134,12 @@ async def test_ttft_check_sees_the_hand_off_queue_before_any_answer(make_env) ->
     # (queued + 1) x 0.3 s fits the 1.0 s TTFT SLO -- none of them has answered when the rest
     # arrive, so a latency-only estimate (0.3 s for everyone) would admit all 8, the last at ~2.4 s.
     import asyncio
-    import time
 
     env = await make_env(policy="conductor", ttft_slo=1.0, calibrate=True,
                          decode_behaviour=Behaviour(chunks=2, first_chunk_delay=0.3, first_chunk_serial=True))
     await env.post_ok(BODY, 1)
 
-    async def one() -> tuple[int, float]:
-        t0 = time.perf_counter()
-        async with env.session.post(env.url + "/v1/completions", json=BODY) as r:
-            await r.content.readany()
-            ttft = time.perf_counter() - t0
-            await r.read()
-            return r.status, ttft
-
-    got = await asyncio.gather(*(one() for _ in range(8)))
+    got = await asyncio.gather(*(post_ttft(env, BODY) for _ in range(8)))
     ok = [t for st, t in got if st == 200]
     assert sorted({st for st, _ in got}) == [200, 429], got
     assert 2 <= len(ok) <= 4, got
@@ -181,7 +184,6 @@ async def test_a_burst_on_instances_that_share_cores_is_admitted_for_the_content
     # admitted -- to run four at once, 0.6 s each, past the 0.5 s SLO. With it, each arrival sees the
     # others' queues: 2-3 are admitted, and they meet the SLO.
     import asyncio
-    import time
 
     env = await make_env(n_prefill=4, policy="load_balance", ttft_slo=0.5, calibrate=True,
                          prefill_behaviour=Behaviour(prefill_delay=0.15, prefill_contention=1.0),
@@ -189,13 +191,7 @@ async def test_a_burst_on_instances_that_share_cores_is_admitted_for_the_content
     seq = iter(range(10_000))
 
     async def one() -> tuple[int, float]:
-        body = {**BODY, "prompt": f"request {next(seq)} " + BODY["prompt"]}  # no shared prefix
-        t0 = time.perf_counter()
-        async with env.session.post(env.url + "/v1/completions", json=body) as r:
-            await r.content.readany()
-            ttft = time.perf_counter() - t0
-            await r.read()
-            return r.status, ttft
+        return await post_ttft(env, {**BODY, "prompt": f"request {next(seq)} " + BODY["prompt"]})  # no shared prefix
 
     for _ in range(3):  # alone
         assert (await one())[0] == 200
