@@ -142,7 +142,10 @@ def make_model(py: str, out: Path, hidden: int, heads: int, layers: int) -> Path
 
 
 def multi_config(role: str, store_extra: dict[str, Any]) -> dict[str, Any]:
-    store = {"kv_connector": "MooncakeCoreStoreConnector", "kv_role": "kv_both", "kv_connector_extra_config": store_extra}
+    # the decode's store child only loads (kv_consumer): the prefill saved the blocks it hands off, and
+    # the decode's copies cost its shared core a store put per request (824 blocks in run k6)
+    store = {"kv_connector": "MooncakeCoreStoreConnector", "kv_role": "kv_consumer" if role == "kv_consumer" else "kv_both",
+             "kv_connector_extra_config": store_extra}
     cfg: dict[str, Any] = {"kv_connector": "MultiConnector", "kv_role": role,
                            "kv_connector_extra_config": {"connectors": [p2p_config(role), store]}}
     if role == "kv_consumer":

@@ -88,10 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "prediction the 0.9 quantile of its recent errors (observed - predicted), trying the "
                         "other prefills before a 429 (the conductor also ranks them by it, unfaded); "
                         "estimates fade back after 10 s without a sample (an instance's factor to the prior); "
-                        "and learn how much slower instances run per busy neighbouring prefill (instances "
-                        "sharing cores; gauge mooncake_proxy_contention_slope, ~0 on dedicated hardware): "
-                        "factors are learned without it, and the checks scale a request by the other "
-                        "prefills' queues it will run beside (TTFT) or the prefills busy now (TBT); "
+                        "and learn how much slower a prefill runs per busy neighbouring prefill (instances "
+                        "sharing cores; gauge mooncake_proxy_contention_slope) and which prefills slow each "
+                        "decode's steps (gauge mooncake_proxy_decode_interference), both ~0 on dedicated "
+                        "hardware: factors are learned without them, the TTFT check scales a request by the "
+                        "other prefills' queues it will run beside, the TBT checks scale a decode step by the "
+                        "interfering prefills busy now, and a prefill that would slow the running decodes "
+                        "past --tbt-slo goes elsewhere or gets a 429; the decode learns from each stream's "
+                        "p90 token gap; "
                         "for engines slower than their profile, e.g. "
                         "sharing cores -- without it SLO estimates made from an idle profile admit everything")
     g.add_argument("--retry-after", type=float, default=1.0,

@@ -4,7 +4,10 @@ Cross-instance prefix reuse: every instance saves the full KV blocks of the prom
 into the Mooncake Store under prefix-chained keys (``keys.chained_block_keys``); any instance
 serving the same model then loads the longest stored prefix instead of recomputing it.
 Usable alone (``kv_role: kv_both``) or next to ``MooncakeCoreConnector`` through vLLM's
-``MultiConnector``.
+``MultiConnector``. With ``kv_role: kv_consumer`` it only loads and never saves -- what a decode
+instance behind a P2P hand-off wants: the prefill saved those blocks already, and the decode's
+copies of them cost its cores a store put per request (824 blocks, 1.6 GB, in one live bench run,
+on the core the decode shares with two prefills).
 
 Scheduler side: ``get_num_new_matched_tokens`` asks the store master which leading blocks
 exist (one ``batch_is_exist``); ``update_state_after_alloc`` records which local blocks receive
@@ -111,6 +114,7 @@ class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1):
             # The scheduler only asks the master what exists: it contributes no memory.
             self.store = _store_from_config(vllm_config, segment="0")
             self.lookup = vllm_config.kv_transfer_config.get_from_extra_config("store_lookup", "always")
+            self.saves = vllm_config.kv_transfer_config.is_kv_producer  # kv_consumer: load only
             if self.lookup not in LOOKUP_MODES:
                 raise ValueError(f"MooncakeCoreStoreConnector: store_lookup must be one of {LOOKUP_MODES}, "
                                  f"got {self.lookup!r}")
@@ -191,7 +195,8 @@ class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1):
         keys = self._keys_for(request)
         self._keys.pop(request.request_id, None)
         self._start.pop(request.request_id, None)
-        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
+        if not self.saves or request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED,
+                                                    RequestStatus.FINISHED_STOPPED):
             return False, None
         n = min(len(keys), len(block_ids), request.num_computed_tokens // self.block_size)
         if n == 0:

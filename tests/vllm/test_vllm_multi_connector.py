@@ -13,7 +13,8 @@ One ``mooncake_master`` (embedded HTTP metadata server) and a 1P1D pair, both in
     neither child left the blocks held;
 (c) the store half really serves: after the decode's local prefix cache is reset, a new prompt
     sharing that prefix is loaded from the store (external hits = the shared full blocks) and
-    decodes to the same tokens as a local computation.
+    decodes to the same tokens as a local computation; the decode's store child, ``kv_consumer``,
+    saved none of the prompts it computed.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ USAGE = "vllm:kv_cache_usage_perc"
 def multi_config(role: str, store_extra: dict, **p2p_extra) -> dict:
     """The documented shape: MultiConnector's children go in ``kv_connector_extra_config.connectors``;
     the P2P one first, so a request carrying P2P params loads from the prefill, anything else
-    from the store."""
-    store = {"kv_connector": "MooncakeCoreStoreConnector", "kv_role": "kv_both",
+    from the store. The decode's store child is ``kv_consumer``: it loads, the prefill saves."""
+    store = {"kv_connector": "MooncakeCoreStoreConnector",
+             "kv_role": "kv_consumer" if role == "kv_consumer" else "kv_both",
              "kv_connector_extra_config": store_extra}
     return {"kv_connector": "MultiConnector", "kv_role": role,
             "kv_connector_extra_config": {"connectors": [p2p_config(role, **p2p_extra), store]}}
@@ -166,6 +168,8 @@ def test_p2p_handoff_and_store_save_inside_multiconnector(multi_pair):
     assert hits3 - hits2 == 6 * BLOCK, "decode did not load the shared prefix from the store (store child)"
     assert "kv loaded blocks=6 failed=0" in d.log_text()
     assert got == want, "output with the prefix loaded from the store differs from a local computation"
+    # the decode's store child is kv_consumer: it computed four prompts itself and saved none of them
+    assert "kv saved" not in d.log_text(), "the decode's kv_consumer store child saved blocks"
 
 
 MC = "vllm:mooncake_core_"
