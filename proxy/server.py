@@ -95,13 +95,12 @@ class ProxyConfig:
     store_model_tag: str | None = None
 
 
-def _mean_busy(cluster: Any, area_then: float, then: float, now: float, own: int) -> float | None:
+def _mean_other_busy(cluster: Any, area_then: float, then: float, now: float) -> float | None:
     """The mean number of busy prefill instances from ``then`` to ``now`` (``ClusterState.busy_area``
-    read at ``then``: ``area_then``) minus ``own`` (1 for a prefill: its own instance); None when no
-    time passed."""
+    read at ``then``: ``area_then``) besides the sample's own; None when no time passed."""
     if now <= then:
         return None
-    return max(0.0, (cluster.busy_area(now) - area_then) / (now - then) - own)
+    return max(0.0, (cluster.busy_area(now) - area_then) / (now - then) - 1)
 
 
 def _busy_shares(cluster: Any, then_times: dict[str, float], then: float, now: float) -> dict[str, float] | None:
@@ -550,7 +549,7 @@ class ProxyServer:
                     t_answered = time.perf_counter()
                     self._calibrated("prefill", cal.observe_prefill(
                         decision.est_ttft_s / f_pre, t_done - t_sent, t_done, p.instance_id,
-                        _mean_busy(cluster, busy_sent, t_sent, t_done, own=1)))
+                        _mean_other_busy(cluster, busy_sent, t_sent, t_done)))
                 ho.on_prefill_answer(p.addr, presp)
                 ft = ftok.parse_first_token(presp) if first else None
                 if first and ft is None:
@@ -673,7 +672,7 @@ class ProxyServer:
         if changed and cal is not None:
             self.scheduler.cost = cal.cost()
             self.scheduler.instance_costs = cal.costs()
-            self.scheduler.contention_slope = {"prefill": cal.slope("prefill")}
+            self.scheduler.contention_slope = cal.slope("prefill")
             self.scheduler.interference = cal.interference()
             self.metrics.cost_factor.labels(side).set(cal.factor(side))
             if side == "prefill":

@@ -141,10 +141,10 @@ class ClusterState:
         self.peer_fetch: bool = True
         # prefill instances with a request queued or running, and its integral over time (the
         # contention a request ran under: busy_area, contention.py)
-        self._busy = 0
         self._busy_area = 0.0
         self._busy_t = 0.0
-        # per prefill instance: seconds busy before its current busy period, and when that began
+        # per prefill instance: seconds busy before its current busy period, and (while busy) when
+        # that began -- so the busy instances are the keys of _busy_since
         self._busy_total: dict[str, float] = {}
         self._busy_since: dict[str, float] = {}
         if store_capacity_blocks is not None:
@@ -187,8 +187,7 @@ class ClusterState:
         for dl in self._decode.values():
             if dl.handoff is not None:
                 dl.handoff.forget(instance_id)
-        if pload is not None and pload.entries:
-            self._busy_step(self._busy_t, -1)
+        self._advance_busy(self._busy_t)
         self._busy_total.pop(instance_id, None)
         self._busy_since.pop(instance_id, None)
         if pload is not None:
@@ -393,13 +392,13 @@ class ClusterState:
 
     def busy_prefills(self) -> int:
         """Prefill instances with a request queued or running now."""
-        return self._busy
+        return len(self._busy_since)
 
     def busy_area(self, now: float) -> float:
         """The integral of :meth:`busy_prefills` over time up to ``now`` (its origin is arbitrary):
         the difference of two readings over the time between them is the mean number of busy
         prefill instances meanwhile -- the contention a request ran under (contention.py)."""
-        return self._busy_area + self._busy * max(0.0, now - self._busy_t)
+        return self._busy_area + len(self._busy_since) * max(0.0, now - self._busy_t)
 
     def is_prefill_busy(self, instance_id: str) -> bool:
         """Whether the prefill instance has a request queued or running."""
@@ -415,11 +414,11 @@ class ClusterState:
             out[iid] = out.get(iid, 0.0) + max(0.0, now - since)
         return out
 
-    def _busy_step(self, now: float, delta: int) -> None:
+    def _advance_busy(self, now: float) -> None:
+        """Integrate the busy count up to ``now``; call before the busy set changes."""
         if now > self._busy_t:
-            self._busy_area += self._busy * (now - self._busy_t)
+            self._busy_area += len(self._busy_since) * (now - self._busy_t)
             self._busy_t = now
-        self._busy = max(0, self._busy + delta)
 
     def prefill_load(self, instance_id: str) -> PrefillLoad:
         self._require(instance_id, "prefill")
@@ -480,7 +479,7 @@ class ClusterState:
             load.n_unknown += 1
         if not load.entries:
             load.head_since = now
-            self._busy_step(now, 1)
+            self._advance_busy(now)
             self._busy_since[instance_id] = now
         load.entries[req.request_id] = entry
         load.queued_tokens += new
@@ -506,7 +505,7 @@ class ClusterState:
         if not load.entries:
             load.est_sum = 0.0  # no float drift accumulates across busy periods
             load.n_unknown = 0
-            self._busy_step(now, -1)
+            self._advance_busy(now)
             since = self._busy_since.pop(instance_id, now)
             self._busy_total[instance_id] = self._busy_total.get(instance_id, 0.0) + max(0.0, now - since)
         pend = self._pending[instance_id]

@@ -69,9 +69,9 @@ class Scheduler(abc.ABC):
         #: instance -> its own cost model (the live proxy's per-instance calibration,
         #: calibration.py); instances not in it are estimated with ``cost``
         self.instance_costs: dict[str, CostModel] = {}
-        #: side ('prefill') -> log-slowdown per busy neighbouring prefill instance (the live proxy's
-        #: --calibrate learns it, contention.py); 0 / absent: instances do not slow each other
-        self.contention_slope: dict[str, float] = {}
+        #: log-slowdown of a prefill per busy neighbouring prefill instance (the live proxy's
+        #: --calibrate learns it, contention.py); 0: instances do not slow each other
+        self.contention_slope = 0.0
         #: decode -> {prefill: log-slowdown of its steps while that prefill computes} (the live proxy's
         #: --calibrate learns it, contention.Interference); absent: prefills do not slow decodes
         self.interference: dict[str, dict[str, float]] = {}
@@ -164,7 +164,7 @@ class Scheduler(abc.ABC):
 
         Why: where instances share cores, a burst makes all of them busy at once and each runs
         slower than its factor, learned at the calmer load before, says -- before any head is late."""
-        slope = self.contention_slope.get("prefill", 0.0)
+        slope = self.contention_slope
         if slope <= 0:
             return 1.0
         busy = [self.queue_time(j, now) + self.prefill_lateness(j, now)

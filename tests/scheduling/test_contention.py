@@ -142,7 +142,7 @@ def test_the_ttft_check_expects_the_busy_neighbours_to_slow_the_request(slope: f
     # queues and the check admits only while exp(slope * busy) * 0.2 s fits.
     cl = _cluster(4)
     sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.35))
-    sched.contention_slope = {"prefill": slope}
+    sched.contention_slope = slope
     out = []
     for i in range(4):
         d = sched.schedule(_req(i), 0.0)
@@ -162,7 +162,7 @@ def test_a_late_head_and_the_contention_are_not_counted_twice() -> None:
     # the head is 2x its estimate late, the contention predicts 2x: the check multiplies by 2, not 4
     cl = _cluster(2)
     sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=100.0))
-    sched.contention_slope = {"prefill": math.log(2.0)}
+    sched.contention_slope = math.log(2.0)
     head = _req(0)
     d0 = sched.schedule(head, 0.0)
     assert isinstance(d0, Decision)
