@@ -511,7 +511,8 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
         extra = [x.format(horizon=a.prediction_horizon) for x in REJECTION_MODES[mode]]
         if mode != "none":
             # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<k>_<mode>.log)
-            extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG"]
+            extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG",
+                      "--prefill-batch-tokens", str(0 if a.fifo_estimate else a.max_num_batched_tokens)]
         load = os.getloadavg()[0]
         freeze = None
         if a.freeze_prefill:
@@ -572,6 +573,13 @@ def main(argv: list[str] | None = None) -> int:
                          "Why: the decode shares a core with prefill 1, whose spin after each answer delays the "
                          "decode's first token by ~1 s; on dedicated cores (a real deployment) that cost is absent")
     ap.add_argument("--kv-cache-bytes", type=int, default=128 << 20, help="KV cache per vLLM instance (bytes)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                    help="the vLLM servers' --max-num-batched-tokens (2048 is vLLM CPU's default), also given to the "
+                         "overload phase's proxies as --prefill-batch-tokens: the prefills batch their queue in steps "
+                         "of this many tokens, and the TTFT check keeps the requests already queued within the SLO")
+    ap.add_argument("--fifo-estimate", action="store_true",
+                    help="the overload phase's proxies estimate each prefill's queue one request at a time "
+                         "(--prefill-batch-tokens 0, what runs before 2026-12-03 13:30 UTC did)")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the vLLM servers (and each proxy)")
     ap.add_argument("--request-timeout", type=float, default=600.0, help="per-request timeout of the replay (s)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompt text")
@@ -658,7 +666,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"--http_metadata_server_port={hport}"], mport, mmetrics, str(logs / "master.log"))
     store_extra = {"master_server_address": master.addr, "metadata_server": f"http://127.0.0.1:{hport}/metadata",
                    "global_segment_size": "256MB", "local_buffer_size": "64MB", "local_hostname": "127.0.0.1"}
-    common = ["--kv-cache-memory-bytes", a.kv_cache_bytes, "--max-model-len", 2048]
+    common = ["--kv-cache-memory-bytes", a.kv_cache_bytes, "--max-model-len", 2048,
+              "--max-num-batched-tokens", a.max_num_batched_tokens]
     prefill_store = {**store_extra, "store_lookup": a.store_lookup}
     vllm_env = {"VLLM_SERVER_DEV_MODE": "1"}
     if a.no_idle_spin:

@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prediction-horizon", type=float, default=None,
                    help="seconds of decode load to project forward for the paper's prediction-based "
                         "early rejection (default: off, current load only)")
+    g.add_argument("--prefill-batch-tokens", type=int, default=0,
+                   help="the prefill engines' token budget per forward step (vLLM's --max-num-batched-tokens: "
+                        "2048 on CPU; SGLang's --chunked-prefill-size): engines batch their queue first come "
+                        "first served in steps of this many tokens and answer a request at the end of the step "
+                        "holding its last token, so a request admitted behind others delays those whose last "
+                        "step it shares. With --ttft-slo the check then also refuses (or sends elsewhere) a "
+                        "request that would push one already queued past the SLO. 0 (default): the engines "
+                        "are taken to compute one request at a time, as the simulator does")
     from mooncake_proxy.scheduling import REJECTION_MODES
 
     g.add_argument("--rejection", choices=REJECTION_MODES, default="early",
@@ -238,6 +246,9 @@ def config_from_args(a: argparse.Namespace):
         raise SystemExit("--tls-cert and --tls-key go together (give both)")
     if a.block_size <= 0:
         raise SystemExit(f"--block-size must be > 0, got {a.block_size}")
+    if a.prefill_batch_tokens < 0:
+        raise SystemExit(f"--prefill-batch-tokens must be >= 0 (0 = one request at a time), got "
+                         f"{a.prefill_batch_tokens}")
     for flag, n in (("--cache-blocks", a.cache_blocks), ("--decode-kv-blocks", a.decode_kv_blocks)):
         if n < 0:
             raise SystemExit(f"{flag} must be >= 0 (0 = unlimited), got {n}")
@@ -249,7 +260,7 @@ def config_from_args(a: argparse.Namespace):
         prefill_urls=prefill, decode_urls=decode, prefill_bootstrap_ports=bports, policy=a.policy,
         handoff=a.handoff, prefill_first_token=a.prefill_first_token, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
-        retry_after=a.retry_after,
+        prefill_batch_tokens=a.prefill_batch_tokens, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
         health_timeouts_to_down=a.health_timeouts_to_down,
         upstream_keepalive=a.upstream_keepalive, request_timeout=a.request_timeout,

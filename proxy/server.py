@@ -69,6 +69,8 @@ class ProxyConfig:
     rejection: str = "early"
     #: --calibrate: scale the cost model by observed / predicted latencies (scheduling/calibration.py)
     calibrate: bool = False
+    #: --prefill-batch-tokens: the engines batch their queue in steps of this many tokens (0: one at a time)
+    prefill_batch_tokens: int = 0
     retry_after: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0
@@ -140,6 +142,7 @@ class ProxyServer:
                               prediction_horizon_s=cfg.prediction_horizon)
         slo, self.decode_tbt_limit = sched.split_rejection(slo, cfg.rejection)
         self.scheduler = sched.make_scheduler(cfg.policy, self.cluster, cost, slo, seed=cfg.seed)
+        self.scheduler.prefill_batch_tokens = cfg.prefill_batch_tokens
         self.calibrator = sched.LatencyCalibrator(cost) if cfg.calibrate else None
         if cfg.calibrate:  # the TTFT check's per-pair margin from its own errors (ttft_error.py)
             self.cluster.ttft_errors = sched.TtftErrorQuantile()

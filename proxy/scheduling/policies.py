@@ -29,8 +29,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar, Iterable, Iterator, Sequence
 
+from .batched_queue import delays_by, finish_offsets
 from .cluster import STORE, ClusterState, DecodeLoad, PrefillEntry, kv_footprint
-from .contention import expected_busy_neighbours
+from .contention import RecentBusy, expected_busy_neighbours
 from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
 
@@ -75,6 +76,13 @@ class Scheduler(abc.ABC):
         #: decode -> {prefill: log-slowdown of its steps while that prefill computes} (the live proxy's
         #: --calibrate learns it, contention.Interference); absent: prefills do not slow decodes
         self.interference: dict[str, dict[str, float]] = {}
+        #: each prefill's share of the last seconds it was busy (contention.RecentBusy), read by
+        #: :meth:`decode_contention`; advanced by :meth:`schedule` while interference is known
+        self.recent_busy = RecentBusy()
+        #: the prefill engines' token budget per forward step (vLLM's --max-num-batched-tokens): they
+        #: batch their queue, so a request admitted behind others can delay them (batched_queue.py)
+        #: and the TTFT check also keeps those within the SLO (:meth:`queue_harm`); 0: one at a time
+        self.prefill_batch_tokens = 0
         self.slo = slo if slo is not None else SloConfig()
         self.rng = random.Random(seed)
         self._rot = 0   # rotating tie-break / round-robin cursor for prefill
@@ -85,6 +93,8 @@ class Scheduler(abc.ABC):
         """Choose where ``req`` runs at time ``now``, or reject it early (see module doc)."""
         cl = self.cluster
         retry = self.slo.retry_after_s
+        if self.interference:
+            self.recent_busy.update(now, cl.busy_times(now))
         prefills = cl.healthy_instances("prefill")
         if not prefills:
             n = len(cl.instances("prefill"))
@@ -122,6 +132,16 @@ class Scheduler(abc.ABC):
                         + (f"; none of the other {len(prefills) - 1} prefill instance(s) does better)"
                            if len(prefills) > 1 else ")"),
                         retry, ttft, tbt)
+                plan, decode_id, tbt, first = alt
+            if (harmed := self.queue_harm(plan, req, now)) is not None:
+                alt = self._other_prefill_within(req, prefills, decodes, plan, now, slo.ttft_s)
+                if alt is None:
+                    return Rejection(
+                        f"TTFT SLO: on prefill {plan.instance_id!r} it would share the last forward step of "
+                        f"request {harmed[0]!r} queued there and delay that request's first token to "
+                        f"{harmed[1]:.3f}s > {slo.ttft_s:.3f}s (the engine batches its queue in steps of "
+                        f"{self.prefill_batch_tokens} tokens); none of the other {len(prefills) - 1} prefill "
+                        f"instance(s) does better", retry, plan.est_ttft_s, tbt)
                 plan, decode_id, tbt, first = alt
         if slo.tbt_s is not None and tbt > slo.tbt_s:
             return Rejection(
@@ -172,14 +192,22 @@ class Scheduler(abc.ABC):
         return math.exp(slope * expected_busy_neighbours(est_s, busy))
 
     def decode_contention(self, decode_id: str, also_busy: str | None = None) -> float:
-        """The multiplier of decode ``decode_id``'s step estimate from the prefill instances busy now,
-        and ``also_busy`` (one about to be): exp(sum of their interference coefficients; 1.0 without
-        any). Where a decode shares cores with some prefills, its steps slow down while they compute."""
+        """The multiplier of decode ``decode_id``'s step estimate from the prefill instances that will
+        compute while its streams run: exp(sum of their interference coefficients x their share of the
+        time; 1.0 without any). A prefill busy now, or ``also_busy`` (one about to be), counts whole. With
+        a prediction horizon (the paper's prediction-based rejection, which projects the decode's load to
+        when the request joins it) an idle one counts for the share of the last seconds it was busy
+        (:attr:`recent_busy`): a stream lasts its tokens' steps, and a prefill busy most of the recent
+        past will likely compute during them. Without one, only the prefills busy now (the current load).
+        Where a decode shares cores with some prefills, its steps slow down while they compute."""
         coef = self.interference.get(decode_id)
         if not coef:
             return 1.0
         cl = self.cluster
-        return math.exp(sum(c for p, c in coef.items() if p == also_busy or cl.is_prefill_busy(p)))
+        recent = self.recent_busy if self.slo.prediction_horizon_s is not None else None
+        return math.exp(sum(c * (1.0 if p == also_busy or cl.is_prefill_busy(p)
+                                 else recent.share(p) if recent is not None else 0.0)
+                            for p, c in coef.items()))
 
     def tbt_harm(self, prefill_id: str, decode_id: str) -> float:
         """The step time of decode ``decode_id``'s running requests while a prefill runs on
@@ -204,7 +232,7 @@ class Scheduler(abc.ABC):
             if tbt > slo.tbt_s or self.tbt_harm(plan.instance_id, d) > slo.tbt_s:
                 continue
             first, margin = self._first_token(plan, d, now)
-            if slo.ttft_s is not None and first + margin > slo.ttft_s:
+            if slo.ttft_s is not None and (first + margin > slo.ttft_s or self.queue_harm(plan, req, now)):
                 continue
             if best is None or first + margin < best[0]:
                 best = (first + margin, (plan, d, tbt, first))
@@ -241,6 +269,46 @@ class Scheduler(abc.ABC):
             dchoice = self.choose_decode(req, decodes, now, plan.est_ttft_s)
             if dchoice is not None:
                 yield plan, dchoice[0], dchoice[1]
+
+    def queue_harm(self, plan: PrefillPlan, req: RequestInfo, now: float) -> tuple[str, float] | None:
+        """A request queued on ``plan``'s prefill instance that admitting ``req`` there would push past
+        the TTFT SLO, as (its id, its predicted TTFT then) -- the first in queue order; None when none
+        would be, or without a TTFT SLO or ``prefill_batch_tokens``.
+
+        Why: engines batch their queue (batched_queue.py), so ``req`` is computed in the last step of
+        every queued request whose last step has room, and those are answered only when it is. A
+        request already predicted past the SLO does not count (it is not harmed by the admission,
+        and holding it against every later request would turn one late request into 429s)."""
+        budget, limit = self.prefill_batch_tokens, self.slo.ttft_s
+        iid = plan.instance_id
+        load = self.cluster.prefill_load(iid)
+        if budget <= 0 or limit is None or not load.entries:
+            return None
+        self.queue_time(iid, now)  # fills in the entries' estimates
+        entries = list(load.entries.values())
+        tokens = [e.new_tokens for e in entries]
+        times = [e.est_s for e in entries]
+        new, _ = self.split_prompt(req, plan.cached_blocks)
+        delays = delays_by(tokens, times, budget, new, max(0.0, plan.est_ttft_s - plan.est_queue_s))
+        if not any(d > 0 for d in delays):
+            return None
+        # the same speed as the new request's own check (_prefill_done_in)
+        m = max(self.prefill_contention(iid, now, plan.est_ttft_s), self.prefill_slowdown(iid, now))
+        late = self.prefill_lateness(iid, now, m)
+        elapsed = now - load.head_since
+        cl = self.cluster
+
+        def ttft(e: PrefillEntry, offset: float) -> float:
+            done_in = late + m * max(0.0, offset - elapsed)
+            if e.decode_id is None:
+                return now - e.enqueued_at + done_in
+            return (now - e.enqueued_at + cl.first_token_in(e.decode_id, now, done_in, iid)
+                    + cl.ttft_margin(iid, e.decode_id, now))
+
+        for e, off, d in zip(entries, finish_offsets(tokens, times, budget), delays):
+            if d > 0 and ttft(e, off) <= limit < (after := ttft(e, off + d)):
+                return e.request_id, after
+        return None
 
     def prefill_lateness(self, instance_id: str, now: float, factor: float = 1.0) -> float:
         """How far the head of the prefill instance's queue is past ``factor`` x its estimate (0 if
@@ -285,7 +353,8 @@ class Scheduler(abc.ABC):
         best: tuple[float, tuple[PrefillPlan, str, float, float]] | None = None
         for plan, d, tbt in self._plans_elsewhere(req, prefills, decodes, failed.instance_id, now):
             first, margin = self._first_token(plan, d, now)
-            if first + margin <= limit_s and (best is None or first + margin < best[0]):
+            if (first + margin <= limit_s and (best is None or first + margin < best[0])
+                    and self.queue_harm(plan, req, now) is None):
                 best = (first + margin, (plan, d, tbt, first))
         return best[1] if best is not None else None
 

@@ -248,3 +248,47 @@ def test_the_cluster_keeps_each_prefills_busy_time() -> None:
     assert cl.busy_times(4.0) == {"p0": pytest.approx(2.0), "p1": pytest.approx(1.5)}
     cl.remove_instance("p1")
     assert cl.busy_times(5.0) == {"p0": pytest.approx(2.0)}
+
+
+def test_recent_busy_is_the_moving_share_of_time_each_prefill_was_busy() -> None:
+    from mooncake_proxy.scheduling.contention import RecentBusy
+
+    r = RecentBusy(tau_s=2.0)
+    assert r.update(0.0, {"p0": 0.0, "p1": 0.0}) == {}
+    for t in range(1, 21):  # p0 busy all the time, p1 half of it
+        r.update(0.5 * t, {"p0": 0.5 * t, "p1": 0.25 * t})
+    assert r.share("p0") == pytest.approx(1 - math.exp(-5), abs=1e-9)  # 10 s = 5 time constants
+    assert r.share("p1") == pytest.approx(0.5 * (1 - math.exp(-5)), abs=1e-9)
+    assert r.update(10.0, {"p0": 10.0, "p1": 5.0}) is not None and r.share("p0") < 1  # same clock: no change
+    r.update(12.0, {"p0": 10.0, "p1": 5.0})  # both idle 2 s: one time constant
+    assert r.share("p0") == pytest.approx((1 - math.exp(-5)) * math.exp(-1), abs=1e-9)
+    r.update(13.0, {"p0": 10.0})  # p1 removed
+    assert r.share("p1") == 0.0 and r.share("nobody") == 0.0
+    with pytest.raises(ValueError, match="tau_s must be > 0"):
+        RecentBusy(tau_s=0)
+
+
+def test_the_tbt_check_counts_a_prefill_busy_most_of_the_recent_past_though_idle_now() -> None:
+    cl = ClusterState(block_size=4)
+    for i in ("p0", "p1"):
+        cl.add_instance(InstanceInfo(i, "prefill"))
+    cl.add_instance(InstanceInfo("d0", "decode"))
+    s = make_scheduler("load_balance", cl, BASE, SloConfig(tbt_s=0.05, prediction_horizon_s=5.0))
+    s.interference = {"d0": {"p1": math.log(3.0)}}  # p1 triples the decode's steps (20 ms -> 60 ms)
+    # p1 computed back to back for 10 s and went idle a moment ago
+    t = 0.0
+    for k in range(20):
+        r = RequestInfo(f"r{k}", 100)
+        cl.on_prefill_start("p1", r, t, cached_blocks=0)
+        s.schedule(RequestInfo("probe", 4), t + 0.25)  # the scheduler sees the clock advance
+        t += 0.5
+        cl.on_prefill_done("p1", r, t)
+    assert not cl.is_prefill_busy("p1")
+    out = s.schedule(RequestInfo("new", 4), t)
+    assert isinstance(out, Rejection) and "TBT SLO" in out.reason  # ~57 ms predicted
+    # without a prediction horizon the check is on the current load: p1 idle now, no slowdown
+    s.slo = SloConfig(tbt_s=0.05)
+    assert isinstance(s.schedule(RequestInfo("new", 4), t), Decision)
+    # after 10 s of rest its share has faded and the stream is admitted
+    s.slo = SloConfig(tbt_s=0.05, prediction_horizon_s=5.0)
+    assert isinstance(s.schedule(RequestInfo("new", 4), t + 10.0), Decision)
