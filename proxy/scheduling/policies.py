@@ -77,7 +77,8 @@ class Scheduler(abc.ABC):
         #: --calibrate learns it, contention.Interference); absent: prefills do not slow decodes
         self.interference: dict[str, dict[str, float]] = {}
         #: each prefill's share of the last seconds it was busy (contention.RecentBusy), read by
-        #: :meth:`decode_contention`; advanced by :meth:`schedule` while interference is known
+        #: :meth:`decode_contention` and :meth:`prefill_contention` with a prediction horizon; advanced
+        #: by :meth:`schedule` while a contention slope or interference is known
         self.recent_busy = RecentBusy()
         #: the prefill engines' token budget per forward step (vLLM's --max-num-batched-tokens): they
         #: batch their queue, so a request admitted behind others can delay them (batched_queue.py)
@@ -93,7 +94,7 @@ class Scheduler(abc.ABC):
         """Choose where ``req`` runs at time ``now``, or reject it early (see module doc)."""
         cl = self.cluster
         retry = self.slo.retry_after_s
-        if self.interference:
+        if self.interference or self.contention_slope > 0:
             self.recent_busy.update(now, cl.busy_times(now))
         prefills = cl.healthy_instances("prefill")
         if not prefills:
@@ -180,16 +181,24 @@ class Scheduler(abc.ABC):
     def prefill_contention(self, instance_id: str, now: float, est_s: float) -> float:
         """The multiplier of an estimate of ``est_s`` seconds (queue + prefill) on ``instance_id``
         from the other prefill instances busy meanwhile: exp(slope * their expected number), each
-        counted for the share of ``est_s`` its own queue lasts (contention.py). 1.0 without a slope.
+        counted for the share of ``est_s`` its own queue lasts (contention.py) -- with a prediction
+        horizon, at least for its recent busy share (:attr:`recent_busy`). 1.0 without a slope.
 
         Why: where instances share cores, a burst makes all of them busy at once and each runs
         slower than its factor, learned at the calmer load before, says -- before any head is late."""
         slope = self.contention_slope
         if slope <= 0:
             return 1.0
-        busy = [self.queue_time(j, now) + self.prefill_lateness(j, now)
-                for j in self.cluster.prefill_ids() if j != instance_id]
-        return math.exp(slope * expected_busy_neighbours(est_s, busy))
+        others = [j for j in self.cluster.prefill_ids() if j != instance_id]
+        busy = [self.queue_time(j, now) + self.prefill_lateness(j, now) for j in others]
+        if self.slo.prediction_horizon_s is None:
+            return math.exp(slope * expected_busy_neighbours(est_s, busy))
+        # projected (the paper's prediction-based rejection): a neighbour busy most of the recent past
+        # is expected busy during the request too, though its queue now is short (a burst arrives
+        # one request at a time, so at each admission the others' queues hold only what came before)
+        recent = self.recent_busy
+        return math.exp(slope * sum(max(expected_busy_neighbours(est_s, [b]), recent.share(j))
+                                    for j, b in zip(others, busy)))
 
     def decode_contention(self, decode_id: str, also_busy: str | None = None) -> float:
         """The multiplier of decode ``decode_id``'s step estimate from the prefill instances that will

@@ -292,3 +292,25 @@ def test_the_tbt_check_counts_a_prefill_busy_most_of_the_recent_past_though_idle
     # after 10 s of rest its share has faded and the stream is admitted
     s.slo = SloConfig(tbt_s=0.05, prediction_horizon_s=5.0)
     assert isinstance(s.schedule(RequestInfo("new", 4), t + 10.0), Decision)
+
+
+def test_projected_prefill_contention_counts_neighbours_busy_in_the_recent_past() -> None:
+    cl = ClusterState(block_size=4)
+    for i in ("p0", "p1", "p2"):
+        cl.add_instance(InstanceInfo(i, "prefill"))
+    cl.add_instance(InstanceInfo("d0", "decode"))
+    s = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0, prediction_horizon_s=5.0))
+    s.contention_slope = 0.5
+    t = 0.0
+    for k in range(20):  # p1 and p2 busy back to back for 10 s, idle just now
+        rs = [RequestInfo(f"r{k}-{p}", 100) for p in ("p1", "p2")]
+        for p, r in zip(("p1", "p2"), rs):
+            cl.on_prefill_start(p, r, t, cached_blocks=0)
+        s.schedule(RequestInfo("probe", 4), t + 0.25)
+        t += 0.5
+        for p, r in zip(("p1", "p2"), rs):
+            cl.on_prefill_done(p, r, t)
+    s.schedule(RequestInfo("probe", 4), t)
+    assert s.prefill_contention("p0", t, 0.5) == pytest.approx(math.exp(0.5 * 2 * (1 - math.exp(-9.75 / 2))), rel=1e-6)  # seen from t = 0.25
+    s.slo = SloConfig(ttft_s=10.0)  # the current load: nobody is busy now
+    assert s.prefill_contention("p0", t, 0.5) == 1.0
