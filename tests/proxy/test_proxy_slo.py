@@ -112,6 +112,9 @@ def test_rejection_and_calibrate_flags() -> None:
         cfg("--rejection", "decode")
     with pytest.raises(SystemExit, match="--prediction-horizon must be > 0"):
         cfg("--prediction-horizon", "0")
+    assert cfg().prefill_batch_tokens == 0 and cfg("--prefill-batch-tokens", "2048").prefill_batch_tokens == 2048
+    with pytest.raises(SystemExit, match="--prefill-batch-tokens must be >= 0"):
+        cfg("--prefill-batch-tokens", "-1")
 
 
 async def test_calibration_adds_the_decode_first_token_delay(make_env) -> None:
@@ -260,3 +263,30 @@ async def test_prefills_that_slow_the_decode_are_kept_off_it_while_it_streams(ma
         assert to_p0 <= 3 and slow <= 3, (to_p0, got)
     else:
         assert to_p0 >= 4 and slow >= 4, (to_p0, got)
+
+
+@pytest.mark.parametrize("budget", [2048, 0])
+async def test_a_request_that_would_delay_one_queued_past_the_ttft_slo_is_refused(make_env, tmp_path,
+                                                                                  budget: int) -> None:
+    # Every prefill is estimated at 0.6 s (a flat profile). A is admitted at t = 0; B comes 0.1 s
+    # later. One at a time, B's first token is due at 0.5 + 0.6 = 1.1 s, within the 1.15 s SLO. An
+    # engine that batches its queue computes B in A's last step and answers A only with B, at 1.2 s
+    # after A arrived: with --prefill-batch-tokens the check sees that and refuses B.
+    import asyncio
+
+    from mooncake_proxy.scheduling import CostModel
+
+    profile = tmp_path / "flat.json"
+    CostModel(c0=0.6, c1=0.0, c2=0.0, name="flat-0.6s").save(profile)
+    env = await make_env(policy="load_balance", ttft_slo=1.15, profile=str(profile), prefill_batch_tokens=budget,
+                         prefill_behaviour=Behaviour(prefill_delay=0.8))
+    first = asyncio.create_task(post_ttft(env, {**BODY, "prompt": "A " + BODY["prompt"]}))
+    await asyncio.sleep(0.1)
+    async with env.session.post(env.url + "/v1/completions", json={**BODY, "prompt": "B " + BODY["prompt"]}) as r:
+        status, text = r.status, await r.text()
+    assert (await first)[0] == 200
+    if budget:
+        assert status == 429, text
+        assert "would share the last forward step of request" in text and "steps of 2048 tokens" in text
+    else:
+        assert status == 200, text
