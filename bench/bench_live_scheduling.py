@@ -512,7 +512,7 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
         if mode != "none":
             # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<k>_<mode>.log)
             extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG",
-                      "--prefill-batch-tokens", str(0 if a.fifo_estimate else a.max_num_batched_tokens)]
+                      "--prefill-batch-tokens", str(a.max_num_batched_tokens if a.batched_estimate else 0)]
         load = os.getloadavg()[0]
         freeze = None
         if a.freeze_prefill:
@@ -574,12 +574,14 @@ def main(argv: list[str] | None = None) -> int:
                          "decode's first token by ~1 s; on dedicated cores (a real deployment) that cost is absent")
     ap.add_argument("--kv-cache-bytes", type=int, default=128 << 20, help="KV cache per vLLM instance (bytes)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                    help="the vLLM servers' --max-num-batched-tokens (2048 is vLLM CPU's default), also given to the "
-                         "overload phase's proxies as --prefill-batch-tokens: the prefills batch their queue in steps "
-                         "of this many tokens, and the TTFT check keeps the requests already queued within the SLO")
-    ap.add_argument("--fifo-estimate", action="store_true",
-                    help="the overload phase's proxies estimate each prefill's queue one request at a time "
-                         "(--prefill-batch-tokens 0, what runs before 2026-12-03 13:30 UTC did)")
+                    help="the vLLM servers' --max-num-batched-tokens (2048 is vLLM CPU's default); with "
+                         "--batched-estimate also the overload phase's proxies' --prefill-batch-tokens")
+    ap.add_argument("--batched-estimate", action="store_true",
+                    help="the overload phase's proxies get --prefill-batch-tokens (= --max-num-batched-tokens): the "
+                         "prefills batch their queue, and the TTFT check keeps the requests already queued within "
+                         "the SLO. Off by default: on this box it sent requests the check would have queued behind "
+                         "others to other prefills, and the prefills slowed each other more than it saved "
+                         "(BENCHMARKS.md, issue 16, runs k10-k16)")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the vLLM servers (and each proxy)")
     ap.add_argument("--request-timeout", type=float, default=600.0, help="per-request timeout of the replay (s)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompt text")
