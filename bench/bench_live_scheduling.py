@@ -512,7 +512,8 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
         if mode != "none":
             # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<k>_<mode>.log)
             extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG",
-                      "--prefill-batch-tokens", str(a.max_num_batched_tokens if a.batched_estimate else 0)]
+                      "--prefill-batch-tokens", str(a.max_num_batched_tokens if a.batched_estimate else 0),
+                      "--recent-busy-tau", str(a.recent_busy_tau)]
         load = os.getloadavg()[0]
         freeze = None
         if a.freeze_prefill:
@@ -576,6 +577,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048,
                     help="the vLLM servers' --max-num-batched-tokens (2048 is vLLM CPU's default); with "
                          "--batched-estimate also the overload phase's proxies' --prefill-batch-tokens")
+    ap.add_argument("--recent-busy-tau", type=float, default=0.0,
+                    help="the overload phase's proxies' --recent-busy-tau (0: off, only the prefills busy now count "
+                         "in the contention the checks expect)")
     ap.add_argument("--batched-estimate", action="store_true",
                     help="the overload phase's proxies get --prefill-batch-tokens (= --max-num-batched-tokens): the "
                          "prefills batch their queue, and the TTFT check keeps the requests already queued within "

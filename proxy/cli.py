@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "step it shares. With --ttft-slo the check then also refuses (or sends elsewhere) a "
                         "request that would push one already queued past the SLO. 0 (default): the engines "
                         "are taken to compute one request at a time, as the simulator does")
+    g.add_argument("--recent-busy-tau", type=float, default=0.0,
+                   help="with --calibrate and --prediction-horizon: count a prefill that is idle now for its busy "
+                        "share over about the last SECONDS (an exponential moving average with this time constant) "
+                        "in the contention the TTFT and TBT checks expect (a stream lasts its tokens' steps; a "
+                        "prefill busy most of the recent past will likely compute during them). 0 (default): "
+                        "only the prefills busy or queued now count")
     from mooncake_proxy.scheduling import REJECTION_MODES
 
     g.add_argument("--rejection", choices=REJECTION_MODES, default="early",
@@ -246,6 +252,8 @@ def config_from_args(a: argparse.Namespace):
         raise SystemExit("--tls-cert and --tls-key go together (give both)")
     if a.block_size <= 0:
         raise SystemExit(f"--block-size must be > 0, got {a.block_size}")
+    if a.recent_busy_tau < 0:
+        raise SystemExit(f"--recent-busy-tau must be >= 0 seconds (0 = off), got {a.recent_busy_tau}")
     if a.prefill_batch_tokens < 0:
         raise SystemExit(f"--prefill-batch-tokens must be >= 0 (0 = one request at a time), got "
                          f"{a.prefill_batch_tokens}")
@@ -260,7 +268,7 @@ def config_from_args(a: argparse.Namespace):
         prefill_urls=prefill, decode_urls=decode, prefill_bootstrap_ports=bports, policy=a.policy,
         handoff=a.handoff, prefill_first_token=a.prefill_first_token, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
-        prefill_batch_tokens=a.prefill_batch_tokens, retry_after=a.retry_after,
+        prefill_batch_tokens=a.prefill_batch_tokens, recent_busy_tau=a.recent_busy_tau, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
         health_timeouts_to_down=a.health_timeouts_to_down,
         upstream_keepalive=a.upstream_keepalive, request_timeout=a.request_timeout,

@@ -71,6 +71,8 @@ class ProxyConfig:
     calibrate: bool = False
     #: --prefill-batch-tokens: the engines batch their queue in steps of this many tokens (0: one at a time)
     prefill_batch_tokens: int = 0
+    #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
+    recent_busy_tau: float = 0.0
     retry_after: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0
@@ -143,6 +145,8 @@ class ProxyServer:
         slo, self.decode_tbt_limit = sched.split_rejection(slo, cfg.rejection)
         self.scheduler = sched.make_scheduler(cfg.policy, self.cluster, cost, slo, seed=cfg.seed)
         self.scheduler.prefill_batch_tokens = cfg.prefill_batch_tokens
+        if cfg.recent_busy_tau > 0:
+            self.scheduler.recent_busy = sched.RecentBusy(tau_s=cfg.recent_busy_tau)
         self.calibrator = sched.LatencyCalibrator(cost) if cfg.calibrate else None
         if cfg.calibrate:  # the TTFT check's per-pair margin from its own errors (ttft_error.py)
             self.cluster.ttft_errors = sched.TtftErrorQuantile()

@@ -78,8 +78,9 @@ class Scheduler(abc.ABC):
         self.interference: dict[str, dict[str, float]] = {}
         #: each prefill's share of the last seconds it was busy (contention.RecentBusy), read by
         #: :meth:`decode_contention` and :meth:`prefill_contention` with a prediction horizon; advanced
-        #: by :meth:`schedule` while a contention slope or interference is known
-        self.recent_busy = RecentBusy()
+        #: by :meth:`schedule` while a contention slope or interference is known. None (the default,
+        #: the live proxy's --recent-busy-tau 0): only the prefills busy now count
+        self.recent_busy: RecentBusy | None = None
         #: the prefill engines' token budget per forward step (vLLM's --max-num-batched-tokens): they
         #: batch their queue, so a request admitted behind others can delay them (batched_queue.py)
         #: and the TTFT check also keeps those within the SLO (:meth:`queue_harm`); 0: one at a time
@@ -94,7 +95,7 @@ class Scheduler(abc.ABC):
         """Choose where ``req`` runs at time ``now``, or reject it early (see module doc)."""
         cl = self.cluster
         retry = self.slo.retry_after_s
-        if self.interference or self.contention_slope > 0:
+        if self.recent_busy is not None and (self.interference or self.contention_slope > 0):
             self.recent_busy.update(now, cl.busy_times(now))
         prefills = cl.healthy_instances("prefill")
         if not prefills:
@@ -182,7 +183,7 @@ class Scheduler(abc.ABC):
         """The multiplier of an estimate of ``est_s`` seconds (queue + prefill) on ``instance_id``
         from the other prefill instances busy meanwhile: exp(slope * their expected number), each
         counted for the share of ``est_s`` its own queue lasts (contention.py) -- with a prediction
-        horizon, at least for its recent busy share (:attr:`recent_busy`). 1.0 without a slope.
+        horizon and :attr:`recent_busy`, at least for its recent busy share. 1.0 without a slope.
 
         Why: where instances share cores, a burst makes all of them busy at once and each runs
         slower than its factor, learned at the calmer load before, says -- before any head is late."""
@@ -191,12 +192,12 @@ class Scheduler(abc.ABC):
             return 1.0
         others = [j for j in self.cluster.prefill_ids() if j != instance_id]
         busy = [self.queue_time(j, now) + self.prefill_lateness(j, now) for j in others]
-        if self.slo.prediction_horizon_s is None:
+        recent = self.recent_busy
+        if self.slo.prediction_horizon_s is None or recent is None:
             return math.exp(slope * expected_busy_neighbours(est_s, busy))
         # projected (the paper's prediction-based rejection): a neighbour busy most of the recent past
         # is expected busy during the request too, though its queue now is short (a burst arrives
         # one request at a time, so at each admission the others' queues hold only what came before)
-        recent = self.recent_busy
         return math.exp(slope * sum(max(expected_busy_neighbours(est_s, [b]), recent.share(j))
                                     for j, b in zip(others, busy)))
 
@@ -205,8 +206,8 @@ class Scheduler(abc.ABC):
         compute while its streams run: exp(sum of their interference coefficients x their share of the
         time; 1.0 without any). A prefill busy now, or ``also_busy`` (one about to be), counts whole. With
         a prediction horizon (the paper's prediction-based rejection, which projects the decode's load to
-        when the request joins it) an idle one counts for the share of the last seconds it was busy
-        (:attr:`recent_busy`): a stream lasts its tokens' steps, and a prefill busy most of the recent
+        when the request joins it) and :attr:`recent_busy`, an idle one counts for the share of the last
+        seconds it was busy: a stream lasts its tokens' steps, and a prefill busy most of the recent
         past will likely compute during them. Without one, only the prefills busy now (the current load).
         Where a decode shares cores with some prefills, its steps slow down while they compute."""
         coef = self.interference.get(decode_id)

@@ -115,6 +115,9 @@ def test_rejection_and_calibrate_flags() -> None:
     assert cfg().prefill_batch_tokens == 0 and cfg("--prefill-batch-tokens", "2048").prefill_batch_tokens == 2048
     with pytest.raises(SystemExit, match="--prefill-batch-tokens must be >= 0"):
         cfg("--prefill-batch-tokens", "-1")
+    assert cfg().recent_busy_tau == 0 and cfg("--recent-busy-tau", "2").recent_busy_tau == 2.0
+    with pytest.raises(SystemExit, match="--recent-busy-tau must be >= 0"):
+        cfg("--recent-busy-tau", "-1")
 
 
 async def test_calibration_adds_the_decode_first_token_delay(make_env) -> None:
@@ -290,3 +293,11 @@ async def test_a_request_that_would_delay_one_queued_past_the_ttft_slo_is_refuse
         assert "would share the last forward step of request" in text and "steps of 2048 tokens" in text
     else:
         assert status == 200, text
+
+
+async def test_recent_busy_tau_reaches_the_scheduler(make_env) -> None:
+    env = await make_env(policy="conductor", tbt_slo=1.0, calibrate=True, prediction_horizon=5.0, recent_busy_tau=2.0)
+    await env.post_ok(BODY, 1)
+    assert env.server.scheduler.recent_busy is not None and env.server.scheduler.recent_busy.tau_s == 2.0
+    off = await make_env(policy="conductor", tbt_slo=1.0, calibrate=True, prediction_horizon=5.0)
+    assert off.server.scheduler.recent_busy is None

@@ -9,7 +9,7 @@ import pytest
 
 from mooncake_proxy.scheduling import (ClusterState, CostModel, Decision, InstanceInfo, LatencyCalibrator, Rejection,
                                        RequestInfo, SloConfig, make_scheduler)
-from mooncake_proxy.scheduling.contention import ContentionSlope, Interference, expected_busy_neighbours
+from mooncake_proxy.scheduling.contention import ContentionSlope, Interference, RecentBusy, expected_busy_neighbours
 
 BASE = CostModel(c0=0.01, c1=0.001, c2=0.0, d0=0.02, d1=0.0, d2=0.0, transfer_latency_s=0.003,
                  block_size=4, name="base")
@@ -251,8 +251,6 @@ def test_the_cluster_keeps_each_prefills_busy_time() -> None:
 
 
 def test_recent_busy_is_the_moving_share_of_time_each_prefill_was_busy() -> None:
-    from mooncake_proxy.scheduling.contention import RecentBusy
-
     r = RecentBusy(tau_s=2.0)
     assert r.update(0.0, {"p0": 0.0, "p1": 0.0}) == {}
     for t in range(1, 21):  # p0 busy all the time, p1 half of it
@@ -274,6 +272,7 @@ def test_the_tbt_check_counts_a_prefill_busy_most_of_the_recent_past_though_idle
         cl.add_instance(InstanceInfo(i, "prefill"))
     cl.add_instance(InstanceInfo("d0", "decode"))
     s = make_scheduler("load_balance", cl, BASE, SloConfig(tbt_s=0.05, prediction_horizon_s=5.0))
+    s.recent_busy = RecentBusy(tau_s=2.0)
     s.interference = {"d0": {"p1": math.log(3.0)}}  # p1 triples the decode's steps (20 ms -> 60 ms)
     # p1 computed back to back for 10 s and went idle a moment ago
     t = 0.0
@@ -284,6 +283,9 @@ def test_the_tbt_check_counts_a_prefill_busy_most_of_the_recent_past_though_idle
         t += 0.5
         cl.on_prefill_done("p1", r, t)
     assert not cl.is_prefill_busy("p1")
+    off = make_scheduler("load_balance", cl, BASE, SloConfig(tbt_s=0.05, prediction_horizon_s=5.0))
+    off.interference = s.interference  # without a RecentBusy only the prefills busy now count
+    assert isinstance(off.schedule(RequestInfo("new", 4), t), Decision)
     out = s.schedule(RequestInfo("new", 4), t)
     assert isinstance(out, Rejection) and "TBT SLO" in out.reason  # ~57 ms predicted
     # without a prediction horizon the check is on the current load: p1 idle now, no slowdown
@@ -300,6 +302,7 @@ def test_projected_prefill_contention_counts_neighbours_busy_in_the_recent_past(
         cl.add_instance(InstanceInfo(i, "prefill"))
     cl.add_instance(InstanceInfo("d0", "decode"))
     s = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0, prediction_horizon_s=5.0))
+    s.recent_busy = RecentBusy(tau_s=2.0)
     s.contention_slope = 0.5
     t = 0.0
     for k in range(20):  # p1 and p2 busy back to back for 10 s, idle just now
