@@ -12,7 +12,8 @@ That matters twice for the TTFT check. A request's own answer comes when the que
 as FIFO says (its own last step ends the queue). But admitting it can delay the requests already
 queued -- every one whose last step it joins -- past *their* SLO, which a check of the new request
 alone never sees. :func:`finish_offsets` gives each queued request's answer time under the budget;
-the scheduler compares them with and without the new request (``Scheduler.queue_harm``).
+the scheduler compares them with and without the new request (``Scheduler.queue_harm``; :func:`delays_by`
+is that comparison as one call).
 
 The step model: the queue's tokens in order, cut into steps of ``budget`` tokens starting at the head's
 start; each step takes the time of its tokens (each request's estimate spread evenly over its tokens);

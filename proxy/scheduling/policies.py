@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar, Iterable, Iterator, Sequence
 
-from .batched_queue import delays_by, finish_offsets
+from .batched_queue import finish_offsets
 from .cluster import STORE, ClusterState, DecodeLoad, PrefillEntry, kv_footprint
 from .contention import RecentBusy, expected_busy_neighbours
 from .cost import CostModel
@@ -299,8 +299,9 @@ class Scheduler(abc.ABC):
         tokens = [e.new_tokens for e in entries]
         times = [e.est_s for e in entries]
         new, _ = self.split_prompt(req, plan.cached_blocks)
-        delays = delays_by(tokens, times, budget, new, max(0.0, plan.est_ttft_s - plan.est_queue_s))
-        if not any(d > 0 for d in delays):
+        before = finish_offsets(tokens, times, budget)
+        after = finish_offsets([*tokens, new], [*times, max(0.0, plan.est_ttft_s - plan.est_queue_s)], budget)
+        if not any(a > b for a, b in zip(after, before)):
             return None
         # the same speed as the new request's own check (_prefill_done_in)
         m = max(self.prefill_contention(iid, now, plan.est_ttft_s), self.prefill_slowdown(iid, now))
@@ -315,9 +316,9 @@ class Scheduler(abc.ABC):
             return (now - e.enqueued_at + cl.first_token_in(e.decode_id, now, done_in, iid)
                     + cl.ttft_margin(iid, e.decode_id, now))
 
-        for e, off, d in zip(entries, finish_offsets(tokens, times, budget), delays):
-            if d > 0 and ttft(e, off) <= limit < (after := ttft(e, off + d)):
-                return e.request_id, after
+        for e, b, a in zip(entries, before, after):
+            if a > b and ttft(e, b) <= limit < (late_ttft := ttft(e, a)):
+                return e.request_id, late_ttft
         return None
 
     def prefill_lateness(self, instance_id: str, now: float, factor: float = 1.0) -> float:
