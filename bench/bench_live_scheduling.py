@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"--http_metadata_server_port={hport}"], mport, mmetrics, str(logs / "master.log"))
     store_extra = {"master_server_address": master.addr, "metadata_server": f"http://127.0.0.1:{hport}/metadata",
                    "global_segment_size": "256MB", "local_buffer_size": "64MB", "local_hostname": "127.0.0.1"}
-    common = ["--kv-cache-memory-bytes", a.kv_cache_bytes, "--max-model-len", 2048,
+    common = ["--kv-cache-memory-bytes", a.kv_cache_bytes, "--max-model-len", 2048, "--enable-prompt-tokens-details",
               "--max-num-batched-tokens", a.max_num_batched_tokens]
     prefill_store = {**store_extra, "store_lookup": a.store_lookup}
     vllm_env = {"VLLM_SERVER_DEV_MODE": "1"}

@@ -487,6 +487,8 @@ class ProxyServer:
                 "est_ttft_s": round(self.cluster.first_token_in(d_inst.instance_id, now, decision.est_ttft_s,
                                                                 p_inst.instance_id), 3),
                 "margin_s": round(self.cluster.ttft_margin(p_inst.instance_id, d_inst.instance_id, now), 3),
+                "first_token_s": round(decision.est_first_token_s, 3), "queue_s": round(decision.est_queue_s, 3),
+                "prompt_tokens": req.prompt_tokens, "cached_blocks": decision.cached_blocks,
                 "handoff_pending": dl.handoff.pending if dl.handoff is not None else None,
                 "in_prefill_to_decode": len(dl.incoming)})
         return await self._run_pair(request, route, rid, body, req, decision, p_inst, d_inst, t0)
@@ -557,6 +559,13 @@ class ProxyServer:
                     self._calibrated("prefill", cal.observe_prefill(
                         decision.est_ttft_s / f_pre, t_done - t_sent, t_done, p.instance_id,
                         _mean_other_busy(cluster, busy_sent, t_sent, t_done)))
+                if log.isEnabledFor(logging.DEBUG):  # the prefill's side of the TTFT check's error
+                    usage = presp.get("usage") if isinstance(presp, dict) else None
+                    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+                    log.debug("prefill answered", extra={
+                        "request_id": rid, "prefill": p.instance_id, "took_s": round(t_done - t_sent, 3),
+                        "est_prefill_s": round(decision.est_ttft_s, 3),
+                        "engine_cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None})
                 ho.on_prefill_answer(p.addr, presp)
                 ft = ftok.parse_first_token(presp) if first else None
                 if first and ft is None:
