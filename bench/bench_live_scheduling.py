@@ -318,7 +318,12 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         total = proxy_counts(proxy_metrics, prefills)
         inst_factor: dict[str, float] = {}
         interference: dict[str, float] = {}
+        pairs: dict[str, float] = {}
         for line in proxy_metrics.splitlines():
+            if line.startswith("mooncake_proxy_prefill_interference{"):  # "p0<p2": p2's coefficient on p0
+                ends = [line.split(f'{k}="', 1)[1].split('"', 1)[0].split("@", 1)[1] for k in ("prefill", "other")]
+                if all(u in (urls := [p.url for p in prefills]) for u in ends) and float(line.rsplit(" ", 1)[1]) > 0:
+                    pairs[f"p{urls.index(ends[0])}<p{urls.index(ends[1])}"] = float(line.rsplit(" ", 1)[1])
             if line.startswith("mooncake_proxy_decode_interference{"):  # prefill -> its coefficient on the decode
                 url = line.split('prefill="', 1)[1].split('"', 1)[0].split("@", 1)[1]
                 if url in (urls := [p.url for p in prefills]):
@@ -345,7 +350,8 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
            "contention_slope": {side: metric(proxy_metrics, f'mooncake_proxy_contention_slope{{side="{side}"}}')
                                 for side in ("prefill", "decode")},
            "prefill_factor": dict(sorted(inst_factor.items())),
-           "decode_interference": dict(sorted(interference.items()))}
+           "decode_interference": dict(sorted(interference.items())),
+           "prefill_interference": dict(sorted(pairs.items()))}
     return row, results
 
 
@@ -435,6 +441,8 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
             fac += f" s{sl.get('prefill', 0):.2f}"
         if r.get("decode_interference"):  # each prefill's log slowdown of the decode's steps
             fac += " i(" + " ".join(f"{k}:{v:.1f}" for k, v in r["decode_interference"].items()) + ")"
+        if r.get("prefill_interference"):  # which prefill slows which: "p0<p2" = p2's coefficient on p0
+            fac += " pp(" + " ".join(f"{k}:{v:.1f}" for k, v in r["prefill_interference"].items()) + ")"
         split = f"{int(r['rejected_on_arrival'])}/{int(r['rejected_after_prefill'])}"
         lines.append(f"{r['label']:<12}{r['requests']:>5}{r['rejected_429']:>5}{split:>9}{r['completed']:>6}"
                      f"{r['met']:>5}{num(r['attainment_admitted'], '.0%'):>11}{num(r['attainment_all'], '.0%'):>11}"
@@ -447,7 +455,7 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
                                "all requests; 429s on arrival / after the prefill; TTFT s, TBT ms; "
                                "factor: the proxy's --calibrate factors at the end, shared prefill/decode and each "
                                "prefill's own, s: the prefills' contention slope, i(): each prefill's interference "
-                               "with the decode)")
+                               "with the decode, pp(): a<b is prefill b's interference with prefill a)")
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
@@ -513,7 +521,7 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
             # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<k>_<mode>.log)
             extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG",
                       "--prefill-batch-tokens", str(a.max_num_batched_tokens if a.batched_estimate else 0),
-                      "--recent-busy-tau", str(a.recent_busy_tau)]
+                      "--recent-busy-tau", str(a.recent_busy_tau), "--prefill-contention", a.prefill_contention]
         load = os.getloadavg()[0]
         freeze = None
         if a.freeze_prefill:
@@ -580,6 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recent-busy-tau", type=float, default=0.0,
                     help="the overload phase's proxies' --recent-busy-tau (0: off, only the prefills busy now count "
                          "in the contention the checks expect)")
+    ap.add_argument("--prefill-contention", choices=("count", "pairs"), default="count",
+                    help="the overload phase's proxies' --prefill-contention: count (one slope per busy neighbour) or "
+                         "pairs (a coefficient per pair of prefills: here prefills 0 and 2 share a core, 1 and 3 "
+                         "the other)")
     ap.add_argument("--batched-estimate", action="store_true",
                     help="the overload phase's proxies get --prefill-batch-tokens (= --max-num-batched-tokens): the "
                          "prefills batch their queue, and the TTFT check keeps the requests already queued within "

@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "in the contention the TTFT and TBT checks expect (a stream lasts its tokens' steps; a "
                         "prefill busy most of the recent past will likely compute during them). 0 (default): "
                         "only the prefills busy or queued now count")
+    g.add_argument("--prefill-contention", choices=("count", "pairs"), default="count",
+                   help="with --calibrate: how the proxy learns that prefill instances slow each other where they "
+                        "share hardware (CPU cores, a GPU split by MIG/MPS) and counts it in the TTFT check. "
+                        "count (default): one log-slowdown per busy neighbour, learned from every sample "
+                        "(gauge mooncake_proxy_contention_slope); pairs: a coefficient per (prefill, other "
+                        "prefill), so only the instances that share hardware count (gauge "
+                        "mooncake_proxy_prefill_interference; needs more samples per instance)")
     from mooncake_proxy.scheduling import REJECTION_MODES
 
     g.add_argument("--rejection", choices=REJECTION_MODES, default="early",
@@ -268,7 +275,8 @@ def config_from_args(a: argparse.Namespace):
         prefill_urls=prefill, decode_urls=decode, prefill_bootstrap_ports=bports, policy=a.policy,
         handoff=a.handoff, prefill_first_token=a.prefill_first_token, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
-        prefill_batch_tokens=a.prefill_batch_tokens, recent_busy_tau=a.recent_busy_tau, retry_after=a.retry_after,
+        prefill_batch_tokens=a.prefill_batch_tokens, recent_busy_tau=a.recent_busy_tau,
+        prefill_contention=a.prefill_contention, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
         health_timeouts_to_down=a.health_timeouts_to_down,
         upstream_keepalive=a.upstream_keepalive, request_timeout=a.request_timeout,

@@ -118,6 +118,11 @@ class ProxyMetrics:
                                          "Online calibration (--calibrate): log-slowdown of a decode instance's "
                                          "steps while a prefill instance computes (0 where they do not share "
                                          "hardware; scheduling/contention.py)", ["decode", "prefill"], registry=r)
+        self.prefill_interference = Gauge("mooncake_proxy_prefill_interference",
+                                          "Online calibration (--calibrate --prefill-contention pairs): "
+                                          "log-slowdown of a prefill instance's work while another prefill "
+                                          "instance computes (0 where they do not share hardware; "
+                                          "scheduling/contention.py)", ["prefill", "other"], registry=r)
         self.first_token_delay = Gauge("mooncake_proxy_decode_first_token_seconds",
                                        "Online calibration (--calibrate): moving mean of the delay from a "
                                        "prefill's answer to the decode instance's first token (KV pull, "

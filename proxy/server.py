@@ -73,6 +73,9 @@ class ProxyConfig:
     prefill_batch_tokens: int = 0
     #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
     recent_busy_tau: float = 0.0
+    #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
+    #: "count" = one slope per busy neighbour, "pairs" = a coefficient per (prefill, other prefill)
+    prefill_contention: str = "count"
     retry_after: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0
@@ -198,6 +201,7 @@ class ProxyServer:
         self._prefix_ctr: dict[str, tuple[Any, Any]] = {}
         self._factor_gauge: dict[tuple[str, str], Any] = {}  # (side, instance) -> instance_cost_factor child
         self._interference_shown: set[tuple[str, str]] = set()  # (decode, prefill) pairs with a gauge series
+        self._pairs_shown: set[tuple[str, str]] = set()  # (prefill, other prefill) pairs with a gauge series
         self._seq = 0
         bports = list(cfg.prefill_bootstrap_ports)
         for i, url in enumerate(cfg.prefill_urls):
@@ -238,13 +242,16 @@ class ProxyServer:
                     self.metrics.instance_cost_factor.remove(instance_id, side)
                 except KeyError:
                     pass
-            for pair in [pr for pr in self._interference_shown if instance_id in pr]:
-                self._interference_shown.discard(pair)
-                try:
-                    self.metrics.decode_interference.remove(*pair)
-                except KeyError:
-                    pass
+            for shown, gauge in ((self._interference_shown, self.metrics.decode_interference),
+                                 (self._pairs_shown, self.metrics.prefill_interference)):
+                for pair in [pr for pr in shown if instance_id in pr]:
+                    shown.discard(pair)
+                    try:
+                        gauge.remove(*pair)
+                    except KeyError:
+                        pass
             self.scheduler.interference = self.calibrator.interference()
+            self.scheduler.prefill_interference = self.calibrator.prefill_interference()
         self._forget_bootstrap(inst)
         self._inflight_gauge.pop(instance_id, None)
         self._prefix_ctr.pop(instance_id, None)
@@ -533,6 +540,8 @@ class ProxyServer:
                         if cal is not None else (1.0, 1.0))
         t_sent = now()
         busy_sent = cluster.busy_area(t_sent)  # the contention the prefill runs under (contention.py)
+        pairs = self.cfg.prefill_contention == "pairs"
+        busy_times_sent = cluster.busy_times(t_sent) if pairs and cal is not None else None
         t_answered: float | None = None  # perf_counter of the prefill's answer (sequential hand-off)
         timing = StreamTiming() if cal is not None else None
         try:
@@ -558,7 +567,9 @@ class ProxyServer:
                     t_answered = time.perf_counter()
                     self._calibrated("prefill", cal.observe_prefill(
                         decision.est_ttft_s / f_pre, t_done - t_sent, t_done, p.instance_id,
-                        _mean_other_busy(cluster, busy_sent, t_sent, t_done)))
+                        None if pairs else _mean_other_busy(cluster, busy_sent, t_sent, t_done),
+                        _busy_shares(cluster, busy_times_sent, t_sent, t_done) if busy_times_sent is not None
+                        else None))
                 if log.isEnabledFor(logging.DEBUG):  # the prefill's side of the TTFT check's error
                     usage = presp.get("usage") if isinstance(presp, dict) else None
                     details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
@@ -690,9 +701,16 @@ class ProxyServer:
             self.scheduler.instance_costs = cal.costs()
             self.scheduler.contention_slope = cal.slope("prefill")
             self.scheduler.interference = cal.interference()
+            self.scheduler.prefill_interference = cal.prefill_interference()
             self.metrics.cost_factor.labels(side).set(cal.factor(side))
             if side == "prefill":
                 self.metrics.contention_slope.labels(side).set(cal.slope(side))
+                for pid, coef in self.scheduler.prefill_interference.items():
+                    self._pairs_shown.update((pid, other) for other in coef)
+                for pid, other in self._pairs_shown:
+                    if pid in self.cluster and other in self.cluster:
+                        self.metrics.prefill_interference.labels(pid, other).set(
+                            self.scheduler.prefill_interference.get(pid, {}).get(other, 0.0))
             else:  # every pair shown once keeps a series: 0 once its coefficient is gone
                 coefs = self.scheduler.interference
                 for did, coef in coefs.items():

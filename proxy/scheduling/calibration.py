@@ -43,8 +43,10 @@ own factor from it within ``prior_samples`` answers.
 Contention, too (contention.py): a prefill sample that says how many other prefill instances were
 busy during it (``contention``) goes into the :class:`ContentionSlope` (a fixed-effects fit over
 the instances' samples), and a decode sample that says how long each prefill was busy during it
-(``prefill_busy``) into the :class:`Interference` fit of its decode; the factors learn from the
-sample with that contention taken out -- so an instance's factor is its speed with nobody else
+(``prefill_busy``) into the :class:`Interference` fit of its decode; a prefill sample that says
+instead how long each *other* prefill was busy during it (``busy``) goes into a second
+:class:`Interference` fit, of prefill on prefill (:meth:`prefill_interference`: which instances
+share hardware with which). The factors learn from the sample with that contention taken out -- so an instance's factor is its speed with nobody else
 busy, and the scheduler multiplies its estimates by what it predicts (:meth:`contention_factor`,
 :meth:`interference`). Without them a sample moves the factors as before and nothing is learned.
 
@@ -99,6 +101,8 @@ class LatencyCalibrator:
     _slope: ContentionSlope = field(default_factory=ContentionSlope)
     #: how much each prefill's work slows each decode's steps (contention.py)
     _interference: Interference = field(default_factory=Interference)
+    #: how much each prefill's work slows each other prefill (contention.py; samples with ``busy``)
+    _pairs: Interference = field(default_factory=Interference)
     _cost: CostModel | None = None
     #: instance -> its cost model (cached; dropped whenever a factor moves)
     _costs: dict[str, CostModel] | None = None
@@ -131,12 +135,17 @@ class LatencyCalibrator:
         return {k: self.factor(*k) for k in self._inst}
 
     def observe_prefill(self, predicted_s: float, observed_s: float, now: float = 0.0,
-                        instance: str | None = None, contention: float | None = None) -> bool:
+                        instance: str | None = None, contention: float | None = None,
+                        busy: dict[str, float] | None = None) -> bool:
         """A prefill (queue + compute, as predicted at scheduling time) took ``observed_s`` on
         ``instance``; ``now`` is the caller's clock; ``contention``: the mean number of other busy
-        prefill instances meanwhile (module doc). Returns True when a factor or the slope changed
-        (then install :meth:`cost`, :meth:`costs` and :meth:`slope`)."""
-        return self._observe("prefill", predicted_s, observed_s, now, instance, contention)
+        prefill instances meanwhile, or ``busy``: the share of that time each prefill instance was
+        busy (``instance``'s own share is ignored) -- pass one of the two (module doc). Returns True
+        when a factor, the slope or a pair coefficient changed (then install :meth:`cost`,
+        :meth:`costs`, :meth:`slope` and :meth:`prefill_interference`)."""
+        if busy is not None and instance is not None:
+            busy = {p: v for p, v in busy.items() if p != instance}
+        return self._observe("prefill", predicted_s, observed_s, now, instance, contention, busy)
 
     def observe_decode(self, predicted_tbt_s: float, observed_tbt_s: float, now: float = 0.0,
                        instance: str | None = None, prefill_busy: dict[str, float] | None = None) -> bool:
@@ -159,6 +168,10 @@ class LatencyCalibrator:
     def interference(self) -> dict[str, dict[str, float]]:
         """decode instance -> {prefill instance: log slowdown of its steps while that prefill is busy}."""
         return self._interference.all_coefs()
+
+    def prefill_interference(self) -> dict[str, dict[str, float]]:
+        """prefill instance -> {other prefill instance: log slowdown of its work while that one is busy}."""
+        return self._pairs.all_coefs()
 
     def observe_first_token(self, decode_id: str, seconds: float, now: float = 0.0) -> bool:
         """Decode ``decode_id`` gave its first token ``seconds`` after the prefill answered."""
@@ -183,6 +196,7 @@ class LatencyCalibrator:
         self._first.pop(instance, None)
         self._slope.forget_instance(instance)
         self._interference.forget_instance(instance)
+        self._pairs.forget_instance(instance)
         for side in self._sides:
             if self._inst.pop((side, instance), None) is not None:
                 self._costs = None
@@ -292,9 +306,10 @@ class LatencyCalibrator:
             # learn from the sample with its contention taken out
             moved = self._slope.observe(contention, sample, instance or "")
             sample -= self._slope.slope * contention
-        if busy is not None and instance is not None:  # the decode side: which prefill slowed it
-            moved = self._interference.observe(instance, busy, sample)
-            coef = self._interference.coefs(instance)
+        if busy is not None and instance is not None:  # which prefills slowed it (decode, or another prefill)
+            fit = self._interference if side == "decode" else self._pairs
+            moved = fit.observe(instance, busy, sample) or moved
+            coef = fit.coefs(instance)
             sample -= sum(c * min(1.0, busy.get(p, 0.0)) for p, c in coef.items())
         changed = self._update(s, sample, now) or moved
         if instance is not None:

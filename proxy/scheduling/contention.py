@@ -159,6 +159,12 @@ class Interference:
 
     ``ridge`` pulls each b_p to 0 until the samples show it; a negative b_p is read as 0 (another
     prefill's work never speeds a decode up). On dedicated hardware every b_p stays near 0.
+
+    The same fit, keyed by a *prefill* instance and fed its samples (queue + compute) with the
+    other prefills' busy shares, learns which prefills slow which (``LatencyCalibrator.prefill_interference``,
+    ``Scheduler.prefill_interference``): on the bench prefills 0 and 2 share one core, 1 and 3 the
+    other; a burst on one core's pair ran each at half speed and less (run m2 in BENCHMARKS.md), and the
+    busy count above (which counts all three neighbours alike) learned a slope of 0.
     """
 
     def __init__(self, forget: float = 0.95, ridge: float = 0.3, max_coef: float = 4.0) -> None:
@@ -171,8 +177,9 @@ class Interference:
         self._fits: dict[str, _Fit] = {}
 
     def observe(self, decode_id: str, busy: dict[str, float], log_ratio: float) -> bool:
-        """A stream on ``decode_id`` stepped exp(``log_ratio``) times its prediction while each
-        prefill of ``busy`` was busy for that fraction of it. True when a coefficient moved."""
+        """A stream on ``decode_id`` (or a prefill, for the prefill-on-prefill fit) took exp(``log_ratio``)
+        times its prediction while each prefill of ``busy`` was busy for that fraction of it. True
+        when a coefficient moved."""
         if not math.isfinite(log_ratio) or any(not math.isfinite(v) or v < 0 for v in busy.values()):
             return False
         fit = self._fits.setdefault(decode_id, _Fit())

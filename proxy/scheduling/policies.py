@@ -76,6 +76,9 @@ class Scheduler(abc.ABC):
         #: decode -> {prefill: log-slowdown of its steps while that prefill computes} (the live proxy's
         #: --calibrate learns it, contention.Interference); absent: prefills do not slow decodes
         self.interference: dict[str, dict[str, float]] = {}
+        #: prefill -> {other prefill: log-slowdown of its work while that one is busy} (the live proxy's
+        #: --calibrate --prefill-contention pairs learns it, contention.Interference); absent: see the slope
+        self.prefill_interference: dict[str, dict[str, float]] = {}
         #: each prefill's share of the last seconds it was busy (contention.RecentBusy), read by
         #: :meth:`decode_contention` and :meth:`prefill_contention` with a prediction horizon; advanced
         #: by :meth:`schedule` while a contention slope or interference is known. None (the default,
@@ -95,7 +98,8 @@ class Scheduler(abc.ABC):
         """Choose where ``req`` runs at time ``now``, or reject it early (see module doc)."""
         cl = self.cluster
         retry = self.slo.retry_after_s
-        if self.recent_busy is not None and (self.interference or self.contention_slope > 0):
+        if self.recent_busy is not None and (self.interference or self.prefill_interference
+                                             or self.contention_slope > 0):
             self.recent_busy.update(now, cl.busy_times(now))
         prefills = cl.healthy_instances("prefill")
         if not prefills:
@@ -183,23 +187,25 @@ class Scheduler(abc.ABC):
         """The multiplier of an estimate of ``est_s`` seconds (queue + prefill) on ``instance_id``
         from the other prefill instances busy meanwhile: exp(slope * their expected number), each
         counted for the share of ``est_s`` its own queue lasts (contention.py) -- with a prediction
-        horizon and :attr:`recent_busy`, at least for its recent busy share. 1.0 without a slope.
+        horizon and :attr:`recent_busy`, at least for its recent busy share. Each neighbour counts
+        with the slope and, where :attr:`prefill_interference` knows the pair, with its own
+        coefficient. 1.0 without either.
 
         Why: where instances share cores, a burst makes all of them busy at once and each runs
         slower than its factor, learned at the calmer load before, says -- before any head is late."""
         slope = self.contention_slope
-        if slope <= 0:
+        coef = self.prefill_interference.get(instance_id) or {}
+        if slope <= 0 and not coef:
             return 1.0
         others = [j for j in self.cluster.prefill_ids() if j != instance_id]
         busy = [self.queue_time(j, now) + self.prefill_lateness(j, now) for j in others]
-        recent = self.recent_busy
-        if self.slo.prediction_horizon_s is None or recent is None:
-            return math.exp(slope * expected_busy_neighbours(est_s, busy))
+        recent = self.recent_busy if self.slo.prediction_horizon_s is not None else None
         # projected (the paper's prediction-based rejection): a neighbour busy most of the recent past
         # is expected busy during the request too, though its queue now is short (a burst arrives
         # one request at a time, so at each admission the others' queues hold only what came before)
-        return math.exp(slope * sum(max(expected_busy_neighbours(est_s, [b]), recent.share(j))
-                                    for j, b in zip(others, busy)))
+        return math.exp(sum((slope + coef.get(j, 0.0)) * max(expected_busy_neighbours(est_s, [b]),
+                                                             recent.share(j) if recent is not None else 0.0)
+                            for j, b in zip(others, busy)))
 
     def decode_contention(self, decode_id: str, also_busy: str | None = None) -> float:
         """The multiplier of decode ``decode_id``'s step estimate from the prefill instances that will
