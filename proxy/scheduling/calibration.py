@@ -170,8 +170,19 @@ class LatencyCalibrator:
         return self._interference.all_coefs()
 
     def prefill_interference(self) -> dict[str, dict[str, float]]:
-        """prefill instance -> {other prefill instance: log slowdown of its work while that one is busy}."""
-        return self._pairs.all_coefs()
+        """prefill instance -> {other prefill instance: log slowdown of its work while that one is busy},
+        symmetric: the larger of the pair's two fits. Why: sharing hardware is mutual, but a fit can
+        only see it where the instance also ran without its mate -- one that the policy always ran
+        beside it (on the bench the conductor, ranking by first token, did) reads the mate's share
+        as its own slowness, its factor takes it, and its coefficient stays 0."""
+        fits = self._pairs.all_coefs()
+        out: dict[str, dict[str, float]] = {}
+        for a, coefs in fits.items():
+            for b, c in coefs.items():
+                c = max(c, fits.get(b, {}).get(a, 0.0))
+                out.setdefault(a, {})[b] = c
+                out.setdefault(b, {})[a] = c
+        return out
 
     def observe_first_token(self, decode_id: str, seconds: float, now: float = 0.0) -> bool:
         """Decode ``decode_id`` gave its first token ``seconds`` after the prefill answered."""

@@ -149,6 +149,15 @@ class Scheduler(abc.ABC):
                         f"{self.prefill_batch_tokens} tokens); none of the other {len(prefills) - 1} prefill "
                         f"instance(s) does better", retry, plan.est_ttft_s, tbt)
                 plan, decode_id, tbt, first = alt
+            if (hurt := self.pair_harm(plan, now)) is not None:
+                alt = self._other_prefill_within(req, prefills, decodes, plan, now, slo.ttft_s)
+                if alt is None:
+                    return Rejection(
+                        f"TTFT SLO: prefill {plan.instance_id!r} shares hardware with prefill {hurt[0]!r}, and "
+                        f"computing this request there would slow request {hurt[1]!r} queued on {hurt[0]!r} to "
+                        f"{hurt[2]:.3f}s > {slo.ttft_s:.3f}s; none of the other {len(prefills) - 1} prefill "
+                        f"instance(s) does better", retry, plan.est_ttft_s, tbt)
+                plan, decode_id, tbt, first = alt
         if slo.tbt_s is not None and tbt > slo.tbt_s:
             return Rejection(
                 f"TBT SLO: predicted {tbt * 1000:.1f}ms > {slo.tbt_s * 1000:.1f}ms on decode "
@@ -248,7 +257,8 @@ class Scheduler(abc.ABC):
             if tbt > slo.tbt_s or self.tbt_harm(plan.instance_id, d) > slo.tbt_s:
                 continue
             first, margin = self._first_token(plan, d, now)
-            if slo.ttft_s is not None and (first + margin > slo.ttft_s or self.queue_harm(plan, req, now)):
+            if slo.ttft_s is not None and (first + margin > slo.ttft_s or self.queue_harm(plan, req, now)
+                                           or self.pair_harm(plan, now)):
                 continue
             if best is None or first + margin < best[0]:
                 best = (first + margin, (plan, d, tbt, first))
@@ -313,18 +323,62 @@ class Scheduler(abc.ABC):
         m = max(self.prefill_contention(iid, now, plan.est_ttft_s), self.prefill_slowdown(iid, now))
         late = self.prefill_lateness(iid, now, m)
         elapsed = now - load.head_since
-        cl = self.cluster
-
-        def ttft(e: PrefillEntry, offset: float) -> float:
-            done_in = late + m * max(0.0, offset - elapsed)
-            if e.decode_id is None:
-                return now - e.enqueued_at + done_in
-            return (now - e.enqueued_at + cl.first_token_in(e.decode_id, now, done_in, iid)
-                    + cl.ttft_margin(iid, e.decode_id, now))
-
         for e, b, a in zip(entries, before, after):
-            if a > b and ttft(e, b) <= limit < (late_ttft := ttft(e, a)):
+            if a > b and (self._queued_ttft(iid, e, late + m * max(0.0, b - elapsed), now) <= limit
+                          < (late_ttft := self._queued_ttft(iid, e, late + m * max(0.0, a - elapsed), now))):
                 return e.request_id, late_ttft
+        return None
+
+    def _queued_ttft(self, iid: str, e: PrefillEntry, done_in: float, now: float) -> float:
+        """The TTFT of request ``e`` queued on prefill ``iid`` if its prefill is done in ``done_in``
+        seconds: its wait so far, the hand-off to its decode and that pair's margin."""
+        if e.decode_id is None:
+            return now - e.enqueued_at + done_in
+        cl = self.cluster
+        return (now - e.enqueued_at + cl.first_token_in(e.decode_id, now, done_in, iid)
+                + cl.ttft_margin(iid, e.decode_id, now))
+
+    def pair_harm(self, plan: PrefillPlan, now: float) -> tuple[str, str, float] | None:
+        """A request queued on another prefill instance that shares hardware with ``plan``'s (a
+        positive :attr:`prefill_interference` coefficient) and that admitting ``plan`` would push
+        past the TTFT SLO, as (its instance, its id, its predicted TTFT then); None when none would
+        be, or without a TTFT SLO or pair coefficients.
+
+        Why: the new request keeps its instance busy until it is done (its queue, then itself), and
+        for that time it slows the instances sharing its hardware. Each request queued there was
+        admitted for the contention it expected then; a burst that fills the neighbour afterwards
+        slows it past the SLO (run m2 in BENCHMARKS.md: four requests on prefill 2 estimated at
+        0.6-1.1 s took 2.1-4.2 s while prefill 0, on the same core, took six more). Each entry's time
+        left is scaled by exp(coefficient x the added share of it the new request's instance is busy)."""
+        limit = self.slo.ttft_s
+        j = plan.instance_id
+        if limit is None or not self.prefill_interference:
+            return None
+        late_j = self.prefill_lateness(j, now)
+        busy_before = self.queue_time(j, now) + late_j
+        busy_after = late_j + plan.est_ttft_s
+        for iid, coefs in self.prefill_interference.items():
+            c = coefs.get(j, 0.0)
+            load = self.cluster.prefill_load(iid) if iid != j and c > 0 and iid in self.cluster else None
+            if load is None or not load.entries:
+                continue
+            self.queue_time(iid, now)  # fills in the entries' estimates
+            slow = self.prefill_slowdown(iid, now)
+            elapsed = now - load.head_since
+            offset = 0.0
+            for e in load.entries.values():
+                offset += max(0.0, e.est_s)
+                left = max(0.0, offset - elapsed)  # its estimated time left, uncontended
+                if left <= 0:
+                    continue
+                m = max(self.prefill_contention(iid, now, left), slow)
+                late = self.prefill_lateness(iid, now, m)
+                added = min(1.0, busy_after / left) - min(1.0, busy_before / left)
+                if added <= 0:
+                    continue
+                if (self._queued_ttft(iid, e, late + m * left, now) <= limit
+                        < (late_ttft := self._queued_ttft(iid, e, late + m * math.exp(c * added) * left, now))):
+                    return iid, e.request_id, late_ttft
         return None
 
     def prefill_lateness(self, instance_id: str, now: float, factor: float = 1.0) -> float:
@@ -371,7 +425,7 @@ class Scheduler(abc.ABC):
         for plan, d, tbt in self._plans_elsewhere(req, prefills, decodes, failed.instance_id, now):
             first, margin = self._first_token(plan, d, now)
             if (first + margin <= limit_s and (best is None or first + margin < best[0])
-                    and self.queue_harm(plan, req, now) is None):
+                    and self.queue_harm(plan, req, now) is None and self.pair_harm(plan, now) is None):
                 best = (first + margin, (plan, d, tbt, first))
         return best[1] if best is not None else None
 

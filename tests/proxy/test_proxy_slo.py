@@ -118,6 +118,9 @@ def test_rejection_and_calibrate_flags() -> None:
     assert cfg().recent_busy_tau == 0 and cfg("--recent-busy-tau", "2").recent_busy_tau == 2.0
     with pytest.raises(SystemExit, match="--recent-busy-tau must be >= 0"):
         cfg("--recent-busy-tau", "-1")
+    assert cfg().prefill_contention == "count" and cfg("--prefill-contention", "pairs").prefill_contention == "pairs"
+    with pytest.raises(SystemExit):
+        cfg("--prefill-contention", "matrix")
 
 
 async def test_calibration_adds_the_decode_first_token_delay(make_env) -> None:
@@ -209,6 +212,48 @@ async def test_a_burst_on_instances_that_share_cores_is_admitted_for_the_content
     ok = [t for st, t in got if st == 200]
     assert 1 <= len(ok) <= 3 and sorted({st for st, _ in got}) == [200, 429], got
     assert max(ok) < 0.5, got
+
+
+async def test_prefills_that_share_a_core_are_learned_as_pairs_and_kept_apart(make_env) -> None:
+    # Prefills 0 and 1 share one core, 2 and 3 the other (the fake engines' processor sharing: a
+    # prefill runs 2x slower while its core's other prefill computes); 0 and 1 are faster alone (0.1
+    # s against 0.125 s). With --prefill-contention pairs the proxy learns a coefficient per pair from
+    # its own traffic (bursts of 3 and 4: any 3 of the 4 include a pair on one core): about log 2 on
+    # each core's pair, about 0 across cores (with the busy count, no pair is learned and this fails).
+    # Ranking by first token, it then sends the second of two requests that arrive together to the
+    # other core (0.125 s there against 0.2 s beside the first on the fast core).
+    import asyncio
+
+    env = await make_env(n_prefill=4, policy="conductor", ttft_slo=5.0, calibrate=True, prefill_contention="pairs",
+                         decode_behaviour=Behaviour(chunks=2))
+    core0, core1 = (Behaviour(prefill_delay=d, prefill_contention=1.0) for d in (0.1, 0.125))
+    for i, e in enumerate(env.prefills):
+        e.behaviour = core0 if i < 2 else core1
+    seq = iter(range(10_000))
+
+    async def one() -> tuple[int, float]:
+        return await post_ttft(env, {**BODY, "prompt": f"request {next(seq)} " + BODY["prompt"]})  # no shared prefix
+
+    for n in (1, 3, 2, 3, 4, 2, 3, 3, 4, 3, 2, 3, 3, 4, 3, 3):
+        assert all(st == 200 for st, _ in await asyncio.gather(*(one() for _ in range(n))))
+    text = await metrics(env)
+
+    coef = {(labels["prefill"], labels["other"]): float(v)
+            for lab, v in re.findall(r"^mooncake_proxy_prefill_interference{(.*)} (\S+)$", text, re.M)
+            for labels in [dict(re.findall(r'(\w+)="([^"]*)"', lab))]}
+
+    def pair(a: int, b: int) -> float:
+        return coef.get((f"prefill@{env.prefill_urls[a]}", f"prefill@{env.prefill_urls[b]}"), 0.0)
+
+    same = {(a, b): pair(a, b) for a in range(4) for b in range(4) if a != b and a // 2 == b // 2}
+    other = {(a, b): pair(a, b) for a in range(4) for b in range(4) if a // 2 != b // 2}
+    assert min(same.values()) > 0.3 and max(other.values()) < 0.25, (same, other)  # log 2 = 0.69
+    for _ in range(8):
+        before = [len(e.records) for e in env.prefills]
+        got = await asyncio.gather(one(), one())
+        served = [i for i, e in enumerate(env.prefills) for _ in range(len(e.records) - before[i])]
+        assert sorted(i // 2 for i in served) == [0, 1], served  # one on each core
+        assert all(st == 200 for st, _ in got) and max(t for _, t in got) < 0.28, got
 
 
 @pytest.mark.parametrize("calibrate", [True, False])

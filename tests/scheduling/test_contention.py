@@ -317,3 +317,76 @@ def test_projected_prefill_contention_counts_neighbours_busy_in_the_recent_past(
     assert s.prefill_contention("p0", t, 0.5) == pytest.approx(math.exp(0.5 * 2 * (1 - math.exp(-9.75 / 2))), rel=1e-6)  # seen from t = 0.25
     s.slo = SloConfig(ttft_s=10.0)  # the current load: nobody is busy now
     assert s.prefill_contention("p0", t, 0.5) == 1.0
+
+
+def test_the_calibrator_learns_which_prefills_share_hardware_from_prefill_samples() -> None:
+    # p0 and p2 share a core (2x while the other computes), p1 and p3 the other; every sample also
+    # says how long each *other* prefill was busy (its own share, also passed, is ignored)
+    import random
+
+    rng = random.Random(1)
+    cal = LatencyCalibrator(BASE)
+    mate = {"p0": "p2", "p2": "p0", "p1": "p3", "p3": "p1"}
+    for k in range(120):
+        me = f"p{k % 4}"
+        busy = {p: float(rng.random() < 0.5) for p in ("p0", "p1", "p2", "p3")} | {me: 1.0}
+        observed = 0.5 * 1.3 * (2.0 if busy[mate[me]] else 1.0)
+        cal.observe_prefill(0.5, observed, now=0.0, instance=me, busy=busy)
+    pairs = cal.prefill_interference()
+    for me, other in mate.items():
+        assert pairs[me][other] == pytest.approx(math.log(2.0), abs=0.15), pairs
+        assert all(v < 0.1 for p, v in pairs[me].items() if p != other), pairs
+        assert me not in pairs[me]
+        assert cal.factor("prefill", me) == pytest.approx(1.3, rel=0.1)  # its speed with its core to itself
+    assert cal.slope("prefill") == 0.0  # the busy count is not fitted from these samples
+    cal.forget("p2")
+    assert "p2" not in cal.prefill_interference()["p0"] and "p2" not in cal.prefill_interference()
+
+
+def test_the_ttft_check_counts_only_the_busy_neighbours_that_share_hardware() -> None:
+    # p0 shares hardware with p2 (2x), not with p1. Each request takes 0.2 s alone; SLO 0.35 s.
+    cl = _cluster(3)
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.35))
+    sched.prefill_interference = {"p0": {"p2": math.log(2.0)}, "p2": {"p0": math.log(2.0)}}
+    cl.on_prefill_start("p1", _req(1), 0.0, est_s=10.0)  # busy, on other hardware
+    assert sched.prefill_contention("p0", 0.0, 0.2) == 1.0
+    cl.on_prefill_start("p2", _req(2), 0.0, est_s=0.1)  # busy for half the request's time
+    assert sched.prefill_contention("p0", 0.0, 0.2) == pytest.approx(math.sqrt(2.0), rel=1e-6)
+    sched.contention_slope = 0.1  # both models: the slope for every busy neighbour, the pair on top
+    assert sched.prefill_contention("p0", 0.0, 0.2) == pytest.approx(math.exp(0.1 * 1.5 + 0.5 * math.log(2.0)), rel=1e-6)
+    sched.contention_slope = 0.0
+    cl.on_prefill_done("p1", _req(1), 0.0)
+    cl.on_prefill_done("p2", _req(2), 0.0)
+    cl.on_prefill_start("p2", _req(3), 0.0, est_s=10.0)  # p0's neighbour busy throughout: 0.4 s > SLO
+    d = sched.schedule(_req(4), 0.0)
+    assert isinstance(d, Decision) and d.prefill_id == "p1", d  # p0 would miss; p1 shares with no one busy
+    cl.on_scheduled(d, _req(4), 0.0)
+    cl.on_prefill_done("p1", _req(4), 0.0)
+    sched.prefill_interference["p1"] = {"p2": math.log(2.0)}
+    r = sched.schedule(_req(5), 0.0)
+    assert isinstance(r, Rejection) and "TTFT SLO" in r.reason, r
+
+
+def test_a_request_that_would_slow_one_queued_on_its_core_mate_past_the_slo_goes_elsewhere_or_gets_a_429() -> None:
+    # p0 and p2 share hardware (2x while both compute). r0 is queued on p2 with 0.3 s left; p0 is
+    # idle, so r0 was predicted at 0.3 s. A request on p0 keeps it busy for its whole 0.2 s: r0 then
+    # runs 0.2 s of its 0.3 s at half speed -> 0.5 s > the 0.45 s SLO. p1 shares with no one.
+    cl = _cluster(3)
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.45))
+    sched.prefill_interference = {"p0": {"p2": math.log(2.0)}, "p2": {"p0": math.log(2.0)}}
+    r0 = _req(0)
+    cl.on_prefill_start("p2", r0, 0.0, est_s=0.3)
+    plan = sched.local_plan("p0", _req(1), 0.0)
+    assert plan.est_ttft_s == pytest.approx(0.2, rel=0.05)
+    hurt = sched.pair_harm(plan, 0.0)
+    assert hurt is not None and hurt[:2] == ("p2", "r0") and hurt[2] == pytest.approx(0.3 * 2 ** (0.2 / 0.3), rel=0.05)
+    assert sched.pair_harm(sched.local_plan("p1", _req(1), 0.0), 0.0) is None
+    d = sched.schedule(_req(1), 0.0)
+    assert isinstance(d, Decision) and d.prefill_id == "p1", d
+    cl.on_scheduled(d, _req(1), 0.0)
+    cl.on_prefill_start("p1", _req(2), 0.0, est_s=5.0)  # p1 now queued far past the SLO
+    r = sched.schedule(_req(3), 0.0)
+    assert isinstance(r, Rejection) and "would slow request 'r0' queued on 'p2'" in r.reason, r
+    sched.prefill_interference = {}  # no pair known: p0 is idle and the request fits
+    d = sched.schedule(_req(3), 0.0)
+    assert isinstance(d, Decision) and d.prefill_id == "p0", d
