@@ -320,10 +320,11 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         interference: dict[str, float] = {}
         pairs: dict[str, float] = {}
         for line in proxy_metrics.splitlines():
-            if line.startswith("mooncake_proxy_prefill_interference{"):  # "p0<p2": p2's coefficient on p0
+            if line.startswith("mooncake_proxy_prefill_interference{"):  # "p0<p2": p2's coefficient on p0 (d: the decode)
                 ends = [line.split(f'{k}="', 1)[1].split('"', 1)[0].split("@", 1)[1] for k in ("prefill", "other")]
-                if all(u in (urls := [p.url for p in prefills]) for u in ends) and float(line.rsplit(" ", 1)[1]) > 0:
-                    pairs[f"p{urls.index(ends[0])}<p{urls.index(ends[1])}"] = float(line.rsplit(" ", 1)[1])
+                names = {p.url: f"p{i}" for i, p in enumerate(prefills)} | {decode.url: "d"}
+                if all(u in names for u in ends) and float(line.rsplit(" ", 1)[1]) > 0:
+                    pairs[f"{names[ends[0]]}<{names[ends[1]]}"] = float(line.rsplit(" ", 1)[1])
             if line.startswith("mooncake_proxy_decode_interference{"):  # prefill -> its coefficient on the decode
                 url = line.split('prefill="', 1)[1].split('"', 1)[0].split("@", 1)[1]
                 if url in (urls := [p.url for p in prefills]):

@@ -110,12 +110,15 @@ def _mean_other_busy(cluster: Any, area_then: float, then: float, now: float) ->
     return max(0.0, (cluster.busy_area(now) - area_then) / (now - then) - 1)
 
 
-def _busy_shares(cluster: Any, then_times: dict[str, float], then: float, now: float) -> dict[str, float] | None:
-    """The share of the time from ``then`` to ``now`` each prefill instance was busy
-    (``ClusterState.busy_times`` read at ``then``: ``then_times``); None when no time passed."""
+def _busy_shares(cluster: Any, then_times: dict[str, float], then: float, now: float, *,
+                 decodes: bool = False) -> dict[str, float] | None:
+    """The share of the time from ``then`` to ``now`` each prefill instance (and with ``decodes``
+    each decode instance) was busy (``ClusterState.busy_times`` / ``decode_busy_times`` read at
+    ``then``: ``then_times``); None when no time passed."""
     if now <= then:
         return None
-    return {p: max(0.0, t - then_times.get(p, 0.0)) / (now - then) for p, t in cluster.busy_times(now).items()}
+    times = {**cluster.busy_times(now), **cluster.decode_busy_times(now)} if decodes else cluster.busy_times(now)
+    return {p: max(0.0, t - then_times.get(p, 0.0)) / (now - then) for p, t in times.items()}
 
 
 def with_store_hint(payload: dict[str, Any], decision: Any, block_size: int) -> dict[str, Any]:
@@ -541,7 +544,9 @@ class ProxyServer:
         t_sent = now()
         busy_sent = cluster.busy_area(t_sent)  # the contention the prefill runs under (contention.py)
         pairs = self.cfg.prefill_contention == "pairs"
-        busy_times_sent = cluster.busy_times(t_sent) if pairs and cal is not None else None
+        # which instances slow this prefill (contention.py): the other prefills and the decodes
+        busy_times_sent = ({**cluster.busy_times(t_sent), **cluster.decode_busy_times(t_sent)}
+                           if pairs and cal is not None else None)
         t_answered: float | None = None  # perf_counter of the prefill's answer (sequential hand-off)
         timing = StreamTiming() if cal is not None else None
         try:
@@ -568,8 +573,8 @@ class ProxyServer:
                     self._calibrated("prefill", cal.observe_prefill(
                         decision.est_ttft_s / f_pre, t_done - t_sent, t_done, p.instance_id,
                         None if pairs else _mean_other_busy(cluster, busy_sent, t_sent, t_done),
-                        _busy_shares(cluster, busy_times_sent, t_sent, t_done) if busy_times_sent is not None
-                        else None))
+                        _busy_shares(cluster, busy_times_sent, t_sent, t_done, decodes=True)
+                        if busy_times_sent is not None else None))
                 if log.isEnabledFor(logging.DEBUG):  # the prefill's side of the TTFT check's error
                     usage = presp.get("usage") if isinstance(presp, dict) else None
                     details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None

@@ -181,7 +181,8 @@ class LatencyCalibrator:
             for b, c in coefs.items():
                 c = max(c, fits.get(b, {}).get(a, 0.0))
                 out.setdefault(a, {})[b] = c
-                out.setdefault(b, {})[a] = c
+                if b in fits:  # a prefill (a decode column has no fit of its own: it is not mirrored)
+                    out.setdefault(b, {})[a] = c
         return out
 
     def observe_first_token(self, decode_id: str, seconds: float, now: float = 0.0) -> bool:

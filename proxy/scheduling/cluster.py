@@ -147,6 +147,9 @@ class ClusterState:
         # that began -- so the busy instances are the keys of _busy_since
         self._busy_total: dict[str, float] = {}
         self._busy_since: dict[str, float] = {}
+        # the same per decode instance, busy while it has a stream running (decode_busy_times)
+        self._dbusy_total: dict[str, float] = {}
+        self._dbusy_since: dict[str, float] = {}
         if store_capacity_blocks is not None:
             self._store = LruBlockCache(store_capacity_blocks)
 
@@ -190,6 +193,8 @@ class ClusterState:
         self._advance_busy(self._busy_t)
         self._busy_total.pop(instance_id, None)
         self._busy_since.pop(instance_id, None)
+        self._dbusy_total.pop(instance_id, None)
+        self._dbusy_since.pop(instance_id, None)
         if pload is not None:
             # Its queued requests will never reach their decode instance: stop counting them
             # as incoming load there.
@@ -414,6 +419,19 @@ class ClusterState:
             out[iid] = out.get(iid, 0.0) + max(0.0, now - since)
         return out
 
+    def decode_busy_times(self, now: float) -> dict[str, float]:
+        """decode instance -> seconds it has had a stream running, up to ``now`` (origin arbitrary):
+        as :meth:`busy_times` for the prefills -- a decode's steps slow the prefills that share its
+        hardware (contention.py, the prefill-on-prefill fit takes the decodes as columns too)."""
+        out = dict(self._dbusy_total)
+        for iid, since in self._dbusy_since.items():
+            out[iid] = out.get(iid, 0.0) + max(0.0, now - since)
+        return out
+
+    def is_decode_busy(self, instance_id: str) -> bool:
+        """Whether the decode instance has a stream running."""
+        return instance_id in self._dbusy_since
+
     def _advance_busy(self, now: float) -> None:
         """Integrate the busy count up to ``now``; call before the busy set changes."""
         if now > self._busy_t:
@@ -530,6 +548,7 @@ class ClusterState:
             return
         load.entries[req.request_id] = DecodeEntry(req.request_id, req.prompt_tokens, req.max_output_tokens, now)
         load.kv_tokens += kv_footprint(req.prompt_tokens, req.max_output_tokens)
+        self._dbusy_since.setdefault(instance_id, now)
 
     def on_decode_done(self, instance_id: str, req: RequestInfo, now: float) -> bool:
         """Decode finished, failed or was cancelled. False if unknown (harmless)."""
@@ -541,6 +560,8 @@ class ClusterState:
         if e is None:
             return False
         load.kv_tokens -= kv_footprint(e.prompt_tokens, e.max_output_tokens)
+        if not load.entries and (since := self._dbusy_since.pop(instance_id, None)) is not None:
+            self._dbusy_total[instance_id] = self._dbusy_total.get(instance_id, 0.0) + max(0.0, now - since)
         return True
 
     def on_scheduled(self, decision: Decision, req: RequestInfo, now: float, *, record: bool = True) -> None:

@@ -27,10 +27,15 @@ instances ran 3-5x slower in a burst). The slope is clamped to ``[0, max_slope]`
 neighbours never make an instance faster. On dedicated hardware (an accelerator per instance) the
 ratio does not grow with ``x``, the slope stays near 0, and no estimate changes.
 
-Why one slope for all instances and a count, not a matrix of which instance slows which: a
-shared slope is learned from every sample (a few dozen in a warm-up), a pairwise matrix needs
-many per pair; and on the bench each instance's neighbours are busy together under a burst,
-which is exactly when the estimate matters.
+Why one slope for all instances and a count (the proxy's default, ``--prefill-contention count``):
+a shared slope is learned from every sample (a few dozen in a warm-up), a pairwise matrix needs
+many per pair. Its limit: where only some instances share hardware, the count averages the
+neighbours that slow an instance with those that do not. On the bench (prefills 0 and 2 on one
+core, 1 and 3 on the other) it learned 0-0.3 while a burst on one core's pair ran each 2-4x its
+estimate. ``--prefill-contention pairs`` fits instead an :class:`Interference` of prefill on prefill
+(a coefficient per pair, symmetric: ``LatencyCalibrator.prefill_interference``), which the TTFT
+check counts per busy neighbour and ``Scheduler.pair_harm`` uses to keep a new request from
+slowing one queued on a neighbour past the SLO.
 """
 
 from __future__ import annotations

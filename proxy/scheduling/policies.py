@@ -212,9 +212,13 @@ class Scheduler(abc.ABC):
         # projected (the paper's prediction-based rejection): a neighbour busy most of the recent past
         # is expected busy during the request too, though its queue now is short (a burst arrives
         # one request at a time, so at each admission the others' queues hold only what came before)
+        cl = self.cluster
         return math.exp(sum((slope + coef.get(j, 0.0)) * max(expected_busy_neighbours(est_s, [b]),
                                                              recent.share(j) if recent is not None else 0.0)
-                            for j, b in zip(others, busy)))
+                            for j, b in zip(others, busy))
+                        # a decode streaming now (its steps share the hardware) is taken to go on meanwhile
+                        + sum(c for d, c in coef.items() if d in cl and d not in cl.prefill_ids()
+                              and cl.is_decode_busy(d)))
 
     def decode_contention(self, decode_id: str, also_busy: str | None = None) -> float:
         """The multiplier of decode ``decode_id``'s step estimate from the prefill instances that will
@@ -359,7 +363,8 @@ class Scheduler(abc.ABC):
         busy_after = late_j + plan.est_ttft_s
         for iid, coefs in self.prefill_interference.items():
             c = coefs.get(j, 0.0)
-            load = self.cluster.prefill_load(iid) if iid != j and c > 0 and iid in self.cluster else None
+            load = (self.cluster.prefill_load(iid) if iid != j and c > 0 and iid in self.cluster.prefill_ids()
+                    else None)
             if load is None or not load.entries:
                 continue
             self.queue_time(iid, now)  # fills in the entries' estimates
