@@ -589,10 +589,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recent-busy-tau", type=float, default=0.0,
                     help="the overload phase's proxies' --recent-busy-tau (0: off, only the prefills busy now count "
                          "in the contention the checks expect)")
-    ap.add_argument("--prefill-contention", choices=("count", "pairs"), default="count",
-                    help="the overload phase's proxies' --prefill-contention: count (one slope per busy neighbour) or "
-                         "pairs (a coefficient per pair of prefills: here prefills 0 and 2 share a core, 1 and 3 "
-                         "the other)")
+    ap.add_argument("--prefill-contention", choices=("count", "pairs"), default="pairs",
+                    help="the overload phase's proxies' --prefill-contention: pairs (default: a coefficient per pair "
+                         "of instances; here prefills 0 and 2 share a core, 1 and 3 the other with the decode) or "
+                         "count (one slope per busy neighbouring prefill)")
     ap.add_argument("--batched-estimate", action="store_true",
                     help="the overload phase's proxies get --prefill-batch-tokens (= --max-num-batched-tokens): the "
                          "prefills batch their queue, and the TTFT check keeps the requests already queued within "

@@ -79,13 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "in the contention the TTFT and TBT checks expect (a stream lasts its tokens' steps; a "
                         "prefill busy most of the recent past will likely compute during them). 0 (default): "
                         "only the prefills busy or queued now count")
-    g.add_argument("--prefill-contention", choices=("count", "pairs"), default="count",
-                   help="with --calibrate: how the proxy learns that prefill instances slow each other where they "
-                        "share hardware (CPU cores, a GPU split by MIG/MPS) and counts it in the TTFT check. "
-                        "count (default): one log-slowdown per busy neighbour, learned from every sample "
-                        "(gauge mooncake_proxy_contention_slope); pairs: a coefficient per (prefill, other "
-                        "prefill), so only the instances that share hardware count (gauge "
-                        "mooncake_proxy_prefill_interference; needs more samples per instance)")
+    g.add_argument("--prefill-contention", choices=("count", "pairs"), default="pairs",
+                   help="with --calibrate: how the proxy learns that instances slow a prefill where they share "
+                        "hardware (CPU cores, a GPU split by MIG/MPS) and counts it in the TTFT check. pairs "
+                        "(default): a coefficient per (prefill, other prefill or decode), learned from the share of "
+                        "each prefill's time the others were busy, so only those that share its hardware count; a "
+                        "request that would slow one queued on such a neighbour past --ttft-slo goes elsewhere or "
+                        "gets a 429 (gauge mooncake_proxy_prefill_interference). count: one log-slowdown per busy "
+                        "neighbouring prefill, learned from every sample alike (fewer samples needed; gauge "
+                        "mooncake_proxy_contention_slope)")
     from mooncake_proxy.scheduling import REJECTION_MODES
 
     g.add_argument("--rejection", choices=REJECTION_MODES, default="early",

@@ -75,7 +75,7 @@ class ProxyConfig:
     recent_busy_tau: float = 0.0
     #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
     #: "count" = one slope per busy neighbour, "pairs" = a coefficient per (prefill, other prefill)
-    prefill_contention: str = "count"
+    prefill_contention: str = "pairs"
     retry_after: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0

@@ -118,7 +118,7 @@ def test_rejection_and_calibrate_flags() -> None:
     assert cfg().recent_busy_tau == 0 and cfg("--recent-busy-tau", "2").recent_busy_tau == 2.0
     with pytest.raises(SystemExit, match="--recent-busy-tau must be >= 0"):
         cfg("--recent-busy-tau", "-1")
-    assert cfg().prefill_contention == "count" and cfg("--prefill-contention", "pairs").prefill_contention == "pairs"
+    assert cfg().prefill_contention == "pairs" and cfg("--prefill-contention", "count").prefill_contention == "count"
     with pytest.raises(SystemExit):
         cfg("--prefill-contention", "matrix")
 
@@ -194,7 +194,7 @@ async def test_a_burst_on_instances_that_share_cores_is_admitted_for_the_content
     # others' queues: 2-3 are admitted, and they meet the SLO.
     import asyncio
 
-    env = await make_env(n_prefill=4, policy="load_balance", ttft_slo=0.5, calibrate=True,
+    env = await make_env(n_prefill=4, policy="load_balance", ttft_slo=0.5, calibrate=True, prefill_contention="count",
                          prefill_behaviour=Behaviour(prefill_delay=0.15, prefill_contention=1.0),
                          decode_behaviour=Behaviour(chunks=2))
     seq = iter(range(10_000))

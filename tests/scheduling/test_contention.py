@@ -390,3 +390,33 @@ def test_a_request_that_would_slow_one_queued_on_its_core_mate_past_the_slo_goes
     sched.prefill_interference = {}  # no pair known: p0 is idle and the request fits
     d = sched.schedule(_req(3), 0.0)
     assert isinstance(d, Decision) and d.prefill_id == "p0", d
+
+
+def test_a_streaming_decode_counts_as_a_neighbour_of_the_prefills_it_slows() -> None:
+    # the cluster keeps each decode's streaming time; the calibrator fits a decode column for a prefill
+    # sharing its hardware (not mirrored: the decode has no prefill samples); the TTFT check counts a
+    # decode streaming now
+    cl = _cluster(2)
+    cl.on_decode_start("d0", _req(0), 1.0)
+    cl.on_decode_start("d0", _req(1), 2.0)
+    cl.on_decode_done("d0", _req(0), 3.0)
+    assert cl.is_decode_busy("d0") and cl.decode_busy_times(4.0) == {"d0": 3.0}
+    cl.on_decode_done("d0", _req(1), 5.0)
+    assert not cl.is_decode_busy("d0") and cl.decode_busy_times(9.0) == {"d0": 4.0}
+    import random
+
+    rng = random.Random(2)
+    cal = LatencyCalibrator(BASE)
+    for k in range(80):
+        busy = {"p0": float(rng.random() < 0.5), "p1": float(rng.random() < 0.5), "d0": float(rng.random() < 0.5)}
+        me = f"p{k % 2}"
+        cal.observe_prefill(0.5, 0.5 * (1.8 if me == "p1" and busy["d0"] else 1.0), instance=me, busy=busy)
+    pairs = cal.prefill_interference()
+    assert pairs["p1"]["d0"] == pytest.approx(math.log(1.8), abs=0.1) and "d0" not in pairs, pairs
+    assert pairs.get("p0", {}).get("d0", 0.0) < 0.1, pairs
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0))
+    sched.prefill_interference = pairs
+    assert sched.prefill_contention("p1", 9.0, 0.2) == 1.0  # the decode is idle
+    cl.on_decode_start("d0", _req(2), 9.0)
+    assert sched.prefill_contention("p1", 9.0, 0.2) == pytest.approx(math.exp(pairs["p1"]["d0"]), rel=1e-6)
+    assert sched.pair_harm(sched.local_plan("p0", _req(3), 9.0), 9.0) is None  # decodes are not prefills to harm
