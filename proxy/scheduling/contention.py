@@ -27,15 +27,16 @@ instances ran 3-5x slower in a burst). The slope is clamped to ``[0, max_slope]`
 neighbours never make an instance faster. On dedicated hardware (an accelerator per instance) the
 ratio does not grow with ``x``, the slope stays near 0, and no estimate changes.
 
-Why one slope for all instances and a count (the proxy's default, ``--prefill-contention count``):
-a shared slope is learned from every sample (a few dozen in a warm-up), a pairwise matrix needs
-many per pair. Its limit: where only some instances share hardware, the count averages the
+Why a slope over a count (``--prefill-contention count``): it is learned from every sample (a few
+dozen in a warm-up), a pairwise matrix needs many per pair. Its limit, and why the proxy's default
+is ``--prefill-contention pairs``: where only some instances share hardware, the count averages the
 neighbours that slow an instance with those that do not. On the bench (prefills 0 and 2 on one
-core, 1 and 3 on the other) it learned 0-0.3 while a burst on one core's pair ran each 2-4x its
-estimate. ``--prefill-contention pairs`` fits instead an :class:`Interference` of prefill on prefill
-(a coefficient per pair, symmetric: ``LatencyCalibrator.prefill_interference``), which the TTFT
-check counts per busy neighbour and ``Scheduler.pair_harm`` uses to keep a new request from
-slowing one queued on a neighbour past the SLO.
+core, 1 and 3 and the decode on the other) it learned 0-0.3 while a burst on one core ran each
+prefill there at 2-4x its estimate. The pairs mode fits instead an :class:`Interference` of the
+other instances (prefills, and decodes while they stream) on each prefill (a coefficient per
+pair, prefill pairs symmetric: ``LatencyCalibrator.prefill_interference``), which the TTFT check
+counts per busy neighbour and ``Scheduler.pair_harm`` uses to keep a new request from slowing one
+queued on a neighbour past the SLO.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class Interference:
     prefill's work never speeds a decode up). On dedicated hardware every b_p stays near 0.
 
     The same fit, keyed by a *prefill* instance and fed its samples (queue + compute) with the
-    other prefills' busy shares, learns which prefills slow which (``LatencyCalibrator.prefill_interference``,
+    other prefills' busy shares and the decodes' streaming shares, learns which instances slow which prefill (``LatencyCalibrator.prefill_interference``,
     ``Scheduler.prefill_interference``): on the bench prefills 0 and 2 share one core, 1 and 3 the
     other; a burst on one core's pair ran each at half speed and less (run m2 in BENCHMARKS.md), and the
     busy count above (which counts all three neighbours alike) learned a slope of 0.
