@@ -44,9 +44,10 @@ Contention, too (contention.py): a prefill sample that says how many other prefi
 busy during it (``contention``) goes into the :class:`ContentionSlope` (a fixed-effects fit over
 the instances' samples), and a decode sample that says how long each prefill was busy during it
 (``prefill_busy``) into the :class:`Interference` fit of its decode; a prefill sample that says
-instead how long each *other* prefill was busy during it (``busy``) goes into a second
-:class:`Interference` fit, of prefill on prefill (:meth:`prefill_interference`: which instances
-share hardware with which). The factors learn from the sample with that contention taken out -- so an instance's factor is its speed with nobody else
+instead how long each *other* instance (prefill, or decode while streaming) was busy during it
+(``busy``) goes into a second :class:`Interference` fit, of those instances on that prefill
+(:meth:`prefill_interference`: which instances share hardware with which). The factors learn from
+the sample with that contention taken out -- so an instance's factor is its speed with nobody else
 busy, and the scheduler multiplies its estimates by what it predicts (:meth:`contention_factor`,
 :meth:`interference`). Without them a sample moves the factors as before and nothing is learned.
 

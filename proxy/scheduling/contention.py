@@ -167,10 +167,11 @@ class Interference:
     prefill's work never speeds a decode up). On dedicated hardware every b_p stays near 0.
 
     The same fit, keyed by a *prefill* instance and fed its samples (queue + compute) with the
-    other prefills' busy shares and the decodes' streaming shares, learns which instances slow which prefill (``LatencyCalibrator.prefill_interference``,
-    ``Scheduler.prefill_interference``): on the bench prefills 0 and 2 share one core, 1 and 3 the
-    other; a burst on one core's pair ran each at half speed and less (run m2 in BENCHMARKS.md), and the
-    busy count above (which counts all three neighbours alike) learned a slope of 0.
+    other prefills' busy shares and the decodes' streaming shares, learns which instances slow
+    which prefill (``LatencyCalibrator.prefill_interference``, ``Scheduler.prefill_interference``):
+    on the bench prefills 0 and 2 share one core, 1 and 3 the other with the decode; a burst on
+    one core's pair ran each at half speed and less (run m2 in BENCHMARKS.md), and the busy count
+    above (which counts all three neighbours alike) learned a slope of 0.
     """
 
     def __init__(self, forget: float = 0.95, ridge: float = 0.3, max_coef: float = 4.0) -> None:

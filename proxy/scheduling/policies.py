@@ -139,24 +139,11 @@ class Scheduler(abc.ABC):
                            if len(prefills) > 1 else ")"),
                         retry, ttft, tbt)
                 plan, decode_id, tbt, first = alt
-            if (harmed := self.queue_harm(plan, req, now)) is not None:
+            if (harmed := self._harm(plan, req, now)) is not None:
                 alt = self._other_prefill_within(req, prefills, decodes, plan, now, slo.ttft_s)
                 if alt is None:
-                    return Rejection(
-                        f"TTFT SLO: on prefill {plan.instance_id!r} it would share the last forward step of "
-                        f"request {harmed[0]!r} queued there and delay that request's first token to "
-                        f"{harmed[1]:.3f}s > {slo.ttft_s:.3f}s (the engine batches its queue in steps of "
-                        f"{self.prefill_batch_tokens} tokens); none of the other {len(prefills) - 1} prefill "
-                        f"instance(s) does better", retry, plan.est_ttft_s, tbt)
-                plan, decode_id, tbt, first = alt
-            if (hurt := self.pair_harm(plan, now)) is not None:
-                alt = self._other_prefill_within(req, prefills, decodes, plan, now, slo.ttft_s)
-                if alt is None:
-                    return Rejection(
-                        f"TTFT SLO: prefill {plan.instance_id!r} shares hardware with prefill {hurt[0]!r}, and "
-                        f"computing this request there would slow request {hurt[1]!r} queued on {hurt[0]!r} to "
-                        f"{hurt[2]:.3f}s > {slo.ttft_s:.3f}s; none of the other {len(prefills) - 1} prefill "
-                        f"instance(s) does better", retry, plan.est_ttft_s, tbt)
+                    return Rejection(f"TTFT SLO: {harmed}; none of the other {len(prefills) - 1} prefill "
+                                     f"instance(s) does better", retry, plan.est_ttft_s, tbt)
                 plan, decode_id, tbt, first = alt
         if slo.tbt_s is not None and tbt > slo.tbt_s:
             return Rejection(
@@ -175,6 +162,20 @@ class Scheduler(abc.ABC):
         return Decision(plan.instance_id, decode_id, plan.est_ttft_s, tbt, plan.cached_blocks,
                         plan.remote_source, plan.remote_blocks, plan.est_queue_s,
                         self.replicate_blocks(req, plan), first)
+
+    def _harm(self, plan: PrefillPlan, req: RequestInfo, now: float) -> str | None:
+        """Why admitting ``req`` as ``plan`` would push a request already queued past the TTFT SLO
+        (:meth:`queue_harm`: one on the same instance; :meth:`pair_harm`: one on an instance sharing
+        its hardware), or None when it would not."""
+        limit = self.slo.ttft_s
+        if (q := self.queue_harm(plan, req, now)) is not None:
+            return (f"on prefill {plan.instance_id!r} it would share the last forward step of request {q[0]!r} "
+                    f"queued there and delay that request's first token to {q[1]:.3f}s > {limit:.3f}s (the "
+                    f"engine batches its queue in steps of {self.prefill_batch_tokens} tokens)")
+        if (p := self.pair_harm(plan, now)) is not None:
+            return (f"prefill {plan.instance_id!r} shares hardware with {p[0]!r}, and computing this request "
+                    f"there would slow request {p[1]!r} queued on {p[0]!r} to {p[2]:.3f}s > {limit:.3f}s")
+        return None
 
     def _first_token(self, plan: PrefillPlan, decode_id: str, now: float, *, fade: bool = True) -> tuple[float, float]:
         """(predicted TTFT of ``plan`` handed off to ``decode_id``, the pair's safety margin;
@@ -261,8 +262,7 @@ class Scheduler(abc.ABC):
             if tbt > slo.tbt_s or self.tbt_harm(plan.instance_id, d) > slo.tbt_s:
                 continue
             first, margin = self._first_token(plan, d, now)
-            if slo.ttft_s is not None and (first + margin > slo.ttft_s or self.queue_harm(plan, req, now)
-                                           or self.pair_harm(plan, now)):
+            if slo.ttft_s is not None and (first + margin > slo.ttft_s or self._harm(plan, req, now)):
                 continue
             if best is None or first + margin < best[0]:
                 best = (first + margin, (plan, d, tbt, first))
@@ -430,7 +430,7 @@ class Scheduler(abc.ABC):
         for plan, d, tbt in self._plans_elsewhere(req, prefills, decodes, failed.instance_id, now):
             first, margin = self._first_token(plan, d, now)
             if (first + margin <= limit_s and (best is None or first + margin < best[0])
-                    and self.queue_harm(plan, req, now) is None and self.pair_harm(plan, now) is None):
+                    and self._harm(plan, req, now) is None):
                 best = (first + margin, (plan, d, tbt, first))
         return best[1] if best is not None else None
 
