@@ -74,7 +74,7 @@ class ProxyConfig:
     #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
     recent_busy_tau: float = 0.0
     #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
-    #: "count" = one slope per busy neighbour, "pairs" = a coefficient per (prefill, other prefill)
+    #: "count" = one slope per busy neighbour, "pairs" = a coefficient per (prefill, other prefill or decode)
     prefill_contention: str = "pairs"
     retry_after: float = 1.0
     health_interval: float = 5.0
@@ -204,7 +204,7 @@ class ProxyServer:
         self._prefix_ctr: dict[str, tuple[Any, Any]] = {}
         self._factor_gauge: dict[tuple[str, str], Any] = {}  # (side, instance) -> instance_cost_factor child
         self._interference_shown: set[tuple[str, str]] = set()  # (decode, prefill) pairs with a gauge series
-        self._pairs_shown: set[tuple[str, str]] = set()  # (prefill, other prefill) pairs with a gauge series
+        self._pairs_shown: set[tuple[str, str]] = set()  # (prefill, other instance) pairs with a gauge series
         self._seq = 0
         bports = list(cfg.prefill_bootstrap_ports)
         for i, url in enumerate(cfg.prefill_urls):
