@@ -110,6 +110,15 @@ def kv_footprint(prompt_tokens: int, max_output_tokens: int) -> int:
     return prompt_tokens + max_output_tokens // 2
 
 
+def _busy_up_to(total: dict[str, float], since: dict[str, float], now: float) -> dict[str, float]:
+    """instance -> its busy seconds up to ``now``: those of its past busy periods (``total``) plus,
+    while busy, the current one's (begun at ``since``)."""
+    out = dict(total)
+    for iid, t in since.items():
+        out[iid] = out.get(iid, 0.0) + max(0.0, now - t)
+    return out
+
+
 class ClusterState:
     """Instances, prefix index and load of one P/D cluster (see module docstring).
 
@@ -414,19 +423,13 @@ class ClusterState:
         origin is arbitrary): the difference of two readings over the time between them is the
         share of that time each prefill was busy -- what slowed a decode stream meanwhile
         (``contention.Interference``)."""
-        out = dict(self._busy_total)
-        for iid, since in self._busy_since.items():
-            out[iid] = out.get(iid, 0.0) + max(0.0, now - since)
-        return out
+        return _busy_up_to(self._busy_total, self._busy_since, now)
 
     def decode_busy_times(self, now: float) -> dict[str, float]:
         """decode instance -> seconds it has had a stream running, up to ``now`` (origin arbitrary):
         as :meth:`busy_times` for the prefills -- a decode's steps slow the prefills that share its
         hardware (contention.py, the prefill-on-prefill fit takes the decodes as columns too)."""
-        out = dict(self._dbusy_total)
-        for iid, since in self._dbusy_since.items():
-            out[iid] = out.get(iid, 0.0) + max(0.0, now - since)
-        return out
+        return _busy_up_to(self._dbusy_total, self._dbusy_since, now)
 
     def is_decode_busy(self, instance_id: str) -> bool:
         """Whether the decode instance has a stream running."""
