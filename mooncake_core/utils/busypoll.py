@@ -58,9 +58,11 @@ class Poller:
         return True
 
     def record(self, hit: bool) -> None:
-        """The outcome of a poll: data came in time (hit) or not (miss: back off)."""
+        """The outcome of a poll: data came in time (hit) or not (miss: back off). A hit
+        clears the back-off entirely (the waits still to be skipped included)."""
         if hit:
             self._misses = 0
+            self._skip = 0
         else:
             self._misses = min(self._misses + 1, 6)
             self._skip = (1 << self._misses) - 1

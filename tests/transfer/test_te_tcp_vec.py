@@ -561,6 +561,19 @@ def test_poller_backs_off_after_polls_that_find_nothing():
     b.close()
 
 
+def test_a_hit_clears_the_waits_still_to_be_skipped():
+    """A connection whose first poll missed (a loaded box) and whose caller then records a hit
+    polls at once again: the hit resets the whole back-off, not only the miss count (the store
+    master test that records a hit after its warm-up call relies on it)."""
+    from mooncake_core.utils.busypoll import Poller
+
+    p = Poller(0.0002)
+    p.record(False)
+    p.record(False)  # skip 3
+    p.record(True)
+    assert p.should_poll()
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("poll_us", ["200", "0"])
 def test_busy_poll_answers_small_requests_and_idles_without_cpu(poll_us, monkeypatch, force_tcp,
