@@ -571,6 +571,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="prefill instances (prefill i on core i mod the core count; the decode on core 1, with "
                          "prefill 1): more than 2 lets locality differ between policies as in the paper's 10+ "
                          "instances, at the cost of sharing cores")
+    ap.add_argument("--decode-own-core", action="store_true",
+                    help="pin the decode alone on the last core and the prefills on the others (prefill i on core "
+                         "i mod (cores - 1); on 2 cores all prefills share core 0). Why: as in the paper's setup, "
+                         "where prefill and decode instances are separate nodes, the decode's steps and hand-offs "
+                         "are then not slowed by prefills computing beside it; the prefills still share cores")
     ap.add_argument("--store-lookup", choices=("always", "hint"), default="always",
                     help="the prefills' store connector: 'always' looks the store up for every request (every "
                          "policy then reuses what any instance saved); 'hint' only for requests the proxy hints "
@@ -680,6 +685,11 @@ def main(argv: list[str] | None = None) -> int:
     ev_ports = [free_port() for _ in range(a.prefills)]
     http_ports = [free_port() for _ in range(a.prefills)]
     ncpu = os.cpu_count() or 1
+    # core of prefill i and of the decode (see --prefills, --decode-own-core)
+    if a.decode_own_core and ncpu > 1:
+        p_core, d_core = (lambda i: i % (ncpu - 1)), ncpu - 1
+    else:
+        p_core, d_core = (lambda i: i % ncpu), 1 % ncpu
     master = MasterProc([f"--port={mport}", "--rpc_address=127.0.0.1", f"--metrics_port={mmetrics}",
                          "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
                          f"--http_metadata_server_port={hport}"], mport, mmetrics, str(logs / "master.log"))
@@ -691,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     vllm_env = {"VLLM_SERVER_DEV_MODE": "1"}
     if a.no_idle_spin:
         vllm_env["PYTHONPATH"] = no_spin.pythonpath(shim_pythonpath())
-    prefills = [VllmServer(py, model, http_ports[i], i % ncpu, logs / f"prefill{i}.log",
+    prefills = [VllmServer(py, model, http_ports[i], p_core(i), logs / f"prefill{i}.log",
                            multi_config("kv_producer", prefill_store),
                            env=vllm_env,
                            args=[*common, "--kv-events-config", json.dumps(
@@ -699,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "endpoint": f"tcp://*:{ev_ports[i]}"})]) for i in range(a.prefills)]
     # the decode gets its KV from the prefill (P2P); with --store-lookup hint it makes no store lookups
     # either (no request to it carries a hint): one master RPC per request less in its scheduler loop
-    decode = VllmServer(py, model, http_d, 1 % ncpu, logs / "decode.log",
+    decode = VllmServer(py, model, http_d, d_core, logs / "decode.log",
                         multi_config("kv_consumer", {**store_extra, "store_lookup": a.store_lookup}),
                         env=vllm_env, args=common)
     servers = [*prefills, decode]
