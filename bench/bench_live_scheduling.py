@@ -575,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="pin the decode alone on the last core and the prefills on the others (prefill i on core "
                          "i mod (cores - 1); on 2 cores all prefills share core 0). Why: as in the paper's setup, "
                          "where prefill and decode instances are separate nodes, the decode's steps and hand-offs "
-                         "are then not slowed by prefills computing beside it; the prefills still share cores")
+                         "are then not slowed by prefills computing beside it; the prefills still share cores. The "
+                         "store master, the proxies and the bench's client run on the decode's core too")
     ap.add_argument("--store-lookup", choices=("always", "hint"), default="always",
                     help="the prefills' store connector: 'always' looks the store up for every request (every "
                          "policy then reuses what any instance saved); 'hint' only for requests the proxy hints "
@@ -688,6 +689,9 @@ def main(argv: list[str] | None = None) -> int:
     # core of prefill i and of the decode (see --prefills, --decode-own-core)
     if a.decode_own_core and ncpu > 1:
         p_core, d_core = (lambda i: i % (ncpu - 1)), ncpu - 1
+        # the store master, the proxies and this client (children inherit it) beside the decode, off
+        # the prefills' cores: in a deployment they run on hosts of their own
+        os.sched_setaffinity(0, {d_core})
     else:
         p_core, d_core = (lambda i: i % ncpu), 1 % ncpu
     master = MasterProc([f"--port={mport}", "--rpc_address=127.0.0.1", f"--metrics_port={mmetrics}",
