@@ -576,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
                          "i mod (cores - 1); on 2 cores all prefills share core 0). Why: as in the paper's setup, "
                          "where prefill and decode instances are separate nodes, the decode's steps and hand-offs "
                          "are then not slowed by prefills computing beside it; the prefills still share cores. The "
-                         "store master, the proxies and the bench's client run on the decode's core too")
+                         "store master, the proxies and the bench's client run on the decode's core too, and each "
+                         "instance's API server and engine core on its worker's core")
     ap.add_argument("--store-lookup", choices=("always", "hint"), default="always",
                     help="the prefills' store connector: 'always' looks the store up for every request (every "
                          "policy then reuses what any instance saved); 'hint' only for requests the proxy hints "
@@ -717,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
                         multi_config("kv_consumer", {**store_extra, "store_lookup": a.store_lookup}),
                         env=vllm_env, args=common)
     servers = [*prefills, decode]
+    for s in servers:  # the whole instance (API server, engine core, worker) on its core, not the bench's
+        s.pin_all = a.decode_own_core
     rows: list[dict[str, Any]] = []
     results: dict[str, list[Result]] = {}
     over_rows: list[dict[str, Any]] = []
