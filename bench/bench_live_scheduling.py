@@ -288,9 +288,12 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         if warmup and warmup_speed is not None:
             # a proxy that has been serving the admitted load: the window's first N requests at the
             # 1x rate, prompts of their own seed (no prefix shared with the counted replay), uncounted
-            wcfg = ReplayConfig(url=proxy.url, speed=warmup_speed, model="tiny", block_tokens=a.block_tokens,
-                                max_tokens_cap=a.max_tokens, timeout=a.request_timeout, seed=a.seed + 7919)
-            asyncio.run(replay(reqs[:warmup], wcfg, progress=False))
+            # (more than the window: it is replayed again, each pass with prompts of another seed)
+            for k, start in enumerate(range(0, warmup, len(reqs))):
+                wcfg = ReplayConfig(url=proxy.url, speed=warmup_speed, model="tiny", block_tokens=a.block_tokens,
+                                    max_tokens_cap=a.max_tokens, timeout=a.request_timeout,
+                                    seed=a.seed + 7919 + 104729 * k)
+                asyncio.run(replay(reqs[:min(len(reqs), warmup - start)], wcfg, progress=False))
         for k in range(warmup) if warmup_speed is None else ():
             # a long-running proxy has learned its pairs: send these one at a time first, each with
             # prompts of its own seed (no prefix shared with the window or with each other, so the
@@ -646,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
                         "long-running proxy has already learned about its instances (--calibrate); 0 = cold start")
     g.add_argument("--warmup-at-rate", action="store_true",
                    help="send the --warmup requests as a replay at the first half's (1x) rate instead of one at "
-                        "a time: the proxy's factors then start from the contention of the admitted load")
+                        "a time: the proxy's factors then start from the contention of the admitted load (N may "
+                        "then exceed --requests: the window is replayed again, each pass with prompts of a new seed)")
     g.add_argument("--freeze-prefill", type=float, nargs=3, default=None, metavar=("I", "AT", "DUR"),
                    help="in every overload mode, stop prefill I's vLLM processes (SIGSTOP) AT s into the "
                         "replay for DUR s: a reproducible engine freeze (module doc)")
@@ -656,8 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.freeze_prefill and not (a.freeze_prefill[0] in range(a.prefills) and a.freeze_prefill[1] >= 0
                                  and a.freeze_prefill[2] > 0):
         ap.error(f"--freeze-prefill I AT DUR needs I in 0..{a.prefills - 1}, AT >= 0 and DUR > 0")
-    if a.warmup < 0 or a.warmup > a.requests:
-        ap.error(f"--warmup must be in 0..--requests ({a.requests}), got {a.warmup}")
+    if a.warmup < 0 or (a.warmup > a.requests and not a.warmup_at_rate):
+        ap.error(f"--warmup must be in 0..--requests ({a.requests}) (more only with --warmup-at-rate), got {a.warmup}")
     if a.warmup_at_rate and not a.warmup:
         ap.error("--warmup-at-rate needs --warmup N")
     if not a.policies and not a.overload:
