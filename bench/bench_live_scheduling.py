@@ -8,7 +8,8 @@ our proxy, one conversation-trace window replayed once per policy.
 Setup (all real processes): a ``mooncake_master`` (store + HTTP metadata); three vLLM servers
 running ``MultiConnector`` [``MooncakeCoreConnector`` (P2P hand-off), ``MooncakeCoreStoreConnector``
 (saves every prompt's blocks, loads prefixes the store holds)], prefills ``kv_producer`` on core 0
-and 1, the decode ``kv_consumer``; a random-weight Llama big enough that prefill dominates a
+and 1, the decode ``kv_consumer`` on core 1 (``--decode-own-core``: the decode alone on the last core,
+every prefill on the others); a random-weight Llama big enough that prefill dominates a
 request on this CPU (default hidden 768, 12 heads x 64, 6 layers, fp32: ~0.5 s per 500-token
 prefill on an idle core); our proxy in the vLLM venv with the engines' tokenizer, their KV events
 (``--kv-events-config``), the store's key events (``--store-master``) and a cost profile fitted
