@@ -711,9 +711,10 @@ def main(argv: list[str] | None = None) -> int:
     vllm_env = {"VLLM_SERVER_DEV_MODE": "1"}
     if a.no_idle_spin:
         vllm_env["PYTHONPATH"] = no_spin.pythonpath(shim_pythonpath())
+    # --decode-own-core: each whole instance (API server, engine core, worker) on its core, not the bench's
     prefills = [VllmServer(py, model, http_ports[i], p_core(i), logs / f"prefill{i}.log",
                            multi_config("kv_producer", prefill_store),
-                           env=vllm_env,
+                           env=vllm_env, pin_all=a.decode_own_core,
                            args=[*common, "--kv-events-config", json.dumps(
                                {"enable_kv_cache_events": True, "publisher": "zmq",
                                 "endpoint": f"tcp://*:{ev_ports[i]}"})]) for i in range(a.prefills)]
@@ -721,10 +722,8 @@ def main(argv: list[str] | None = None) -> int:
     # either (no request to it carries a hint): one master RPC per request less in its scheduler loop
     decode = VllmServer(py, model, http_d, d_core, logs / "decode.log",
                         multi_config("kv_consumer", {**store_extra, "store_lookup": a.store_lookup}),
-                        env=vllm_env, args=common)
+                        env=vllm_env, pin_all=a.decode_own_core, args=common)
     servers = [*prefills, decode]
-    for s in servers:  # the whole instance (API server, engine core, worker) on its core, not the bench's
-        s.pin_all = a.decode_own_core
     rows: list[dict[str, Any]] = []
     results: dict[str, list[Result]] = {}
     over_rows: list[dict[str, Any]] = []
