@@ -502,6 +502,15 @@ def write_plot(path: Path, results: dict[str, list[Result]], reqs: list[TraceReq
     path.write_text(render_svg([live, ttft_cdf_panel(sim, "simulated (same window, fitted profile)")]))
 
 
+def core_groups(servers: list[VllmServer]) -> list[list[str]]:
+    """The URLs of the instances this bench pins to one core, per core with two or more (their workers
+    share it; the proxy's --hardware-group)."""
+    by_core: dict[int, list[str]] = {}
+    for s in servers:
+        by_core.setdefault(s.cpu % max(1, os.cpu_count() or 1), []).append(s.url)
+    return [urls for _, urls in sorted(by_core.items()) if len(urls) > 1]
+
+
 def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], decode: VllmServer, model: Path,
                  events: dict[str, str], master: str, profile: Path, logs: Path, reqs: list[TraceRequest],
                  speed: float, first: dict[str, list[Result]]) -> list[dict[str, Any]]:
@@ -527,6 +536,9 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
             extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG",
                       "--prefill-batch-tokens", str(a.max_num_batched_tokens if a.batched_estimate else 0),
                       "--recent-busy-tau", str(a.recent_busy_tau), "--prefill-contention", a.prefill_contention]
+            if a.prefill_contention == "groups":
+                for group in core_groups([*prefills, decode]):
+                    extra += ["--hardware-group", *group]
         load = os.getloadavg()[0]
         freeze = None
         if a.freeze_prefill:
@@ -600,10 +612,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recent-busy-tau", type=float, default=0.0,
                     help="the overload phase's proxies' --recent-busy-tau (0: off, only the prefills busy now count "
                          "in the contention the checks expect)")
-    ap.add_argument("--prefill-contention", choices=("count", "pairs"), default="pairs",
+    ap.add_argument("--prefill-contention", choices=("count", "pairs", "groups"), default="pairs",
                     help="the overload phase's proxies' --prefill-contention: pairs (default: a coefficient per pair "
-                         "of instances; here prefills 0 and 2 share a core, 1 and 3 the other with the decode) or "
-                         "count (one slope per busy neighbouring prefill)")
+                         "of instances; here prefills 0 and 2 share a core, 1 and 3 the other with the decode), "
+                         "count (one slope per busy neighbouring prefill) or groups (the proxies get a "
+                         "--hardware-group per core this bench pins two or more instances to: processor sharing, "
+                         "nothing learned)")
     ap.add_argument("--batched-estimate", action="store_true",
                     help="the overload phase's proxies get --prefill-batch-tokens (= --max-num-batched-tokens): the "
                          "prefills batch their queue, and the TTFT check keeps the requests already queued within "

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "in the contention the TTFT and TBT checks expect (a stream lasts its tokens' steps; a "
                         "prefill busy most of the recent past will likely compute during them). 0 (default): "
                         "only the prefills busy or queued now count")
-    g.add_argument("--prefill-contention", choices=("count", "pairs"), default="pairs",
+    g.add_argument("--prefill-contention", choices=("count", "pairs", "groups"), default="pairs",
                    help="with --calibrate: how the proxy learns that instances slow a prefill where they share "
                         "hardware (CPU cores, a GPU split by MIG/MPS) and counts it in the TTFT check. pairs "
                         "(default): a coefficient per (prefill, other prefill or decode), learned from the share of "
@@ -87,7 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "request that would slow one queued on such a neighbour past --ttft-slo goes elsewhere or "
                         "gets a 429 (gauge mooncake_proxy_prefill_interference). count: one log-slowdown per busy "
                         "neighbouring prefill, learned from every sample alike (fewer samples needed; gauge "
-                        "mooncake_proxy_contention_slope)")
+                        "mooncake_proxy_contention_slope). groups: nothing learned for the instances of each "
+                        "--hardware-group: they split their hardware by processor sharing (a prefill beside k busy "
+                        "mates runs 1 + k times its time alone; a streaming decode mate counts as busy), with or "
+                        "without --calibrate; instances in no group learn their pairs as with pairs")
+    g.add_argument("--hardware-group", nargs="+", action="append", default=[], metavar="URL",
+                   help="instances (their --prefill/--decode URLs) that share one piece of hardware: pinned to "
+                        "one CPU core, or one GPU split by MIG/MPS; repeat per group (needs --prefill-contention "
+                        "groups; an instance in at most one group)")
     from mooncake_proxy.scheduling import REJECTION_MODES
 
     g.add_argument("--rejection", choices=REJECTION_MODES, default="early",
@@ -278,7 +285,7 @@ def config_from_args(a: argparse.Namespace):
         handoff=a.handoff, prefill_first_token=a.prefill_first_token, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
         prefill_batch_tokens=a.prefill_batch_tokens, recent_busy_tau=a.recent_busy_tau,
-        prefill_contention=a.prefill_contention, retry_after=a.retry_after,
+        prefill_contention=a.prefill_contention, hardware_groups=a.hardware_group, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
         health_timeouts_to_down=a.health_timeouts_to_down,
         upstream_keepalive=a.upstream_keepalive, request_timeout=a.request_timeout,

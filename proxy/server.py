@@ -40,7 +40,7 @@ from .health import HealthChecker
 from .health_state import HealthState, ProbePolicy
 from .metrics import ProxyMetrics
 from .prompt import BadRequest, PromptHasher
-from .registry import Instance, Registry
+from .registry import Instance, Registry, normalize_url
 from .relay import Relay, RelayTimeouts, StreamTiming, UpstreamError, forward_headers
 
 log = get_logger("mooncake_proxy.server")
@@ -74,8 +74,12 @@ class ProxyConfig:
     #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
     recent_busy_tau: float = 0.0
     #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
-    #: "count" = one slope per busy neighbour, "pairs" = a coefficient per (prefill, other prefill or decode)
+    #: "count" = one slope per busy neighbour, "pairs" = a coefficient per (prefill, other prefill or decode),
+    #: "groups" = processor sharing within the declared --hardware-group's (pairs for the other instances)
     prefill_contention: str = "pairs"
+    #: --hardware-group: groups of instance URLs that share hardware (with prefill_contention "groups":
+    #: processor sharing within each, contention.HardwareGroups)
+    hardware_groups: list[list[str]] = field(default_factory=list)
     retry_after: float = 1.0
     health_interval: float = 5.0
     health_timeout: float = 2.0
@@ -211,6 +215,33 @@ class ProxyServer:
             self.add_instance("prefill", url, bports[i] if i < len(bports) else None)
         for url in cfg.decode_urls:
             self.add_instance("decode", url)
+        self._declare_hardware_groups(cfg)
+
+    def _declare_hardware_groups(self, cfg: ProxyConfig) -> None:
+        """--hardware-group: the instances (by URL) that share hardware, for the scheduler's and the
+        calibrator's processor sharing (contention.HardwareGroups). ValueError naming the URL or
+        the flag that is wrong."""
+        if cfg.prefill_contention == "groups" and not cfg.hardware_groups:
+            raise ValueError("--prefill-contention groups needs at least one --hardware-group (the instance URLs "
+                             "that share one piece of hardware)")
+        if cfg.hardware_groups and cfg.prefill_contention != "groups":
+            raise ValueError(f"--hardware-group needs --prefill-contention groups (got {cfg.prefill_contention!r})")
+        by_url = {inst.url: inst.instance_id for inst in self.registry.all()}
+        ids: list[list[str]] = []
+        for group in cfg.hardware_groups:
+            ids.append([])
+            for url in group:
+                iid = by_url.get(normalize_url(url))
+                if iid is None:
+                    raise ValueError(f"--hardware-group: {url!r} is not a --prefill or --decode instance "
+                                     f"(known: {sorted(by_url)})")
+                ids[-1].append(iid)
+        groups = self.sched_mod.HardwareGroups(ids)
+        self.scheduler.hardware_groups = groups
+        if self.calibrator is not None:
+            self.calibrator.groups = groups
+        if groups:
+            log.info("hardware groups declared", extra={"groups": groups.groups()})
 
     # ------------------------------------------------------------------ instances
     def add_instance(self, role: str, url: str, bootstrap_port: int | None = None) -> Instance:
@@ -232,6 +263,7 @@ class ProxyServer:
     def remove_instance(self, instance_id: str) -> Instance:
         inst = self.registry.remove(instance_id)
         self.cluster.remove_instance(instance_id)
+        self.scheduler.hardware_groups.forget(instance_id)
         if self.calibrator is not None:
             self.calibrator.forget(instance_id)
             self.scheduler.instance_costs = self.calibrator.costs()
@@ -543,7 +575,7 @@ class ProxyServer:
                         if cal is not None else (1.0, 1.0))
         t_sent = now()
         busy_sent = cluster.busy_area(t_sent)  # the contention the prefill runs under (contention.py)
-        pairs = self.cfg.prefill_contention == "pairs"
+        pairs = self.cfg.prefill_contention in ("pairs", "groups")  # groups: the others learn pairs
         # which instances slow this prefill (contention.py): the other prefills and the decodes
         busy_times_sent = ({**cluster.busy_times(t_sent), **cluster.decode_busy_times(t_sent)}
                            if pairs and cal is not None else None)

@@ -21,7 +21,7 @@ Usage::
 from .admission import REJECTION_MODES, decode_stage_rejection, split_rejection
 from .calibration import LatencyCalibrator
 from .cluster import STORE, ClusterState, DecodeEntry, DecodeLoad, PrefillEntry, PrefillLoad
-from .contention import RecentBusy
+from .contention import HardwareGroups, RecentBusy
 from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
 from .handoff_queue import HandoffQueue
@@ -35,5 +35,5 @@ __all__ = [
     "CostModel", "SloConfig", "make_scheduler", "policy_names", "POLICIES", "Scheduler", "PrefillPlan",
     "LruBlockCache", "STORE", "PrefillEntry", "DecodeEntry", "PrefillLoad", "DecodeLoad",
     "REJECTION_MODES", "split_rejection", "decode_stage_rejection", "LatencyCalibrator",
-    "HandoffQueue", "TtftErrorQuantile", "RecentBusy",
+    "HandoffQueue", "TtftErrorQuantile", "RecentBusy", "HardwareGroups",
 ]

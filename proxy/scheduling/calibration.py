@@ -47,9 +47,10 @@ the instances' samples), and a decode sample that says how long each prefill was
 instead how long each *other* instance (prefill, or decode while streaming) was busy during it
 (``busy``) goes into a second :class:`Interference` fit, of those instances on that prefill
 (:meth:`prefill_interference`: which instances share hardware with which). The factors learn from
-the sample with that contention taken out -- so an instance's factor is its speed with nobody else
-busy, and the scheduler multiplies its estimates by what it predicts (:meth:`contention_factor`,
-:meth:`interference`). Without them a sample moves the factors as before and nothing is learned.
+the sample with that contention taken out -- as do samples of instances declared to share hardware
+(``groups``, contention.HardwareGroups: processor sharing, nothing learned) -- so an instance's factor
+is its speed with nobody else busy, and the scheduler multiplies its estimates by what it predicts
+(:meth:`contention_factor`, :meth:`interference`). Without them a sample moves the factors as before and nothing is learned.
 
 The proxy feeds it (``observe_prefill`` when a prefill answers, ``observe_decode`` when a
 decode stream ends) with the *unscaled* prediction (the scheduler's estimate divided by the
@@ -62,7 +63,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .contention import ContentionSlope, Interference
+from .contention import ContentionSlope, HardwareGroups, Interference
 from .cost import CostModel
 
 __all__ = ["LatencyCalibrator"]
@@ -104,6 +105,9 @@ class LatencyCalibrator:
     _interference: Interference = field(default_factory=Interference)
     #: how much each prefill's work slows each other prefill (contention.py; samples with ``busy``)
     _pairs: Interference = field(default_factory=Interference)
+    #: instances the operator declared to share hardware (``--hardware-group``): their prefill samples
+    #: have the processor sharing of their busy mates divided out instead of going into ``_pairs``
+    groups: HardwareGroups = field(default_factory=HardwareGroups)
     _cost: CostModel | None = None
     #: instance -> its cost model (cached; dropped whenever a factor moves)
     _costs: dict[str, CostModel] | None = None
@@ -319,7 +323,10 @@ class LatencyCalibrator:
             # learn from the sample with its contention taken out
             moved = self._slope.observe(contention, sample, instance or "")
             sample -= self._slope.slope * contention
-        if busy is not None and instance is not None:  # which prefills slowed it (decode, or another prefill)
+        if busy is not None and instance is not None and side == "prefill" and instance in self.groups:
+            # declared: processor sharing with its busy mates, nothing to fit (contention.HardwareGroups)
+            sample -= math.log(self.groups.slowdown(instance, busy))
+        elif busy is not None and instance is not None:  # which prefills slowed it (decode, or another prefill)
             fit = self._interference if side == "decode" else self._pairs
             moved = fit.observe(instance, busy, sample) or moved
             coef = fit.coefs(instance)

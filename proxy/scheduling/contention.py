@@ -37,14 +37,23 @@ other instances (prefills, and decodes while they stream) on each prefill (a coe
 pair, prefill pairs symmetric: ``LatencyCalibrator.prefill_interference``), which the TTFT check
 counts per busy neighbour and ``Scheduler.pair_harm`` uses to keep a new request from slowing one
 queued on a neighbour past the SLO.
+
+Where the operator knows which instances share hardware (``--hardware-group``: instances pinned to
+one core, or sharing one GPU), :class:`HardwareGroups` replaces both fits by processor sharing
+(``--prefill-contention groups``): nothing to learn, and linear in the busy mates, as a shared core
+is. Why: the fits learn from the admitted load's samples, and a 2x burst's contention is larger
+than any they saw -- on the live bench four prefills on one core ran 3-6x their estimates in a
+burst while the pair fit, 12 coefficients from a 40-request warm-up, predicted far less (runs o1-o5
+in BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Iterable
 
-__all__ = ["ContentionSlope", "Interference", "RecentBusy", "expected_busy_neighbours"]
+__all__ = ["ContentionSlope", "HardwareGroups", "Interference", "RecentBusy", "expected_busy_neighbours"]
 
 
 @dataclass(slots=True)
@@ -281,3 +290,71 @@ class RecentBusy:
     def share(self, instance_id: str) -> float:
         """The prefill's recent busy share as of the last :meth:`update` (0.0 if never seen)."""
         return self._share.get(instance_id, 0.0)
+
+
+class HardwareGroups:
+    """Instances that share hardware, as the operator declared them (pure): each group's members
+    split it by processor sharing while they are busy.
+
+    Under processor sharing, a job of ``x`` seconds of work (alone) that starts beside jobs of
+    ``w_j`` seconds each finishes after ``x + sum_j min(w_j, x)`` seconds (every job runs at
+    ``1/n`` of the hardware while ``n`` are busy; exact when nothing else arrives), so its estimate
+    is multiplied by ``1 + sum_j min(1, w_j / x)`` (:func:`expected_busy_neighbours`). Measured the
+    other way round, a sample that ran while each mate was busy for the share ``b_j`` of its time
+    took about ``1 + sum_j b_j`` times its work alone (:meth:`slowdown`): the calibrator divides that
+    out, so an instance's factor is its speed alone.
+
+    An instance in no group runs on hardware of its own (multiplier 1); one named in two groups, or
+    twice in one, is an error (an instance runs on one piece of hardware).
+    """
+
+    def __init__(self, groups: Iterable[Iterable[str]] = ()) -> None:
+        self._mates: dict[str, frozenset[str]] = {}
+        for k, group in enumerate(groups):
+            members = list(group)
+            if len(members) < 2:
+                raise ValueError(f"hardware group {k + 1} ({members!r}) must name at least 2 instances: "
+                                 f"an instance alone on its hardware needs no group")
+            if len(set(members)) != len(members):
+                raise ValueError(f"hardware group {k + 1} names an instance twice: {members!r}")
+            for m in members:
+                if m in self._mates:
+                    raise ValueError(f"instance {m!r} is in two hardware groups (an instance runs on one "
+                                     f"piece of hardware)")
+                self._mates[m] = frozenset(members) - {m}
+
+    def __bool__(self) -> bool:
+        return bool(self._mates)
+
+    def __contains__(self, instance_id: object) -> bool:
+        return instance_id in self._mates
+
+    def mates(self, instance_id: str) -> frozenset[str]:
+        """The other instances on ``instance_id``'s hardware (empty: it has its own)."""
+        return self._mates.get(instance_id, frozenset())
+
+    def groups(self) -> list[list[str]]:
+        """Each group's members, sorted (for logs and the admin API)."""
+        seen: set[str] = set()
+        out = []
+        for m in sorted(self._mates):
+            if m not in seen:
+                g = sorted(self._mates[m] | {m})
+                seen.update(g)
+                out.append(g)
+        return out
+
+    def slowdown(self, instance_id: str, busy: dict[str, float]) -> float:
+        """How many times its work alone a sample of ``instance_id`` took, under processor sharing,
+        when each instance of ``busy`` was busy for that share of its time (its mates count, each
+        at most 1; the others and the instance itself do not)."""
+        mates = self.mates(instance_id)
+        return 1.0 + sum(min(1.0, max(0.0, v)) for k, v in busy.items() if k in mates and math.isfinite(v))
+
+    def forget(self, instance_id: str) -> None:
+        """The instance was removed: it no longer shares anyone's hardware."""
+        if self._mates.pop(instance_id, None) is not None:
+            for k in list(self._mates):
+                self._mates[k] = self._mates[k] - {instance_id}
+                if not self._mates[k]:
+                    del self._mates[k]

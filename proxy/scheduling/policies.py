@@ -31,7 +31,7 @@ from typing import ClassVar, Iterable, Iterator, Sequence
 
 from .batched_queue import finish_offsets
 from .cluster import STORE, ClusterState, DecodeLoad, PrefillEntry, kv_footprint
-from .contention import RecentBusy, expected_busy_neighbours
+from .contention import HardwareGroups, RecentBusy, expected_busy_neighbours
 from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
 
@@ -79,6 +79,10 @@ class Scheduler(abc.ABC):
         #: prefill -> {other prefill: log-slowdown of its work while that one is busy} (the live proxy's
         #: --calibrate --prefill-contention pairs learns it, contention.Interference); absent: see the slope
         self.prefill_interference: dict[str, dict[str, float]] = {}
+        #: instances declared to share hardware (the live proxy's --hardware-group): a prefill of one
+        #: is slowed by its busy mates by processor sharing (contention.HardwareGroups), and neither the
+        #: slope nor the pairs count for it; empty: every instance on hardware of its own
+        self.hardware_groups = HardwareGroups()
         #: each prefill's share of the last seconds it was busy (contention.RecentBusy), read by
         #: :meth:`decode_contention` and :meth:`prefill_contention` with a prediction horizon; advanced
         #: by :meth:`schedule` while a contention slope or interference is known. None (the default,
@@ -99,7 +103,7 @@ class Scheduler(abc.ABC):
         cl = self.cluster
         retry = self.slo.retry_after_s
         if self.recent_busy is not None and (self.interference or self.prefill_interference
-                                             or self.contention_slope > 0):
+                                             or self.contention_slope > 0 or self.hardware_groups):
             self.recent_busy.update(now, cl.busy_times(now))
         prefills = cl.healthy_instances("prefill")
         if not prefills:
@@ -193,7 +197,8 @@ class Scheduler(abc.ABC):
         m = self.prefill_contention(iid, now, plan.est_ttft_s)
         return self.prefill_lateness(iid, now, m) + max(m, self.prefill_slowdown(iid, now)) * plan.est_ttft_s
 
-    def prefill_contention(self, instance_id: str, now: float, est_s: float) -> float:
+    def prefill_contention(self, instance_id: str, now: float, est_s: float,
+                           busy_as: tuple[str, float] | None = None) -> float:
         """The multiplier of an estimate of ``est_s`` seconds (queue + prefill) on ``instance_id``
         from the other prefill instances busy meanwhile: exp(slope * their expected number), each
         counted for the share of ``est_s`` its own queue lasts (contention.py) -- with a prediction
@@ -201,8 +206,15 @@ class Scheduler(abc.ABC):
         with the slope and, where :attr:`prefill_interference` knows the pair, with its own
         coefficient. 1.0 without either.
 
+        An instance in a declared hardware group (:attr:`hardware_groups`) is multiplied instead by
+        processor sharing: 1 + each busy mate's share of ``est_s`` (a streaming decode mate counts
+        whole). ``busy_as``: (instance, seconds) -- count that instance as busy for that long (what
+        :meth:`pair_harm` asks: the contention once a request is admitted there).
+
         Why: where instances share cores, a burst makes all of them busy at once and each runs
         slower than its factor, learned at the calmer load before, says -- before any head is late."""
+        if instance_id in self.hardware_groups:
+            return self._shared_hardware(instance_id, now, est_s, busy_as)
         slope = self.contention_slope
         coef = self.prefill_interference.get(instance_id) or {}
         if slope <= 0 and not coef:
@@ -220,6 +232,25 @@ class Scheduler(abc.ABC):
                         # a decode streaming now (its steps share the hardware) is taken to go on meanwhile
                         + sum(c for d, c in coef.items() if d in cl and d not in cl.prefill_ids()
                               and cl.is_decode_busy(d)))
+
+    def _shared_hardware(self, instance_id: str, now: float, est_s: float,
+                         busy_as: tuple[str, float] | None) -> float:
+        """:meth:`prefill_contention` of an instance in a declared hardware group: processor sharing
+        with its mates (contention.HardwareGroups), each prefill mate counted for the share of
+        ``est_s`` its queue lasts -- with a prediction horizon and :attr:`recent_busy`, at least its
+        recent busy share -- and each decode mate streaming now whole."""
+        cl = self.cluster
+        prefill_ids = set(cl.prefill_ids())
+        recent = self.recent_busy if self.slo.prediction_horizon_s is not None else None
+        m = 1.0
+        for j in self.hardware_groups.mates(instance_id):
+            if j in prefill_ids:
+                b = (busy_as[1] if busy_as is not None and busy_as[0] == j
+                     else self.queue_time(j, now) + self.prefill_lateness(j, now))
+                m += max(expected_busy_neighbours(est_s, [b]), recent.share(j) if recent is not None else 0.0)
+            elif j in cl and cl.is_decode_busy(j):
+                m += 1.0
+        return m
 
     def decode_contention(self, decode_id: str, also_busy: str | None = None) -> float:
         """The multiplier of decode ``decode_id``'s step estimate from the prefill instances that will
@@ -344,26 +375,32 @@ class Scheduler(abc.ABC):
 
     def pair_harm(self, plan: PrefillPlan, now: float) -> tuple[str, str, float] | None:
         """A request queued on another prefill instance that shares hardware with ``plan``'s (a
-        positive :attr:`prefill_interference` coefficient) and that admitting ``plan`` would push
-        past the TTFT SLO, as (its instance, its id, its predicted TTFT then); None when none would
-        be, or without a TTFT SLO or pair coefficients.
+        positive :attr:`prefill_interference` coefficient, or a mate in a declared hardware group) and
+        that admitting ``plan`` would push past the TTFT SLO, as (its instance, its id, its predicted
+        TTFT then); None when none would be, or without a TTFT SLO or either.
 
         Why: the new request keeps its instance busy until it is done (its queue, then itself), and
         for that time it slows the instances sharing its hardware. Each request queued there was
         admitted for the contention it expected then; a burst that fills the neighbour afterwards
         slows it past the SLO (run m2 in BENCHMARKS.md: four requests on prefill 2 estimated at
         0.6-1.1 s took 2.1-4.2 s while prefill 0, on the same core, took six more). Each entry's time
-        left is scaled by exp(coefficient x the added share of it the new request's instance is busy)."""
+        left is scaled by exp(coefficient x the added share of it the new request's instance is busy),
+        or, for a declared mate, by the processor sharing with the new request's instance busy for longer."""
         limit = self.slo.ttft_s
         j = plan.instance_id
-        if limit is None or not self.prefill_interference:
+        grouped = j in self.hardware_groups
+        if limit is None or not (self.prefill_interference or grouped):
             return None
         late_j = self.prefill_lateness(j, now)
         busy_before = self.queue_time(j, now) + late_j
         busy_after = late_j + plan.est_ttft_s
-        for iid, coefs in self.prefill_interference.items():
-            c = coefs.get(j, 0.0)
-            load = (self.cluster.prefill_load(iid) if iid != j and c > 0 and iid in self.cluster.prefill_ids()
+        prefill_ids = set(self.cluster.prefill_ids())
+        # the instances it slows: its declared mates (processor sharing, c None), else the learned pairs
+        slowed: list[tuple[str, float | None]] = (
+            [(q, None) for q in sorted(self.hardware_groups.mates(j))] if grouped
+            else [(iid, coefs.get(j, 0.0)) for iid, coefs in self.prefill_interference.items()])
+        for iid, c in slowed:
+            load = (self.cluster.prefill_load(iid) if iid != j and (c is None or c > 0) and iid in prefill_ids
                     else None)
             if load is None or not load.entries:
                 continue
@@ -378,11 +415,15 @@ class Scheduler(abc.ABC):
                     continue
                 m = max(self.prefill_contention(iid, now, left), slow)
                 late = self.prefill_lateness(iid, now, m)
-                added = min(1.0, busy_after / left) - min(1.0, busy_before / left)
-                if added <= 0:
+                if c is None:
+                    m_after = max(self.prefill_contention(iid, now, left, (j, busy_after)), slow)
+                else:
+                    added = min(1.0, busy_after / left) - min(1.0, busy_before / left)
+                    m_after = m * math.exp(c * added) if added > 0 else m
+                if m_after <= m:
                     continue
                 if (self._queued_ttft(iid, e, late + m * left, now) <= limit
-                        < (late_ttft := self._queued_ttft(iid, e, late + m * math.exp(c * added) * left, now))):
+                        < (late_ttft := self._queued_ttft(iid, e, late + m_after * left, now))):
                     return iid, e.request_id, late_ttft
         return None
 

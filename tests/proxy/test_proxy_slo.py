@@ -123,6 +123,29 @@ def test_rejection_and_calibrate_flags() -> None:
         cfg("--prefill-contention", "matrix")
 
 
+def test_hardware_groups_name_registered_instances_and_need_the_groups_mode() -> None:
+    from mooncake_proxy.cli import build_parser, config_from_args
+    from mooncake_proxy.server import ProxyServer
+
+    def cfg(*extra: str):
+        return config_from_args(build_parser().parse_args(
+            ["--prefill", "http://p:1", "--prefill", "http://p:3", "--decode", "http://d:2", *extra]))
+
+    c = cfg("--prefill-contention", "groups", "--hardware-group", "http://p:1", "http://d:2/")
+    assert c.hardware_groups == [["http://p:1", "http://d:2/"]]
+    server = ProxyServer(c)
+    assert server.scheduler.hardware_groups.groups() == [["decode@http://d:2", "prefill@http://p:1"]]
+    with pytest.raises(ValueError, match="'http://p:9' is not a --prefill or --decode instance"):
+        ProxyServer(cfg("--prefill-contention", "groups", "--hardware-group", "http://p:1", "http://p:9"))
+    with pytest.raises(ValueError, match="groups needs at least one --hardware-group"):
+        ProxyServer(cfg("--prefill-contention", "groups"))
+    with pytest.raises(ValueError, match="--hardware-group needs --prefill-contention groups"):
+        ProxyServer(cfg("--hardware-group", "http://p:1", "http://p:3"))
+    with pytest.raises(ValueError, match="in two hardware groups"):
+        ProxyServer(cfg("--prefill-contention", "groups", "--hardware-group", "http://p:1", "http://p:3",
+                        "--hardware-group", "http://p:1", "http://d:2"))
+
+
 async def test_calibration_adds_the_decode_first_token_delay(make_env) -> None:
     # prefill on time, but the decode's first token comes 0.4 s after the prefill's answer (a slow
     # KV pull): the TTFT check must see it, or a 0.25 s SLO admits requests that take 0.4 s
@@ -254,6 +277,32 @@ async def test_prefills_that_share_a_core_are_learned_as_pairs_and_kept_apart(ma
         served = [i for i, e in enumerate(env.prefills) for _ in range(len(e.records) - before[i])]
         assert sorted(i // 2 for i in served) == [0, 1], served  # one on each core
         assert all(st == 200 for st, _ in got), got
+
+
+async def test_declared_hardware_groups_admit_a_burst_for_its_processor_sharing_without_learning(make_env) -> None:
+    # Four prefills on one core (the fake engines' processor sharing: 0.15 s alone, k busy at once each
+    # k x slower), declared with --hardware-group. After three single requests (the calibrator learns
+    # the speed alone; nothing about contention), a burst of 6 finds every instance idle. Processor
+    # sharing predicts the k-th admitted one ends at about k x 0.15 s: three fit the 0.55 s SLO, the
+    # fourth would not, and the admitted ones meet it. Without the declaration (pairs, nothing learned
+    # yet) all six would be admitted and run at 4x, past the SLO.
+    import asyncio
+
+    env = await make_env(n_prefill=4, policy="load_balance", ttft_slo=0.55, calibrate=True, prefill_contention="groups",
+                         hardware_groups_for=lambda p, d: [p],
+                         prefill_behaviour=Behaviour(prefill_delay=0.15, prefill_contention=1.0),
+                         decode_behaviour=Behaviour(chunks=2))
+    seq = iter(range(10_000))
+
+    async def one() -> tuple[int, float]:
+        return await post_ttft(env, {**BODY, "prompt": f"request {next(seq)} " + BODY["prompt"]})  # no shared prefix
+
+    for _ in range(3):  # alone
+        assert (await one())[0] == 200
+    got = await asyncio.gather(*(one() for _ in range(6)))
+    ok = [t for st, t in got if st == 200]
+    assert 2 <= len(ok) <= 3 and sorted({st for st, _ in got}) == [200, 429], got
+    assert max(ok) < 0.55, got
 
 
 @pytest.mark.parametrize("calibrate", [True, False])
