@@ -50,7 +50,8 @@ instead how long each *other* instance (prefill, or decode while streaming) was 
 the sample with that contention taken out -- as do samples of instances declared to share hardware
 (``groups``, contention.HardwareGroups: processor sharing, nothing learned) -- so an instance's factor
 is its speed with nobody else busy, and the scheduler multiplies its estimates by what it predicts
-(:meth:`contention_factor`, :meth:`interference`). Without them a sample moves the factors as before and nothing is learned.
+(:meth:`contention_factor`, :meth:`interference`). Without them a sample moves the factors as before
+and nothing is learned.
 
 The proxy feeds it (``observe_prefill`` when a prefill answers, ``observe_decode`` when a
 decode stream ends) with the *unscaled* prediction (the scheduler's estimate divided by the
