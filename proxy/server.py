@@ -238,6 +238,7 @@ class ProxyServer:
                 ids[-1].append(iid)
         groups = self.sched_mod.HardwareGroups(ids)
         self.scheduler.hardware_groups = groups
+        self.cluster.track_head_busy = bool(groups)  # how far a head is along (Scheduler.head_done)
         if self.calibrator is not None:
             self.calibrator.groups = groups
         if groups:

@@ -66,6 +66,9 @@ class PrefillLoad:
     queued_tokens: int = 0
     est_sum: float = 0.0   # Σ est_s of entries whose estimate is known (O(1) queue time)
     n_unknown: int = 0     # entries still without an estimate
+    #: every instance's busy seconds (prefills' busy_times, decodes' decode_busy_times) when the head
+    #: started, with ``ClusterState.track_head_busy``: how busy its hardware mates were since
+    head_busy: dict[str, float] | None = None
 
     def set_estimate(self, entry: PrefillEntry, est_s: float) -> None:
         """Attach a duration estimate to an entry that had none (the scheduler does this
@@ -154,6 +157,9 @@ class ClusterState:
         self._busy_t = 0.0
         # per prefill instance: seconds busy before its current busy period, and (while busy) when
         # that began -- so the busy instances are the keys of _busy_since
+        #: snapshot the busy times at each head's start (PrefillLoad.head_busy): the scheduler's
+        #: processor sharing of declared hardware groups reads how much of the head is done from it
+        self.track_head_busy = False
         self._busy_total: dict[str, float] = {}
         self._busy_since: dict[str, float] = {}
         # the same per decode instance, busy while it has a stream running (decode_busy_times)
@@ -435,6 +441,10 @@ class ClusterState:
         """Whether the decode instance has a stream running."""
         return instance_id in self._dbusy_since
 
+    def _snapshot_head(self, load: PrefillLoad, now: float) -> None:
+        if self.track_head_busy:
+            load.head_busy = {**self.busy_times(now), **self.decode_busy_times(now)}
+
     def _advance_busy(self, now: float) -> None:
         """Integrate the busy count up to ``now``; call before the busy set changes."""
         if now > self._busy_t:
@@ -502,6 +512,7 @@ class ClusterState:
             load.head_since = now
             self._advance_busy(now)
             self._busy_since[instance_id] = now
+            self._snapshot_head(load, now)
         load.entries[req.request_id] = entry
         load.queued_tokens += new
         if decode_id is not None and decode_id in self._decode:
@@ -538,6 +549,8 @@ class ClusterState:
                 pend.pop(k, None)
         if was_head:
             load.head_since = now
+            if load.entries:
+                self._snapshot_head(load, now)
         if entry.decode_id is not None and entry.decode_id in self._decode:
             self._decode[entry.decode_id].incoming.pop(req.request_id, None)
         return True

@@ -357,7 +357,7 @@ class Scheduler(abc.ABC):
         # the same speed as the new request's own check (_prefill_done_in)
         m = max(self.prefill_contention(iid, now, plan.est_ttft_s), self.prefill_slowdown(iid, now))
         late = self.prefill_lateness(iid, now, m)
-        elapsed = now - load.head_since
+        elapsed = self.head_done(iid, now)
         for e, b, a in zip(entries, before, after):
             if a > b and (self._queued_ttft(iid, e, late + m * max(0.0, b - elapsed), now) <= limit
                           < (late_ttft := self._queued_ttft(iid, e, late + m * max(0.0, a - elapsed), now))):
@@ -406,7 +406,7 @@ class Scheduler(abc.ABC):
                 continue
             self.queue_time(iid, now)  # fills in the entries' estimates
             slow = self.prefill_slowdown(iid, now)
-            elapsed = now - load.head_since
+            elapsed = self.head_done(iid, now)
             offset = 0.0
             for e in load.entries.values():
                 offset += max(0.0, e.est_s)
@@ -431,10 +431,12 @@ class Scheduler(abc.ABC):
         """How far the head of the prefill instance's queue is past ``factor`` x its estimate (0 if
         not late). The TTFT check expects it to need that long again: :meth:`queue_time` counts a
         late head as done, so a stalled engine -- seen for 35 s on the live bench -- would look idle."""
-        head, since = self._head(instance_id)
+        head, _ = self._head(instance_id)
         if head is None or head.est_s < 0:
             return 0.0
-        return max(0.0, now - since - factor * head.est_s)
+        if instance_id in self.hardware_groups:  # head_done has the contention so far taken out
+            factor = 1.0
+        return max(0.0, self.head_done(instance_id, now) - factor * head.est_s)
 
     def _head(self, instance_id: str) -> tuple[PrefillEntry | None, float]:
         """The prefill instance's running request (None when idle) and when it started."""
@@ -454,10 +456,31 @@ class Scheduler(abc.ABC):
         every request on estimates 2-8x too low. The ratio grows with every second the head runs,
         so the check tightens while the burst arrives instead of after it. Entries with an estimate
         under 1 ms give no ratio (their estimate is noise)."""
-        head, since = self._head(instance_id)
+        head, _ = self._head(instance_id)
         if head is None or head.est_s < 1e-3:
             return 1.0
-        return max(1.0, (now - since) / head.est_s)
+        return max(1.0, self.head_done(instance_id, now) / head.est_s)
+
+    def head_done(self, instance_id: str, now: float) -> float:
+        """How many seconds of its estimate the prefill instance's head has done: the time since it
+        started, or, in a declared hardware group (with ``ClusterState.track_head_busy``), that time
+        divided by the processor sharing it ran under (1 + each mate's busy share since it started).
+
+        Why: a queue's wait is the head's estimate less what it has done. Counting every second as a
+        second of work says a head that has shared its core with three mates for 1 s is 1 s along,
+        when it is 0.25 s along: the queue behind it looked 0.75 s shorter, and under a burst the
+        check admitted work the core could not do in the SLO (run g1 in BENCHMARKS.md)."""
+        load = self.cluster.prefill_load(instance_id)
+        elapsed = now - load.head_since
+        mates = self.hardware_groups.mates(instance_id)
+        if not mates or load.head_busy is None or elapsed <= 0 or not load.entries:
+            return max(0.0, elapsed)
+        cl = self.cluster
+        busy = {**cl.busy_times(now), **cl.decode_busy_times(now)}
+        since = load.head_busy
+        # an instance never busy before the head started is absent from the snapshot: 0 s then
+        share = sum(min(1.0, max(0.0, (busy[j] - since.get(j, 0.0)) / elapsed)) for j in mates if j in busy)
+        return elapsed / (1.0 + share)
 
     def _other_prefill_within(self, req: RequestInfo, prefills: Sequence[InstanceInfo],
                               decodes: Sequence[InstanceInfo], failed: PrefillPlan, now: float,
@@ -524,7 +547,7 @@ class Scheduler(abc.ABC):
                 if e.est_s < 0:
                     load.set_estimate(e, self._entry_time(e, cost))
         head = next(iter(load.entries.values()))
-        return max(0.0, head.est_s - (now - load.head_since)) + max(0.0, load.est_sum - head.est_s)
+        return max(0.0, head.est_s - self.head_done(instance_id, now)) + max(0.0, load.est_sum - head.est_s)
 
     def split_prompt(self, req: RequestInfo, cached_blocks: int) -> tuple[int, int]:
         """(tokens to compute, tokens reused) when ``cached_blocks`` leading blocks are reused."""

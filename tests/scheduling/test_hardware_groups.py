@@ -139,3 +139,31 @@ def test_processor_sharing_predicts_a_burst_on_one_core() -> None:
         d = plain.schedule(_req(i), 0.0)
         assert isinstance(d, Decision), d
         cl2.on_scheduled(d, _req(i), 0.0)
+
+
+def test_a_head_that_shared_its_core_is_only_that_far_along() -> None:
+    # p0 and p1 share a core. p0's head (1 s alone) started at 0; p1 has been busy since 0.5 s. At 1.0 s
+    # p0's head ran 0.5 s alone and 0.5 s at half speed: 0.75 s done exactly; the estimate divides the
+    # time by 1 + p1's mean busy share (0.5): 0.67 s -- a little less (the mean share, not the mean
+    # speed), which errs towards a longer queue.
+    cl = _cluster(3)
+    cl.track_head_busy = True
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0))
+    sched.hardware_groups = HardwareGroups([["p0", "p1"]])
+    cl.on_prefill_start("p0", _req(0), 0.0, est_s=1.0)
+    cl.on_prefill_start("p0", _req(1), 0.0, est_s=0.4)
+    cl.on_prefill_start("p1", _req(2), 0.5, est_s=10.0)
+    assert sched.head_done("p0", 1.0) == pytest.approx(1.0 / 1.5)  # busy share 0.5 over 1 s
+    assert sched.queue_time("p0", 1.0) == pytest.approx(1.0 - 1.0 / 1.5 + 0.4)
+    assert sched.head_done("p0", 1.5) == pytest.approx(1.5 / (1 + 1.0 / 1.5))  # exactly 1.0
+    assert sched.prefill_lateness("p0", 1.5) == 0.0 and sched.prefill_slowdown("p0", 1.5) == 1.0
+    assert sched.head_done("p0", 3.5) == pytest.approx(3.5 / (1 + 3.0 / 3.5))  # late even for the sharing
+    assert sched.prefill_slowdown("p0", 3.5) == pytest.approx(sched.head_done("p0", 3.5))
+    # the next head's clock starts at its own start
+    cl.on_prefill_done("p0", _req(0), 3.5)
+    assert sched.head_done("p0", 4.5) == pytest.approx(0.5)
+    # p2 has its own core: wall time is work
+    cl.on_prefill_start("p2", _req(3), 0.0, est_s=1.0)
+    assert sched.head_done("p2", 0.75) == 0.75 and sched.queue_time("p2", 0.75) == pytest.approx(0.25)
+    sched.hardware_groups = HardwareGroups()
+    assert sched.head_done("p0", 4.5) == pytest.approx(1.0)  # undeclared: wall time
