@@ -325,7 +325,9 @@ class LatencyCalibrator:
             moved = self._slope.observe(contention, sample, instance or "")
             sample -= self._slope.slope * contention
         if busy is not None and instance is not None and side == "prefill" and instance in self.groups:
-            # declared: processor sharing with its busy mates, nothing to fit (contention.HardwareGroups)
+            # declared: processor sharing with its busy mates, its cost per mate learned per group
+            # against the instance's factor now (contention.HardwareGroups)
+            moved = self.groups.observe(instance, busy, math.exp(sample - self._log_factor(side, instance))) or moved
             sample -= math.log(self.groups.slowdown(instance, busy))
         elif busy is not None and instance is not None:  # which prefills slowed it (decode, or another prefill)
             fit = self._interference if side == "decode" else self._pairs

@@ -306,9 +306,26 @@ class HardwareGroups:
 
     An instance in no group runs on hardware of its own (multiplier 1); one named in two groups, or
     twice in one, is an error (an instance runs on one piece of hardware).
+
+    Sharing costs more than the ideal: each busy mate adds ``cost`` (>= 1 in practice, the
+    multiplier's slope) rather than 1, learned per group from the samples (:meth:`observe`), 1 until
+    then. Why: on the live bench four vLLM CPU instances on one core ran 1.5-5x slower than ideal
+    processor sharing of their estimates predicts (run g3 in BENCHMARKS.md): each instance's engine
+    core and API server also want the core between steps, and a switch costs caches. The structure
+    (which instances, linear in the busy mates) is declared; only this one slope per group is fitted.
     """
 
-    def __init__(self, groups: Iterable[Iterable[str]] = ()) -> None:
+    def __init__(self, groups: Iterable[Iterable[str]] = (), alpha: float = 0.2, max_cost: float = 8.0,
+                 min_share: float = 0.25) -> None:
+        if not 0 < alpha <= 1 or max_cost < 1 or not 0 < min_share <= 1:
+            raise ValueError(f"HardwareGroups needs 0 < alpha <= 1, max_cost >= 1, 0 < min_share <= 1; got "
+                             f"{alpha!r}, {max_cost!r}, {min_share!r}")
+        self.alpha = alpha
+        self.max_cost = max_cost
+        self.min_share = min_share
+        #: instance -> its group's key (the sorted members); group key -> its learned cost per busy mate
+        self._key: dict[str, tuple[str, ...]] = {}
+        self._cost: dict[tuple[str, ...], float] = {}
         self._mates: dict[str, frozenset[str]] = {}
         for k, group in enumerate(groups):
             members = list(group)
@@ -322,6 +339,7 @@ class HardwareGroups:
                     raise ValueError(f"instance {m!r} is in two hardware groups (an instance runs on one "
                                      f"piece of hardware)")
                 self._mates[m] = frozenset(members) - {m}
+                self._key[m] = tuple(sorted(members))
 
     def __bool__(self) -> bool:
         return bool(self._mates)
@@ -344,16 +362,44 @@ class HardwareGroups:
                 out.append(g)
         return out
 
-    def slowdown(self, instance_id: str, busy: dict[str, float]) -> float:
-        """How many times its work alone a sample of ``instance_id`` took, under processor sharing,
-        when each instance of ``busy`` was busy for that share of its time (its mates count, each
-        at most 1; the others and the instance itself do not)."""
+    def cost(self, instance_id: str) -> float:
+        """What each busy mate adds to ``instance_id``'s multiplier (1.0: ideal sharing, or nothing learned)."""
+        key = self._key.get(instance_id)
+        return self._cost.get(key, 1.0) if key is not None else 1.0
+
+    def costs(self) -> dict[str, float]:
+        """Each group (its members joined by ',') -> its learned cost per busy mate (for the gauges)."""
+        return {",".join(k): v for k, v in self._cost.items()}
+
+    def mate_share(self, instance_id: str, busy: dict[str, float]) -> float:
+        """The sum of the busy shares of ``instance_id``'s mates (each in [0, 1]; others do not count)."""
         mates = self.mates(instance_id)
-        return 1.0 + sum(min(1.0, max(0.0, v)) for k, v in busy.items() if k in mates and math.isfinite(v))
+        return sum(min(1.0, max(0.0, v)) for k, v in busy.items() if k in mates and math.isfinite(v))
+
+    def slowdown(self, instance_id: str, busy: dict[str, float]) -> float:
+        """How many times its work alone a sample of ``instance_id`` took when each instance of
+        ``busy`` was busy for that share of its time: 1 + cost x its mates' shares (the others and
+        the instance itself do not count)."""
+        return 1.0 + self.cost(instance_id) * self.mate_share(instance_id, busy)
+
+    def observe(self, instance_id: str, busy: dict[str, float], ratio_alone: float) -> bool:
+        """A sample of ``instance_id`` took ``ratio_alone`` times its estimate alone (its instance factor
+        applied) while its mates were busy for the shares ``busy``: moves its group's cost towards
+        (ratio_alone - 1) / their sum, by ``alpha``, where that sum is at least ``min_share`` (a sample
+        that ran nearly alone says nothing about sharing). True when the cost moved."""
+        key = self._key.get(instance_id)
+        x = self.mate_share(instance_id, busy)
+        if key is None or x < self.min_share or not math.isfinite(ratio_alone) or ratio_alone <= 0:
+            return False
+        sample = min(max((ratio_alone - 1.0) / x, 0.0), self.max_cost)
+        before = self._cost.get(key, 1.0)
+        self._cost[key] = (1 - self.alpha) * before + self.alpha * sample
+        return self._cost[key] != before
 
     def forget(self, instance_id: str) -> None:
         """The instance was removed: it no longer shares anyone's hardware."""
         if self._mates.pop(instance_id, None) is not None:
+            self._key.pop(instance_id, None)
             for k in list(self._mates):
                 self._mates[k] = self._mates[k] - {instance_id}
                 if not self._mates[k]:
