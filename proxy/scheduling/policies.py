@@ -208,8 +208,9 @@ class Scheduler(abc.ABC):
 
         An instance in a declared hardware group (:attr:`hardware_groups`) is multiplied instead by
         processor sharing: 1 + the group's cost per busy mate (HardwareGroups.cost, 1 until learned) x
-        each busy mate's share of ``est_s`` (a streaming decode mate counts whole). ``busy_as``: (instance, seconds) -- count that instance as busy for that long (what
-        :meth:`pair_harm` asks: the contention once a request is admitted there).
+        each busy mate's share of ``est_s`` (a streaming decode mate counts whole). ``busy_as``:
+        (instance, seconds) -- count that instance as busy for that long (what :meth:`pair_harm`
+        asks: the contention once a request is admitted there).
 
         Why: where instances share cores, a burst makes all of them busy at once and each runs
         slower than its factor, learned at the calmer load before, says -- before any head is late."""
