@@ -323,10 +323,10 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
         inst_factor: dict[str, float] = {}
         interference: dict[str, float] = {}
         pairs: dict[str, float] = {}
-        share_cost: list[float] = []
+        share_exponent: list[float] = []
         for line in proxy_metrics.splitlines():
-            if line.startswith("mooncake_proxy_hardware_share_cost{"):  # each declared group's cost per busy mate
-                share_cost.append(float(line.rsplit(" ", 1)[1]))
+            if line.startswith("mooncake_proxy_hardware_share_exponent{"):  # each declared group's exponent
+                share_exponent.append(float(line.rsplit(" ", 1)[1]))
             if line.startswith("mooncake_proxy_prefill_interference{"):  # "p0<p2": p2's coefficient on p0 (d: the decode)
                 ends = [line.split(f'{k}="', 1)[1].split('"', 1)[0].split("@", 1)[1] for k in ("prefill", "other")]
                 names = {p.url: f"p{i}" for i, p in enumerate(prefills)} | {decode.url: "d"}
@@ -359,7 +359,7 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
                                 for side in ("prefill", "decode")},
            "prefill_factor": dict(sorted(inst_factor.items())),
            "decode_interference": dict(sorted(interference.items())),
-           "prefill_interference": dict(sorted(pairs.items())), "hardware_share_cost": share_cost}
+           "prefill_interference": dict(sorted(pairs.items())), "hardware_share_exponent": share_exponent}
     return row, results
 
 
@@ -447,8 +447,8 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
         sl = r.get("contention_slope") or {}
         if any(sl.values()):  # the learned log slowdown per busy neighbouring prefill
             fac += f" s{sl.get('prefill', 0):.2f}"
-        if r.get("hardware_share_cost"):  # --prefill-contention groups: each group's cost per busy mate
-            fac += " g(" + " ".join(f"{v:.1f}" for v in r["hardware_share_cost"]) + ")"
+        if r.get("hardware_share_exponent"):  # --prefill-contention groups: each group's exponent
+            fac += " g(" + " ".join(f"{v:.1f}" for v in r["hardware_share_exponent"]) + ")"
         if r.get("decode_interference"):  # each prefill's log slowdown of the decode's steps
             fac += " i(" + " ".join(f"{k}:{v:.1f}" for k, v in r["decode_interference"].items()) + ")"
         if r.get("prefill_interference"):  # which prefill slows which: "p0<p2" = p2's coefficient on p0
@@ -466,7 +466,7 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
                                "factor: the proxy's --calibrate factors at the end, shared prefill/decode and each "
                                "prefill's own, s: the prefills' contention slope, i(): each prefill's interference "
                                "with the decode, pp(): a<b is prefill b's interference with prefill a, g(): each "
-                               "--hardware-group's learned cost per busy mate)")
+                               "--hardware-group's learned exponent)")
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:

@@ -88,9 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "gets a 429 (gauge mooncake_proxy_prefill_interference). count: one log-slowdown per busy "
                         "neighbouring prefill, learned from every sample alike (fewer samples needed; gauge "
                         "mooncake_proxy_contention_slope). groups: the instances of each --hardware-group split their "
-                        "hardware by processor sharing: a prefill beside k busy mates runs 1 + c x k times its time "
-                        "alone (a streaming decode mate counts as busy), c = 1 (ideal sharing) until --calibrate "
-                        "learns it per group from the samples (gauge mooncake_proxy_hardware_share_cost); a "
+                        "hardware by processor sharing: a prefill beside k busy mates runs (1 + k) ** e times its "
+                        "time alone (a streaming decode mate counts as busy), e = 1 (ideal sharing) until --calibrate "
+                        "learns it per group from the samples (gauge mooncake_proxy_hardware_share_exponent); a "
                         "queue's head is only as far along as that sharing let it; instances in no group learn "
                         "their pairs as with pairs")
     g.add_argument("--hardware-group", nargs="+", action="append", default=[], metavar="URL",

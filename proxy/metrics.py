@@ -118,11 +118,11 @@ class ProxyMetrics:
                                          "Online calibration (--calibrate): log-slowdown of a decode instance's "
                                          "steps while a prefill instance computes (0 where they do not share "
                                          "hardware; scheduling/contention.py)", ["decode", "prefill"], registry=r)
-        self.hardware_share_cost = Gauge("mooncake_proxy_hardware_share_cost",
-                                         "Online calibration (--prefill-contention groups): what each busy mate "
-                                         "adds to the multiplier of a prefill's time in a declared --hardware-group "
-                                         "(1 = ideal processor sharing; scheduling/contention.py)", ["group"],
-                                         registry=r)
+        self.hardware_share_exponent = Gauge("mooncake_proxy_hardware_share_exponent",
+                                             "Online calibration (--prefill-contention groups): a prefill in a "
+                                             "declared --hardware-group runs (1 + its busy mates' shares) ** this "
+                                             "times its time alone (1 = ideal processor sharing; "
+                                             "scheduling/contention.py)", ["group"], registry=r)
         self.prefill_interference = Gauge("mooncake_proxy_prefill_interference",
                                           "Online calibration (--calibrate --prefill-contention pairs): "
                                           "log-slowdown of a prefill instance's work while another prefill "

@@ -743,8 +743,8 @@ class ProxyServer:
             self.metrics.cost_factor.labels(side).set(cal.factor(side))
             if side == "prefill":
                 self.metrics.contention_slope.labels(side).set(cal.slope(side))
-                for group, c in cal.groups.costs().items():
-                    self.metrics.hardware_share_cost.labels(group).set(c)
+                for group, e in cal.groups.exponents().items():
+                    self.metrics.hardware_share_exponent.labels(group).set(e)
                 for pid, coef in self.scheduler.prefill_interference.items():
                     self._pairs_shown.update((pid, other) for other in coef)
                 for pid, other in self._pairs_shown:

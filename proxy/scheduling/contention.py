@@ -302,30 +302,31 @@ class HardwareGroups:
     is multiplied by ``1 + sum_j min(1, w_j / x)`` (:func:`expected_busy_neighbours`). Measured the
     other way round, a sample that ran while each mate was busy for the share ``b_j`` of its time
     took about ``1 + sum_j b_j`` times its work alone (:meth:`slowdown`): the calibrator divides that
-    out, so an instance's factor is its speed alone.
+    out, so an instance's factor is its speed alone. Both with the exponent below.
 
     An instance in no group runs on hardware of its own (multiplier 1); one named in two groups, or
     twice in one, is an error (an instance runs on one piece of hardware).
 
-    Sharing costs more than the ideal: each busy mate adds ``cost`` (>= 1 in practice, the
-    multiplier's slope) rather than 1, learned per group from the samples (:meth:`observe`), 1 until
-    then. Why: on the live bench four vLLM CPU instances on one core ran 1.5-5x slower than ideal
-    processor sharing of their estimates predicts (run g3 in BENCHMARKS.md): each instance's engine
-    core and API server also want the core between steps, and a switch costs caches. The structure
-    (which instances, linear in the busy mates) is declared; only this one slope per group is fitted.
+    Sharing costs more than the ideal: the multiplier is ``(1 + sum of the busy mates' shares) **
+    exponent``, the exponent 1 (ideal sharing) until learned per group from the samples
+    (:meth:`observe`). Why: on the live bench four vLLM CPU instances on one core ran up to 6x their
+    estimates with three mates busy, where ideal sharing says 4x (runs g1-g4 in BENCHMARKS.md): each
+    instance's engine core and API server also want the core between steps, and a switch costs caches,
+    more so the more instances take turns. The structure (which instances share, growing with the busy
+    mates) is declared; one exponent per group is fitted -- not a coefficient per pair.
     """
 
-    def __init__(self, groups: Iterable[Iterable[str]] = (), alpha: float = 0.2, max_cost: float = 8.0,
+    def __init__(self, groups: Iterable[Iterable[str]] = (), alpha: float = 0.2, max_exponent: float = 4.0,
                  min_share: float = 0.25) -> None:
-        if not 0 < alpha <= 1 or max_cost < 1 or not 0 < min_share <= 1:
-            raise ValueError(f"HardwareGroups needs 0 < alpha <= 1, max_cost >= 1, 0 < min_share <= 1; got "
-                             f"{alpha!r}, {max_cost!r}, {min_share!r}")
+        if not 0 < alpha <= 1 or max_exponent < 1 or not 0 < min_share <= 1:
+            raise ValueError(f"HardwareGroups needs 0 < alpha <= 1, max_exponent >= 1, 0 < min_share <= 1; got "
+                             f"{alpha!r}, {max_exponent!r}, {min_share!r}")
         self.alpha = alpha
-        self.max_cost = max_cost
+        self.max_exponent = max_exponent
         self.min_share = min_share
-        #: instance -> its group's key (the sorted members); group key -> its learned cost per busy mate
+        #: instance -> its group's key (the sorted members); group key -> its learned exponent
         self._key: dict[str, tuple[str, ...]] = {}
-        self._cost: dict[tuple[str, ...], float] = {}
+        self._exp: dict[tuple[str, ...], float] = {}
         self._mates: dict[str, frozenset[str]] = {}
         for k, group in enumerate(groups):
             members = list(group)
@@ -362,14 +363,19 @@ class HardwareGroups:
                 out.append(g)
         return out
 
-    def cost(self, instance_id: str) -> float:
-        """What each busy mate adds to ``instance_id``'s multiplier (1.0: ideal sharing, or nothing learned)."""
+    def exponent(self, instance_id: str) -> float:
+        """The exponent of ``instance_id``'s group (1.0: ideal sharing, or nothing learned yet)."""
         key = self._key.get(instance_id)
-        return self._cost.get(key, 1.0) if key is not None else 1.0
+        return self._exp.get(key, 1.0) if key is not None else 1.0
 
-    def costs(self) -> dict[str, float]:
-        """Each group (its members joined by ',') -> its learned cost per busy mate (for the gauges)."""
-        return {",".join(k): v for k, v in self._cost.items()}
+    def exponents(self) -> dict[str, float]:
+        """Each group (its members joined by ',') -> its learned exponent (for the gauges)."""
+        return {",".join(k): v for k, v in self._exp.items()}
+
+    def multiplier(self, instance_id: str, mate_share: float) -> float:
+        """The multiplier of ``instance_id``'s time alone while its mates are busy for the sum of
+        shares ``mate_share``: (1 + mate_share) ** its group's exponent."""
+        return (1.0 + max(0.0, mate_share)) ** self.exponent(instance_id)
 
     def mate_share(self, instance_id: str, busy: dict[str, float]) -> float:
         """The sum of the busy shares of ``instance_id``'s mates (each in [0, 1]; others do not count)."""
@@ -378,23 +384,23 @@ class HardwareGroups:
 
     def slowdown(self, instance_id: str, busy: dict[str, float]) -> float:
         """How many times its work alone a sample of ``instance_id`` took when each instance of
-        ``busy`` was busy for that share of its time: 1 + cost x its mates' shares (the others and
-        the instance itself do not count)."""
-        return 1.0 + self.cost(instance_id) * self.mate_share(instance_id, busy)
+        ``busy`` was busy for that share of its time (its mates count; the others and the instance
+        itself do not): :meth:`multiplier` of its mates' shares."""
+        return self.multiplier(instance_id, self.mate_share(instance_id, busy))
 
     def observe(self, instance_id: str, busy: dict[str, float], ratio_alone: float) -> bool:
         """A sample of ``instance_id`` took ``ratio_alone`` times its estimate alone (its instance factor
-        applied) while its mates were busy for the shares ``busy``: moves its group's cost towards
-        (ratio_alone - 1) / their sum, by ``alpha``, where that sum is at least ``min_share`` (a sample
-        that ran nearly alone says nothing about sharing). True when the cost moved."""
+        applied) while its mates were busy for the shares ``busy``: moves its group's exponent towards
+        log(ratio_alone) / log(1 + their sum), by ``alpha``, where that sum is at least ``min_share`` (a
+        sample that ran nearly alone says nothing about sharing). True when the exponent moved."""
         key = self._key.get(instance_id)
         x = self.mate_share(instance_id, busy)
         if key is None or x < self.min_share or not math.isfinite(ratio_alone) or ratio_alone <= 0:
             return False
-        sample = min(max((ratio_alone - 1.0) / x, 0.0), self.max_cost)
-        before = self._cost.get(key, 1.0)
-        self._cost[key] = (1 - self.alpha) * before + self.alpha * sample
-        return self._cost[key] != before
+        sample = min(max(math.log(ratio_alone) / math.log1p(x), 0.0), self.max_exponent)
+        before = self._exp.get(key, 1.0)
+        self._exp[key] = (1 - self.alpha) * before + self.alpha * sample
+        return self._exp[key] != before
 
     def forget(self, instance_id: str) -> None:
         """The instance was removed: it no longer shares anyone's hardware."""

@@ -207,8 +207,8 @@ class Scheduler(abc.ABC):
         coefficient. 1.0 without either.
 
         An instance in a declared hardware group (:attr:`hardware_groups`) is multiplied instead by
-        processor sharing: 1 + the group's cost per busy mate (HardwareGroups.cost, 1 until learned) x
-        each busy mate's share of ``est_s`` (a streaming decode mate counts whole). ``busy_as``:
+        processor sharing: (1 + each busy mate's share of ``est_s``) ** the group's exponent
+        (HardwareGroups.multiplier, 1 until learned; a streaming decode mate counts whole). ``busy_as``:
         (instance, seconds) -- count that instance as busy for that long (what :meth:`pair_harm`
         asks: the contention once a request is admitted there).
 
@@ -252,7 +252,7 @@ class Scheduler(abc.ABC):
                 m += max(expected_busy_neighbours(est_s, [b]), recent.share(j) if recent is not None else 0.0)
             elif j in cl and cl.is_decode_busy(j):
                 m += 1.0
-        return 1.0 + groups.cost(instance_id) * (m - 1.0)
+        return groups.multiplier(instance_id, m - 1.0)
 
     def decode_contention(self, decode_id: str, also_busy: str | None = None) -> float:
         """The multiplier of decode ``decode_id``'s step estimate from the prefill instances that will
@@ -466,8 +466,8 @@ class Scheduler(abc.ABC):
     def head_done(self, instance_id: str, now: float) -> float:
         """How many seconds of its estimate the prefill instance's head has done: the time since it
         started, or, in a declared hardware group (with ``ClusterState.track_head_busy``), that time
-        divided by the processor sharing it ran under (1 + the group's cost per busy mate x each mate's
-        busy share since it started).
+        divided by the processor sharing it ran under (HardwareGroups.multiplier of its mates' busy
+        shares since it started).
 
         Why: a queue's wait is the head's estimate less what it has done. Counting every second as a
         second of work says a head that has shared its core with three mates for 1 s is 1 s along,
@@ -483,7 +483,7 @@ class Scheduler(abc.ABC):
         since = load.head_busy
         # an instance never busy before the head started is absent from the snapshot: 0 s then
         share = sum(min(1.0, max(0.0, (busy[j] - since.get(j, 0.0)) / elapsed)) for j in mates if j in busy)
-        return elapsed / (1.0 + self.hardware_groups.cost(instance_id) * share)
+        return elapsed / self.hardware_groups.multiplier(instance_id, share)
 
     def _other_prefill_within(self, req: RequestInfo, prefills: Sequence[InstanceInfo],
                               decodes: Sequence[InstanceInfo], failed: PrefillPlan, now: float,

@@ -169,24 +169,24 @@ def test_a_head_that_shared_its_core_is_only_that_far_along() -> None:
     assert sched.head_done("p0", 4.5) == pytest.approx(1.0)  # undeclared: wall time
 
 
-def test_the_cost_of_sharing_is_learned_per_group_beside_each_instances_speed() -> None:
-    # p0 and p1 share a core at more than the ideal: each busy mate adds 2 (not 1) to the multiplier;
-    # p0 is 1.3x its profile alone. Samples alone and beside p1 busy half or all of the time: the
-    # calibrator learns both, and the scheduler's multiplier uses the cost.
+def test_the_exponent_of_sharing_is_learned_per_group_beside_each_instances_speed() -> None:
+    # p0 and p1 share a core at more than the ideal: (1 + busy share) ** 1.5, not ** 1; p0 is 1.3x its
+    # profile alone. Samples alone and beside p1 busy half or all of the time: the calibrator learns
+    # both, and the scheduler's multiplier uses the exponent.
     groups = HardwareGroups([["p0", "p1"], ["p2", "p3"]])
     cal = LatencyCalibrator(BASE, groups=groups)
     for k in range(60):
         share = (0.0, 0.5, 1.0)[k % 3]
-        cal.observe_prefill(0.5, 0.5 * 1.3 * (1 + 2.0 * share), instance="p0", busy={"p1": share})
-    assert groups.cost("p0") == pytest.approx(2.0, rel=0.05) and groups.cost("p1") == groups.cost("p0")
-    assert groups.cost("p2") == 1.0 and groups.costs() == {"p0,p1": pytest.approx(2.0, rel=0.05)}
+        cal.observe_prefill(0.5, 0.5 * 1.3 * (1 + share) ** 1.5, instance="p0", busy={"p1": share})
+    assert groups.exponent("p0") == pytest.approx(1.5, rel=0.05) and groups.exponent("p1") == groups.exponent("p0")
+    assert groups.exponent("p2") == 1.0 and groups.exponents() == {"p0,p1": pytest.approx(1.5, rel=0.05)}
     assert cal.factor("prefill", "p0") == pytest.approx(1.3, rel=0.05)
     cl = _cluster(2)
     sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0))
     sched.hardware_groups = groups
     cl.on_prefill_start("p1", _req(1), 0.0, est_s=5.0)
-    assert sched.prefill_contention("p0", 0.0, 0.2) == pytest.approx(1 + groups.cost("p0"))
+    assert sched.prefill_contention("p0", 0.0, 0.2) == pytest.approx(2 ** groups.exponent("p0"))
     # a sample that ran nearly alone says nothing about sharing
     assert not groups.observe("p0", {"p1": 0.1}, 3.0)
-    with pytest.raises(ValueError, match="max_cost >= 1"):
-        HardwareGroups(max_cost=0.5)
+    with pytest.raises(ValueError, match="max_exponent >= 1"):
+        HardwareGroups(max_exponent=0.5)
