@@ -375,7 +375,7 @@ class HardwareGroups:
     def multiplier(self, instance_id: str, mate_share: float) -> float:
         """The multiplier of ``instance_id``'s time alone while its mates are busy for the sum of
         shares ``mate_share``: (1 + mate_share) ** its group's exponent."""
-        return (1.0 + max(0.0, mate_share)) ** self.exponent(instance_id)
+        return float((1.0 + max(0.0, mate_share)) ** self.exponent(instance_id))
 
     def mate_share(self, instance_id: str, busy: dict[str, float]) -> float:
         """The sum of the busy shares of ``instance_id``'s mates (each in [0, 1]; others do not count)."""
