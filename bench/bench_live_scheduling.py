@@ -91,6 +91,7 @@ from vllm_harness import (VllmServer, free_port, http_json, http_text, metric, p
                           reset_prefix_cache, vllm_python)
 
 from mooncake_core.store.master_client import MasterClient  # noqa: E402
+from mooncake_core.utils.net import listen_port  # noqa: E402
 from mooncake_proxy.replay import ReplayConfig, Result, replay, slo_attainment  # noqa: E402
 from mooncake_proxy.scheduling import CostModel  # noqa: E402
 from mooncake_proxy.trace_prompts import TraceRequest, parse_trace_lines  # noqa: E402
@@ -708,9 +709,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"window: {len(reqs)} requests, ideal prefix reuse {100 * ideal_hit_ratio(reqs):.0f}% of blocks, "
           f"speed x{speed:.1f} (over {a.duration:.0f} s); load average {os.getloadavg()[0]:.1f}; logs {logs}", flush=True)
     model = make_model(py, logs / "model", a.hidden, a.heads, a.layers)
-    mport, hport, mmetrics, http_d = (free_port() for _ in range(4))  # distinct: free_port never repeats a port
-    ev_ports = [free_port() for _ in range(a.prefills)]
-    http_ports = [free_port() for _ in range(a.prefills)]
+    # below the ephemeral range (listen_port): the engines bind these a minute after they are picked, and
+    # an ephemeral port could meanwhile go to another engine's ZMQ socket (two runs failed so, 2026-12-03)
+    mport, hport, mmetrics, http_d = (listen_port() for _ in range(4))  # distinct: never repeats a port
+    ev_ports = [listen_port() for _ in range(a.prefills)]
+    http_ports = [listen_port() for _ in range(a.prefills)]
     ncpu = os.cpu_count() or 1
     # core of prefill i and of the decode (see --prefills, --decode-own-core)
     if a.decode_own_core and ncpu > 1:
