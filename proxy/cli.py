@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "time alone (a streaming decode mate counts as busy), e = 1 (ideal sharing) until --calibrate "
                         "learns it per group from the samples (gauge mooncake_proxy_hardware_share_exponent); a "
                         "queue's head is only as far along as that sharing let it; instances in no group learn "
-                        "their pairs as with pairs")
+                        "their pairs as with pairs. Needs no warm-up to know which instances share, but with four "
+                        "vLLM CPU prefills on one core it kept fewer admitted requests in the SLO than pairs "
+                        "(BENCHMARKS.md, issue 16, runs g1-g5)")
     g.add_argument("--hardware-group", nargs="+", action="append", default=[], metavar="URL",
                    help="instances (their --prefill/--decode URLs) that share one piece of hardware: pinned to "
                         "one CPU core, or one GPU split by MIG/MPS; repeat per group (needs --prefill-contention "
