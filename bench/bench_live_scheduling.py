@@ -542,7 +542,8 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
             # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<k>_<mode>.log)
             extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG",
                       "--prefill-batch-tokens", str(a.max_num_batched_tokens if a.batched_estimate else 0),
-                      "--recent-busy-tau", str(a.recent_busy_tau), "--prefill-contention", a.prefill_contention]
+                      "--recent-busy-tau", str(a.recent_busy_tau), "--prefill-contention", a.prefill_contention,
+                      "--ttft-margin-quantile", str(a.ttft_margin_quantile)]
             if a.prefill_contention == "groups":
                 for group in core_groups([*prefills, decode]):
                     extra += ["--hardware-group", *group]
@@ -616,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048,
                     help="the vLLM servers' --max-num-batched-tokens (2048 is vLLM CPU's default); with "
                          "--batched-estimate also the overload phase's proxies' --prefill-batch-tokens")
+    ap.add_argument("--ttft-margin-quantile", type=float, default=0.9,
+                    help="the overload phase's proxies' --ttft-margin-quantile (0.9: the proxy's default)")
     ap.add_argument("--recent-busy-tau", type=float, default=0.0,
                     help="the overload phase's proxies' --recent-busy-tau (0: off, only the prefills busy now count "
                          "in the contention the checks expect)")

@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "step it shares. With --ttft-slo the check then also refuses (or sends elsewhere) a "
                         "request that would push one already queued past the SLO. 0 (default): the engines "
                         "are taken to compute one request at a time, as the simulator does")
+    g.add_argument("--ttft-margin-quantile", type=float, default=0.9,
+                   help="with --calibrate and --ttft-slo: the quantile of each (prefill, decode) pair's recent TTFT "
+                        "errors (observed - predicted) the check adds to its prediction (default 0.9). It is the "
+                        "share of admitted requests the check aims to keep within the SLO where the errors are "
+                        "the model's; above the attainment you need, it holds that attainment from run to run, at "
+                        "the cost of more 429s (0 < Q <= 1; scheduling/ttft_error.py)")
     g.add_argument("--recent-busy-tau", type=float, default=0.0,
                    help="with --calibrate and --prediction-horizon: count a prefill that is idle now for its busy "
                         "share over about the last SECONDS (an exponential moving average with this time constant) "
@@ -274,6 +280,8 @@ def config_from_args(a: argparse.Namespace):
         raise SystemExit(f"--block-size must be > 0, got {a.block_size}")
     if a.recent_busy_tau < 0:
         raise SystemExit(f"--recent-busy-tau must be >= 0 seconds (0 = off), got {a.recent_busy_tau}")
+    if not 0 < a.ttft_margin_quantile <= 1:
+        raise SystemExit(f"--ttft-margin-quantile must be in (0, 1], got {a.ttft_margin_quantile}")
     if a.prefill_batch_tokens < 0:
         raise SystemExit(f"--prefill-batch-tokens must be >= 0 (0 = one request at a time), got "
                          f"{a.prefill_batch_tokens}")
@@ -289,6 +297,7 @@ def config_from_args(a: argparse.Namespace):
         handoff=a.handoff, prefill_first_token=a.prefill_first_token, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
         prefill_batch_tokens=a.prefill_batch_tokens, recent_busy_tau=a.recent_busy_tau,
+        ttft_margin_quantile=a.ttft_margin_quantile,
         prefill_contention=a.prefill_contention, hardware_groups=a.hardware_group, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
         health_timeouts_to_down=a.health_timeouts_to_down,

@@ -71,6 +71,8 @@ class ProxyConfig:
     calibrate: bool = False
     #: --prefill-batch-tokens: the engines batch their queue in steps of this many tokens (0: one at a time)
     prefill_batch_tokens: int = 0
+    #: --ttft-margin-quantile: the quantile of a pair's recent TTFT errors the check adds (ttft_error.py)
+    ttft_margin_quantile: float = 0.9
     #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
     recent_busy_tau: float = 0.0
     #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
@@ -159,7 +161,7 @@ class ProxyServer:
             self.scheduler.recent_busy = sched.RecentBusy(tau_s=cfg.recent_busy_tau)
         self.calibrator = sched.LatencyCalibrator(cost) if cfg.calibrate else None
         if cfg.calibrate:  # the TTFT check's per-pair margin from its own errors (ttft_error.py)
-            self.cluster.ttft_errors = sched.TtftErrorQuantile()
+            self.cluster.ttft_errors = sched.TtftErrorQuantile(quantile=cfg.ttft_margin_quantile)
         tokenize = chat_tokenize = None
         if cfg.tokenizer:  # the engine's token ids: BOS on completions, the chat template on chat
             from .prompt import load_chat_tokenizer, load_tokenizer

@@ -116,6 +116,9 @@ def test_rejection_and_calibrate_flags() -> None:
     with pytest.raises(SystemExit, match="--prefill-batch-tokens must be >= 0"):
         cfg("--prefill-batch-tokens", "-1")
     assert cfg().recent_busy_tau == 0 and cfg("--recent-busy-tau", "2").recent_busy_tau == 2.0
+    assert cfg().ttft_margin_quantile == 0.9 and cfg("--ttft-margin-quantile", "0.97").ttft_margin_quantile == 0.97
+    with pytest.raises(SystemExit, match="--ttft-margin-quantile must be in"):
+        cfg("--ttft-margin-quantile", "0")
     with pytest.raises(SystemExit, match="--recent-busy-tau must be >= 0"):
         cfg("--recent-busy-tau", "-1")
     assert cfg().prefill_contention == "pairs" and cfg("--prefill-contention", "count").prefill_contention == "count"
@@ -135,6 +138,7 @@ def test_hardware_groups_name_registered_instances_and_need_the_groups_mode() ->
     assert c.hardware_groups == [["http://p:1", "http://d:2/"]]
     server = ProxyServer(c)
     assert server.scheduler.hardware_groups.groups() == [["decode@http://d:2", "prefill@http://p:1"]]
+    assert ProxyServer(cfg("--calibrate", "--ttft-margin-quantile", "0.97")).cluster.ttft_errors.quantile == 0.97
     with pytest.raises(ValueError, match="'http://p:9' is not a --prefill or --decode instance"):
         ProxyServer(cfg("--prefill-contention", "groups", "--hardware-group", "http://p:1", "http://p:9"))
     with pytest.raises(ValueError, match="groups needs at least one --hardware-group"):
