@@ -61,7 +61,7 @@ async def make_env():
         kv_for = cfg.pop("kv_events_for", None)
         if kv_for is not None:  # config that needs the fake engines' URLs
             cfg["kv_events_config"] = kv_for(purls)
-        groups_for = cfg.pop("hardware_groups_for", None)
+        groups_for = cfg.pop("hardware_groups_for", None)  # (prefill URLs, decode URLs) -> groups of URLs
         if groups_for is not None:  # --hardware-group needs the fake engines' URLs
             cfg["hardware_groups"] = groups_for(purls, durls)
         cfg.setdefault("health_interval", 0)

@@ -212,16 +212,22 @@ async def test_a_pair_whose_requests_come_late_is_avoided_not_rejected(make_env,
         assert slow == 4 and sum(t > 0.4 for t in ttfts) == 4, ttfts
 
 
-async def test_a_burst_on_instances_that_share_cores_is_admitted_for_the_contention_it_brings(make_env) -> None:
+@pytest.mark.parametrize("contention", ["count", "groups"])
+async def test_a_burst_on_instances_that_share_cores_is_admitted_for_the_contention_it_brings(
+        make_env, contention: str) -> None:
     # Four prefills sharing cores (the fake engines' processor sharing): 0.15 s alone, 0.3 s with one
-    # other running, 0.6 s with all four. The calibrated proxy learns the factor alone and the slope
-    # per busy neighbour (contention.py) from a few single and paired requests; a burst of 6 then
-    # finds every instance idle, and without the slope each would be estimated at 0.15 s and all
-    # admitted -- to run four at once, 0.6 s each, past the 0.5 s SLO. With it, each arrival sees the
-    # others' queues: 2-3 are admitted, and they meet the SLO.
+    # other running, 0.6 s with all four. The calibrated proxy learns the factor alone from a few single
+    # requests, and either (count) the slope per busy neighbour (contention.py) from a few paired
+    # requests, or (groups: the four declared with --hardware-group) nothing more: processor sharing
+    # predicts the k-th admitted request of a burst ends at about k x 0.15 s. A burst of 6 then finds
+    # every instance idle; without either each would be estimated at 0.15 s and all admitted -- to run
+    # four at once, 0.6 s each, past the SLO. With it, each arrival sees the others' queues: 2-3 are
+    # admitted, and they meet the SLO.
     import asyncio
 
-    env = await make_env(n_prefill=4, policy="load_balance", ttft_slo=0.5, calibrate=True, prefill_contention="count",
+    slo = 0.5 if contention == "count" else 0.55
+    env = await make_env(n_prefill=4, policy="load_balance", ttft_slo=slo, calibrate=True, prefill_contention=contention,
+                         hardware_groups_for=(lambda p, d: [p]) if contention == "groups" else None,
                          prefill_behaviour=Behaviour(prefill_delay=0.15, prefill_contention=1.0),
                          decode_behaviour=Behaviour(chunks=2))
     seq = iter(range(10_000))
@@ -231,14 +237,15 @@ async def test_a_burst_on_instances_that_share_cores_is_admitted_for_the_content
 
     for _ in range(3):  # alone
         assert (await one())[0] == 200
-    for _ in range(4):  # two at a time
-        assert [st for st, _ in await asyncio.gather(one(), one())] == [200, 200]
-    slope = gauge(await metrics(env), "mooncake_proxy_contention_slope", side="prefill")
-    assert 0.3 < slope < 1.0, slope  # log 2 per busy neighbour, pulled towards 0 by the prior
+    if contention == "count":
+        for _ in range(4):  # two at a time
+            assert [st for st, _ in await asyncio.gather(one(), one())] == [200, 200]
+        slope = gauge(await metrics(env), "mooncake_proxy_contention_slope", side="prefill")
+        assert 0.3 < slope < 1.0, slope  # log 2 per busy neighbour, pulled towards 0 by the prior
     got = await asyncio.gather(*(one() for _ in range(6)))
     ok = [t for st, t in got if st == 200]
     assert 1 <= len(ok) <= 3 and sorted({st for st, _ in got}) == [200, 429], got
-    assert max(ok) < 0.5, got
+    assert max(ok) < slo, got
 
 
 async def test_prefills_that_share_a_core_are_learned_as_pairs_and_kept_apart(make_env) -> None:
@@ -281,32 +288,6 @@ async def test_prefills_that_share_a_core_are_learned_as_pairs_and_kept_apart(ma
         served = [i for i, e in enumerate(env.prefills) for _ in range(len(e.records) - before[i])]
         assert sorted(i // 2 for i in served) == [0, 1], served  # one on each core
         assert all(st == 200 for st, _ in got), got
-
-
-async def test_declared_hardware_groups_admit_a_burst_for_its_processor_sharing_without_learning(make_env) -> None:
-    # Four prefills on one core (the fake engines' processor sharing: 0.15 s alone, k busy at once each
-    # k x slower), declared with --hardware-group. After three single requests (the calibrator learns
-    # the speed alone; nothing about contention), a burst of 6 finds every instance idle. Processor
-    # sharing predicts the k-th admitted one ends at about k x 0.15 s: three fit the 0.55 s SLO, the
-    # fourth would not, and the admitted ones meet it. Without the declaration (pairs, nothing learned
-    # yet) all six would be admitted and run at 4x, past the SLO.
-    import asyncio
-
-    env = await make_env(n_prefill=4, policy="load_balance", ttft_slo=0.55, calibrate=True, prefill_contention="groups",
-                         hardware_groups_for=lambda p, d: [p],
-                         prefill_behaviour=Behaviour(prefill_delay=0.15, prefill_contention=1.0),
-                         decode_behaviour=Behaviour(chunks=2))
-    seq = iter(range(10_000))
-
-    async def one() -> tuple[int, float]:
-        return await post_ttft(env, {**BODY, "prompt": f"request {next(seq)} " + BODY["prompt"]})  # no shared prefix
-
-    for _ in range(3):  # alone
-        assert (await one())[0] == 200
-    got = await asyncio.gather(*(one() for _ in range(6)))
-    ok = [t for st, t in got if st == 200]
-    assert 2 <= len(ok) <= 3 and sorted({st for st, _ in got}) == [200, 429], got
-    assert max(ok) < 0.55, got
 
 
 @pytest.mark.parametrize("calibrate", [True, False])
