@@ -155,11 +155,11 @@ class ClusterState:
         # contention a request ran under: busy_area, contention.py)
         self._busy_area = 0.0
         self._busy_t = 0.0
-        # per prefill instance: seconds busy before its current busy period, and (while busy) when
-        # that began -- so the busy instances are the keys of _busy_since
         #: snapshot the busy times at each head's start (PrefillLoad.head_busy): the scheduler's
         #: processor sharing of declared hardware groups reads how much of the head is done from it
         self.track_head_busy = False
+        # per prefill instance: seconds busy before its current busy period, and (while busy) when
+        # that began -- so the busy instances are the keys of _busy_since
         self._busy_total: dict[str, float] = {}
         self._busy_since: dict[str, float] = {}
         # the same per decode instance, busy while it has a stream running (decode_busy_times)
