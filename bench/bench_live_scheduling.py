@@ -627,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
                          "of instances; here prefills 0 and 2 share a core, 1 and 3 the other with the decode), "
                          "count (one slope per busy neighbouring prefill) or groups (the proxies get a "
                          "--hardware-group per core this bench pins two or more instances to: processor sharing, "
-                         "nothing learned)")
+                         "one exponent per group learned)")
     ap.add_argument("--batched-estimate", action="store_true",
                     help="the overload phase's proxies get --prefill-batch-tokens (= --max-num-batched-tokens): the "
                          "prefills batch their queue, and the TTFT check keeps the requests already queued within "

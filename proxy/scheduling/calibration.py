@@ -48,7 +48,7 @@ instead how long each *other* instance (prefill, or decode while streaming) was 
 (``busy``) goes into a second :class:`Interference` fit, of those instances on that prefill
 (:meth:`prefill_interference`: which instances share hardware with which). The factors learn from
 the sample with that contention taken out -- as do samples of instances declared to share hardware
-(``groups``, contention.HardwareGroups: processor sharing, nothing learned) -- so an instance's factor
+(``groups``, contention.HardwareGroups: processor sharing, one exponent per group) -- so an instance's factor
 is its speed with nobody else busy, and the scheduler multiplies its estimates by what it predicts
 (:meth:`contention_factor`, :meth:`interference`). Without them a sample moves the factors as before
 and nothing is learned.

@@ -40,11 +40,11 @@ queued on a neighbour past the SLO.
 
 Where the operator knows which instances share hardware (``--hardware-group``: instances pinned to
 one core, or sharing one GPU), :class:`HardwareGroups` replaces both fits by processor sharing
-(``--prefill-contention groups``): nothing to learn, and linear in the busy mates, as a shared core
-is. Why: the fits learn from the admitted load's samples, and a 2x burst's contention is larger
-than any they saw -- on the live bench four prefills on one core ran 3-6x their estimates in a
-burst while the pair fit, 12 coefficients from a 40-request warm-up, predicted far less (runs o1-o5
-in BENCHMARKS.md).
+(``--prefill-contention groups``): the structure is declared, not learned, and the slowdown grows
+with the busy mates as on a shared core; only one exponent per group is fitted. Why it was tried:
+the fits learn from the admitted load's samples, and a 2x burst's contention is larger than any
+they saw (runs o1-o5 in BENCHMARKS.md). Measured on that bench it kept fewer admitted requests in
+the SLO than the pairs (runs g1-g5 against p1-p4), so ``pairs`` stays the proxy's default.
 """
 
 from __future__ import annotations
