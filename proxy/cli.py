@@ -85,12 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "waiting past the SLO counts as missed at once) over the last --attainment-window seconds, "
                         "and while that attainment is below TARGET + 0.05 the TTFT check admits only a first token "
                         "predicted within a smaller share of the SLO (1 - 3 x the shortfall, at least half); it "
-                        "reopens as the misses age out, and a request after one SLO without any admission gets the "
-                        "whole SLO (a probe: refused requests teach neither this nor --calibrate). Model-free: it holds the attainment where the engines are "
+                        "reopens as the misses age out. Model-free: it holds the attainment where the engines are "
                         "late in ways the prediction cannot see (shared cores), at the cost of more 429s. "
                         "0 (default): off (scheduling/attainment.py)")
-    g.add_argument("--attainment-window", type=float, default=10.0,
-                   help="with --attainment-target: seconds an admitted request's TTFT outcome counts (default 10)")
+    g.add_argument("--attainment-window", type=float, default=30.0,
+                   help="with --attainment-target: seconds an admitted request's TTFT outcome counts (default 30)")
     g.add_argument("--recent-busy-tau", type=float, default=0.0,
                    help="with --calibrate and --prediction-horizon: count a prefill that is idle now for its busy "
                         "share over about the last SECONDS (an exponential moving average with this time constant) "

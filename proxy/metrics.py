@@ -134,15 +134,6 @@ class ProxyMetrics:
                                        "queue, first step; the TTFT SLO check uses the hand-off queue, "
                                        "scheduling/handoff_queue.py)", ["instance"],
                                        registry=r)
-        #: --attainment-target's gauges, registered by :meth:`enable_attainment` (absent when it is off)
-        self.ttft_attainment: Gauge | None = None
-        self.ttft_budget: Gauge | None = None
-        self.kv_events = Counter("mooncake_proxy_kv_events", "vLLM KV cache events applied",
-                                 ["instance", "type"], registry=r)
-
-    def enable_attainment(self) -> None:
-        """Register the --attainment-target gauges (a gauge of 0 would read as "nothing admitted" when off)."""
-        r = self.registry
         self.ttft_attainment = Gauge("mooncake_proxy_ttft_attainment",
                                      "--attainment-target: share of the admitted requests of the last "
                                      "--attainment-window seconds whose first token came within the TTFT SLO (those "
@@ -150,6 +141,8 @@ class ProxyMetrics:
         self.ttft_budget = Gauge("mooncake_proxy_ttft_budget",
                                  "--attainment-target: fraction of the TTFT SLO a predicted first token may take to be "
                                  "admitted now (1 while the attainment is at its goal)", registry=r)
+        self.kv_events = Counter("mooncake_proxy_kv_events", "vLLM KV cache events applied",
+                                 ["instance", "type"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -77,7 +77,7 @@ class ProxyConfig:
     #: 0: off
     attainment_target: float = 0.0
     #: --attainment-window: seconds an admitted request's TTFT outcome counts
-    attainment_window: float = 10.0
+    attainment_window: float = 30.0
     #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
     recent_busy_tau: float = 0.0
     #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
@@ -192,8 +192,6 @@ class ProxyServer:
         self.handoff: HandoffProtocol = make_handoff(cfg.handoff)
         self.registry = Registry()
         self.metrics = ProxyMetrics()
-        if self.cluster.ttft_feedback is not None:
-            self.metrics.enable_attainment()
         if self.calibrator is not None:
             for side in ("prefill", "decode"):
                 self.metrics.cost_factor.labels(side).set(1.0)
@@ -876,7 +874,7 @@ class ProxyServer:
                     self.cluster.prefill_load(inst.instance_id).queued_tokens)
             else:
                 m.decode_running.labels(inst.instance_id).set(self.cluster.decode_load(inst.instance_id).running)
-        if (fb := self.cluster.ttft_feedback) is not None and m.ttft_attainment is not None and m.ttft_budget is not None:
+        if (fb := self.cluster.ttft_feedback) is not None:
             t = time.monotonic()
             m.ttft_attainment.set(fb.attainment(t))
             m.ttft_budget.set(fb.budget(t))

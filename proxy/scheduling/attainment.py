@@ -19,10 +19,7 @@ wrong; the outcomes can. So this is model-free feedback on the quantity the oper
   (the budget is at most 1): good attainment does not admit what the model predicts late.
 
 Misses age out of the window, so the check reopens by itself when the burst is over (a refused request
-brings no outcome, so nothing else would). And the budget is whole again once no request was admitted for
-``probe_s`` (default: one SLO): a refused request teaches nothing, neither this feedback nor the online
-calibration, so without a probe a cold start's misses (the bench's warm-up: first prefills 3-4x slow) kept
-the calibrated factors high and the budget at its floor, and the proxy refused all 40 requests of a run. Only TTFT outcomes count: the TBT check has no such burst
+brings no outcome, so nothing else would). Only TTFT outcomes count: the TBT check has no such burst
 on the bench (its decode has a core of its own), and a TBT outcome is known only when the request ends.
 """
 
@@ -50,17 +47,13 @@ class AttainmentFeedback:
     #: the smallest budget, as a fraction of the SLO
     floor: float = 0.5
     #: seconds an outcome counts
-    window_s: float = 10.0
+    window_s: float = 30.0
     #: pseudo-outcomes that met, ranked with the real ones
     prior: int = 4
-    #: seconds without an admission after which the budget is whole for the next request (None: the SLO)
-    probe_s: float | None = None
     #: (time known, met), oldest first
     _done: deque[tuple[float, bool]] = field(default_factory=deque)
     #: request -> time admitted, for those still waiting for their first token
     _waiting: dict[str, float] = field(default_factory=dict)
-    #: when the last request was admitted (None: none yet)
-    _last_admitted: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.slo_s) and self.slo_s > 0):
@@ -70,13 +63,9 @@ class AttainmentFeedback:
         if not (0 <= self.headroom and self.target + self.headroom <= 1):
             raise ValueError(f"AttainmentFeedback.headroom must be >= 0 with target + headroom <= 1, got "
                              f"{self.headroom!r} (target {self.target!r})")
-        if self.probe_s is None:
-            self.probe_s = self.slo_s
-        if not (self.gain > 0 and 0 < self.floor <= 1 and self.window_s > 0 and self.prior >= 0
-                and self.probe_s > 0):
-            raise ValueError(f"AttainmentFeedback needs gain > 0, 0 < floor <= 1, window_s > 0, prior >= 0 and "
-                             f"probe_s > 0, got {self.gain!r}, {self.floor!r}, {self.window_s!r}, {self.prior!r}, "
-                             f"{self.probe_s!r}")
+        if not (self.gain > 0 and 0 < self.floor <= 1 and self.window_s > 0 and self.prior >= 0):
+            raise ValueError(f"AttainmentFeedback needs gain > 0, 0 < floor <= 1, window_s > 0 and prior >= 0, "
+                             f"got {self.gain!r}, {self.floor!r}, {self.window_s!r}, {self.prior!r}")
 
     @property
     def goal(self) -> float:
@@ -85,7 +74,6 @@ class AttainmentFeedback:
     def admitted(self, request_id: str, now: float) -> None:
         """``request_id`` was admitted at ``now``; its outcome is pending."""
         self._waiting[request_id] = now
-        self._last_admitted = now
 
     def first_token(self, request_id: str, ttft_s: float, now: float) -> bool | None:
         """The request's first token came ``ttft_s`` after its arrival; returns whether it met the SLO
@@ -117,11 +105,7 @@ class AttainmentFeedback:
     def budget(self, now: float) -> float:
         """Fraction of the SLO a request's predicted first token may take to be admitted now."""
         short = self.goal - self.attainment(now)
-        if short <= 1e-9:
-            return 1.0
-        if self._last_admitted is None or now - self._last_admitted >= self.probe_s:
-            return 1.0  # a probe: refusing everything would teach nothing (module doc)
-        return max(self.floor, 1.0 - self.gain * short)
+        return 1.0 if short <= 1e-9 else max(self.floor, 1.0 - self.gain * short)
 
     def waiting(self) -> int:
         return len(self._waiting)

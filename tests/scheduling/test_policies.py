@@ -255,7 +255,7 @@ def test_ttft_check_admits_within_a_smaller_budget_while_the_measured_attainment
     # prediction did not see it) the budget shrinks and the same prediction is refused, the 429
     # saying why; once the misses age out of the window it is admitted again.
     cl = cluster(n_prefill=2, n_decode=1)
-    fb = cl.ttft_feedback = AttainmentFeedback(slo_s=1.0, target=0.9, window_s=10.0, probe_s=100.0)
+    fb = cl.ttft_feedback = AttainmentFeedback(slo_s=1.0, target=0.9, window_s=10.0)
     s = make_scheduler("conductor", cl, COST, SloConfig(ttft_s=1.0))
     assert isinstance(s.schedule(req("a", tokens=700, blocks=[]), now=0.0), Decision)
     for i in range(4):  # four admitted requests of a burst, answered 1.5 s after arrival
