@@ -38,9 +38,7 @@ speed x 2: the same requests in half the time) through ``--overload-policy``, on
 ``--rejection-modes`` on the same engines: ``none`` (no SLO flags), ``decode`` (the paper's
 baseline: ``--rejection decode``, TTFT checked on arrival, TBT after the prefill), ``early``
 (current-load early rejection), ``predictive`` (``--rejection early+decode --prediction-horizon``:
-the paper's prediction-based early rejection with the decode-stage backstop), ``feedback``
-(predictive plus ``--attainment-target``: while the admitted requests' measured TTFT attainment is
-short of the target the check admits only within a smaller share of the SLO). Every SLO mode
+the paper's prediction-based early rejection with the decode-stage backstop). Every SLO mode
 runs the proxy with ``--calibrate`` (the idle-fitted profile is corrected online by the observed
 latencies). A request meets the SLO when its TTFT <= the TTFT SLO and its own TBT p90 (over its
 chunk gaps) <= the TBT SLO; attainment is reported among the admitted requests (not 429) and among
@@ -102,9 +100,7 @@ POLICIES = ["conductor", "cache_aware", "load_balance", "random"]
 #: overload-phase rejection modes -> the proxy flags they add (SLO flags and --calibrate come on top)
 REJECTION_MODES: dict[str, list[str]] = {
     "none": [], "decode": ["--rejection", "decode"], "early": ["--rejection", "early"],
-    "predictive": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}"],
-    "feedback": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
-                 "--attainment-target", "{target}"]}
+    "predictive": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}"]}
 BLOCK = 32  # the engines' --block-size (the harness's)
 
 
@@ -541,7 +537,7 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
           f"{1000 * tbt_slo:.0f} ms", flush=True)
     out = []
     for k, mode in enumerate(a.rejection_modes):
-        extra = [x.format(horizon=a.prediction_horizon, target=a.attainment_target) for x in REJECTION_MODES[mode]]
+        extra = [x.format(horizon=a.prediction_horizon) for x in REJECTION_MODES[mode]]
         if mode != "none":
             # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<k>_<mode>.log)
             extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG",
@@ -623,8 +619,6 @@ def main(argv: list[str] | None = None) -> int:
                          "--batched-estimate also the overload phase's proxies' --prefill-batch-tokens")
     ap.add_argument("--ttft-margin-quantile", type=float, default=0.9,
                     help="the overload phase's proxies' --ttft-margin-quantile (0.9: the proxy's default)")
-    ap.add_argument("--attainment-target", type=float, default=0.9,
-                    help="the feedback mode's proxies' --attainment-target (default 0.9: the issue's target)")
     ap.add_argument("--recent-busy-tau", type=float, default=0.0,
                     help="the overload phase's proxies' --recent-busy-tau (0: off, only the prefills busy now count "
                          "in the contention the checks expect)")
@@ -658,9 +652,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="none: no SLO flags; decode: --rejection decode (the paper's baseline: TTFT on "
                         "arrival, TBT after the prefill); early: current-load early rejection; predictive: "
                         "--rejection early+decode --prediction-horizon H (prediction-based early rejection "
-                        "with the decode-stage backstop); feedback: predictive plus --attainment-target (the "
-                        "admitted requests' measured TTFT attainment tightens the check while short); every SLO "
-                        "mode adds --calibrate")
+                        "with the decode-stage backstop); every SLO mode adds --calibrate")
     g.add_argument("--ttft-slo", type=float, default=None,
                    help="TTFT SLO (s); a request meets the SLO when TTFT <= this and its TBT p90 <= --tbt-slo "
                         "(default: the --slo-percentile of the first half's TTFTs under --overload-policy)")

@@ -79,17 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "share of admitted requests the check aims to keep within the SLO where the errors are "
                         "the model's; above the attainment you need, it holds that attainment from run to run, at "
                         "the cost of more 429s (0 < Q <= 1; scheduling/ttft_error.py)")
-    g.add_argument("--attainment-target", type=float, default=0.0,
-                   help="with --ttft-slo: the share of admitted requests that should get their first token within the "
-                        "SLO (e.g. 0.9). The proxy counts the outcome of each admitted request (a request still "
-                        "waiting past the SLO counts as missed at once) over the last --attainment-window seconds, "
-                        "and while that attainment is below TARGET + 0.05 the TTFT check admits only a first token "
-                        "predicted within a smaller share of the SLO (1 - 3 x the shortfall, at least half); it "
-                        "reopens as the misses age out. Model-free: it holds the attainment where the engines are "
-                        "late in ways the prediction cannot see (shared cores), at the cost of more 429s. "
-                        "0 (default): off (scheduling/attainment.py)")
-    g.add_argument("--attainment-window", type=float, default=30.0,
-                   help="with --attainment-target: seconds an admitted request's TTFT outcome counts (default 30)")
     g.add_argument("--recent-busy-tau", type=float, default=0.0,
                    help="with --calibrate and --prediction-horizon: count a prefill that is idle now for its busy "
                         "share over about the last SECONDS (an exponential moving average with this time constant) "
@@ -293,13 +282,6 @@ def config_from_args(a: argparse.Namespace):
         raise SystemExit(f"--recent-busy-tau must be >= 0 seconds (0 = off), got {a.recent_busy_tau}")
     if not 0 < a.ttft_margin_quantile <= 1:
         raise SystemExit(f"--ttft-margin-quantile must be in (0, 1], got {a.ttft_margin_quantile}")
-    if not 0 <= a.attainment_target < 0.95:
-        raise SystemExit(f"--attainment-target must be in [0, 0.95) (0 = off; the feedback acts 0.05 above it), "
-                         f"got {a.attainment_target}")
-    if a.attainment_target and a.ttft_slo is None:
-        raise SystemExit("--attainment-target needs --ttft-slo (the SLO the admitted requests' outcomes are judged by)")
-    if not a.attainment_window > 0:
-        raise SystemExit(f"--attainment-window must be > 0 seconds, got {a.attainment_window}")
     if a.prefill_batch_tokens < 0:
         raise SystemExit(f"--prefill-batch-tokens must be >= 0 (0 = one request at a time), got "
                          f"{a.prefill_batch_tokens}")
@@ -315,8 +297,7 @@ def config_from_args(a: argparse.Namespace):
         handoff=a.handoff, prefill_first_token=a.prefill_first_token, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
         prefill_batch_tokens=a.prefill_batch_tokens, recent_busy_tau=a.recent_busy_tau,
-        ttft_margin_quantile=a.ttft_margin_quantile, attainment_target=a.attainment_target,
-        attainment_window=a.attainment_window,
+        ttft_margin_quantile=a.ttft_margin_quantile,
         prefill_contention=a.prefill_contention, hardware_groups=a.hardware_group, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
         health_timeouts_to_down=a.health_timeouts_to_down,

@@ -134,13 +134,6 @@ class ProxyMetrics:
                                        "queue, first step; the TTFT SLO check uses the hand-off queue, "
                                        "scheduling/handoff_queue.py)", ["instance"],
                                        registry=r)
-        self.ttft_attainment = Gauge("mooncake_proxy_ttft_attainment",
-                                     "--attainment-target: share of the admitted requests of the last "
-                                     "--attainment-window seconds whose first token came within the TTFT SLO (those "
-                                     "still waiting past it count as missed; scheduling/attainment.py)", registry=r)
-        self.ttft_budget = Gauge("mooncake_proxy_ttft_budget",
-                                 "--attainment-target: fraction of the TTFT SLO a predicted first token may take to be "
-                                 "admitted now (1 while the attainment is at its goal)", registry=r)
         self.kv_events = Counter("mooncake_proxy_kv_events", "vLLM KV cache events applied",
                                  ["instance", "type"], registry=r)
 

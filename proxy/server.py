@@ -73,11 +73,6 @@ class ProxyConfig:
     prefill_batch_tokens: int = 0
     #: --ttft-margin-quantile: the quantile of a pair's recent TTFT errors the check adds (ttft_error.py)
     ttft_margin_quantile: float = 0.9
-    #: --attainment-target: the admitted requests' TTFT SLO attainment the check's budget holds (attainment.py);
-    #: 0: off
-    attainment_target: float = 0.0
-    #: --attainment-window: seconds an admitted request's TTFT outcome counts
-    attainment_window: float = 30.0
     #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
     recent_busy_tau: float = 0.0
     #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
@@ -167,9 +162,6 @@ class ProxyServer:
         self.calibrator = sched.LatencyCalibrator(cost) if cfg.calibrate else None
         if cfg.calibrate:  # the TTFT check's per-pair margin from its own errors (ttft_error.py)
             self.cluster.ttft_errors = sched.TtftErrorQuantile(quantile=cfg.ttft_margin_quantile)
-        if cfg.attainment_target and slo.ttft_s is not None:  # feedback from the outcomes (attainment.py)
-            self.cluster.ttft_feedback = sched.AttainmentFeedback(
-                slo_s=slo.ttft_s, target=cfg.attainment_target, window_s=cfg.attainment_window)
         tokenize = chat_tokenize = None
         if cfg.tokenizer:  # the engine's token ids: BOS on completions, the chat template on chat
             from .prompt import load_chat_tokenizer, load_tokenizer
@@ -591,10 +583,7 @@ class ProxyServer:
         busy_times_sent = ({**cluster.busy_times(t_sent), **cluster.decode_busy_times(t_sent)}
                            if pairs and cal is not None else None)
         t_answered: float | None = None  # perf_counter of the prefill's answer (sequential hand-off)
-        fb = cluster.ttft_feedback  # the admitted requests' TTFT outcomes (attainment.py)
-        if fb is not None:
-            fb.admitted(rid, now())
-        timing = StreamTiming() if cal is not None or fb is not None else None
+        timing = StreamTiming() if cal is not None else None
         try:
             pheaders = headers
             if ho.needs_engine_id:
@@ -637,8 +626,6 @@ class ProxyServer:
                                 extra={"request_id": rid, "instance": p.url})
                 if ft is not None and not ftok.needs_decode(body, ft):
                     self.metrics.first_token.labels("prefill_only").inc()
-                    if fb is not None:  # the prefill's token is the first (and only) one
-                        fb.first_token(rid, time.perf_counter() - t0, now())
                     return await self.relay.send_sse(request, route, rid, t0, ftok.first_chunks(body, ft, final=True))
                 rejected = self._decode_stage_check(d, req)
                 if rejected is not None:
@@ -672,13 +659,11 @@ class ProxyServer:
             if hq is not None and timing is not None:
                 hq.handed_off(req.request_id, now(), p.instance_id)
             errs = cluster.ttft_errors if decision.est_first_token_s >= 0 else None
-            if timing is not None and (hq is not None or errs is not None or fb is not None):
+            if timing is not None and (hq is not None or errs is not None):
 
                 def first_token() -> None:
                     service = hq.first_token(req.request_id, now()) if hq is not None else None
                     ttft = time.perf_counter() - t0
-                    if fb is not None:
-                        fb.first_token(rid, ttft, now())
                     if errs is not None:  # the TTFT check's error on this pair (ttft_error.py)
                         errs.observe(p.instance_id, d.instance_id, decision.est_first_token_s, ttft, now())
                     if log.isEnabledFor(logging.DEBUG):
@@ -706,8 +691,6 @@ class ProxyServer:
                             decision.est_tbt_s / (f_dec * c_dec), gap, t_end, d.instance_id,
                             _busy_shares(cluster, busy_decode, t_decode, t_end)))
         finally:
-            if fb is not None:
-                fb.dropped(rid, now())  # no first token came (a no-op when one did)
             if ptask is not None:
                 if not ptask.done():
                     ptask.cancel()
@@ -874,10 +857,6 @@ class ProxyServer:
                     self.cluster.prefill_load(inst.instance_id).queued_tokens)
             else:
                 m.decode_running.labels(inst.instance_id).set(self.cluster.decode_load(inst.instance_id).running)
-        if (fb := self.cluster.ttft_feedback) is not None:
-            t = time.monotonic()
-            m.ttft_attainment.set(fb.attainment(t))
-            m.ttft_budget.set(fb.budget(t))
 
 
 def install_uvloop() -> bool:

@@ -28,7 +28,6 @@ from .handoff_queue import HandoffQueue
 from .hashing import BlockHasher
 from .lru import LruBlockCache
 from .ttft_error import TtftErrorQuantile
-from .attainment import AttainmentFeedback
 from .policies import POLICIES, PrefillPlan, Scheduler, make_scheduler, policy_names
 
 __all__ = [
@@ -36,5 +35,5 @@ __all__ = [
     "CostModel", "SloConfig", "make_scheduler", "policy_names", "POLICIES", "Scheduler", "PrefillPlan",
     "LruBlockCache", "STORE", "PrefillEntry", "DecodeEntry", "PrefillLoad", "DecodeLoad",
     "REJECTION_MODES", "split_rejection", "decode_stage_rejection", "LatencyCalibrator",
-    "HandoffQueue", "TtftErrorQuantile", "AttainmentFeedback", "RecentBusy", "HardwareGroups",
+    "HandoffQueue", "TtftErrorQuantile", "RecentBusy", "HardwareGroups",
 ]

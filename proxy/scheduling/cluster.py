@@ -19,7 +19,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable, KeysView, Protocol, Sequence
 
-from .attainment import AttainmentFeedback
 from .datatypes import Decision, InstanceInfo, RequestInfo, Role, ROLES
 from .handoff_queue import HandoffQueue
 from .lru import LruBlockCache
@@ -146,9 +145,6 @@ class ClusterState:
         self._store_view: StoreView | None = None
         #: the TTFT check's per-pair safety margin (ttft_error.py; the live proxy's --calibrate)
         self.ttft_errors: TtftErrorQuantile | None = None
-        #: the admitted requests' recent TTFT SLO attainment, which tightens the check's budget while
-        #: it is short (attainment.py; the live proxy's --attainment-target)
-        self.ttft_feedback: AttainmentFeedback | None = None
         #: whether an engine can load a prefix another *instance* holds (the simulator: yes). The live
         #: proxy sets False: our connectors load prefixes from the store (the hint), and the P2P
         #: connector only moves a request's own KV to its decode -- a plan counting on a peer's copy
@@ -479,12 +475,6 @@ class ClusterState:
         ``fade=False``: without the fade of old errors (TtftErrorQuantile.margin)."""
         errs = self.ttft_errors
         return errs.margin(prefill_id, decode_id, now, fade=fade) if errs is not None else 0.0
-
-    def ttft_budget(self, now: float) -> float:
-        """Fraction of the TTFT SLO the check admits a predicted first token within: below 1 while the
-        admitted requests' recent attainment is short of its goal (``ttft_feedback``), else 1."""
-        fb = self.ttft_feedback
-        return fb.budget(now) if fb is not None else 1.0
 
     def on_prefill_start(self, instance_id: str, req: RequestInfo, now: float, *,
                          cached_blocks: int | None = None, decode_id: str | None = None,

@@ -127,20 +127,15 @@ class Scheduler(abc.ABC):
             if self.ranks_by_first_token and len(prefills) > 1:
                 plan, decode_id, tbt = self._soonest_first_token(req, prefills, decodes, plan, decode_id, tbt, now)
             first, margin = self._first_token(plan, decode_id, now)
-            budget = cl.ttft_budget(now)  # < 1 while the admitted requests' recent attainment is short
-            limit = slo.ttft_s * budget
-            if first + margin > limit:
-                alt = self._other_prefill_within(req, prefills, decodes, plan, now, limit)
+            if first + margin > slo.ttft_s:
+                alt = self._other_prefill_within(req, prefills, decodes, plan, now, slo.ttft_s)
                 if alt is None:
                     ttft = first + margin
                     slow = self.prefill_slowdown(plan.instance_id, now)
                     handoff = first - self._prefill_done_in(plan, now)
                     return Rejection(
-                        f"TTFT SLO: predicted {ttft:.3f}s > {limit:.3f}s"
-                        + (f" (the SLO's {slo.ttft_s:.3f}s x {budget:.2f}: the recent admitted requests' "
-                           f"attainment {cl.ttft_feedback.attainment(now):.0%} is short of "
-                           f"{cl.ttft_feedback.goal:.0%})" if budget < 1 and cl.ttft_feedback is not None else "")
-                        + f" on prefill {plan.instance_id!r} (queue {plan.est_queue_s:.3f}s"
+                        f"TTFT SLO: predicted {ttft:.3f}s > {slo.ttft_s:.3f}s on prefill "
+                        f"{plan.instance_id!r} (queue {plan.est_queue_s:.3f}s"
                         + (f", its running request at {slow:.1f}x its estimate" if slow > 1 else "")
                         + (f", then {handoff:.3f}s to decode {decode_id!r}'s first token" if handoff > 0 else "")
                         + (f", margin {margin:.3f}s from its recent errors" if margin > 0 else "")
@@ -149,7 +144,7 @@ class Scheduler(abc.ABC):
                         retry, ttft, tbt)
                 plan, decode_id, tbt, first = alt
             if (harmed := self._harm(plan, req, now)) is not None:
-                alt = self._other_prefill_within(req, prefills, decodes, plan, now, limit)
+                alt = self._other_prefill_within(req, prefills, decodes, plan, now, slo.ttft_s)
                 if alt is None:
                     return Rejection(f"TTFT SLO: {harmed}; none of the other {len(prefills) - 1} prefill "
                                      f"instance(s) does better", retry, plan.est_ttft_s, tbt)
@@ -300,8 +295,7 @@ class Scheduler(abc.ABC):
             if tbt > slo.tbt_s or self.tbt_harm(plan.instance_id, d) > slo.tbt_s:
                 continue
             first, margin = self._first_token(plan, d, now)
-            if slo.ttft_s is not None and (first + margin > slo.ttft_s * self.cluster.ttft_budget(now)
-                                           or self._harm(plan, req, now)):
+            if slo.ttft_s is not None and (first + margin > slo.ttft_s or self._harm(plan, req, now)):
                 continue
             if best is None or first + margin < best[0]:
                 best = (first + margin, (plan, d, tbt, first))

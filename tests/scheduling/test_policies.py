@@ -6,9 +6,8 @@ import copy
 
 import pytest
 
-from mooncake_proxy.scheduling import (POLICIES, AttainmentFeedback, ClusterState, CostModel, Decision, HandoffQueue,
-                                       InstanceInfo, Rejection, RequestInfo, SloConfig, TtftErrorQuantile,
-                                       make_scheduler)
+from mooncake_proxy.scheduling import (POLICIES, ClusterState, CostModel, Decision, HandoffQueue, InstanceInfo,
+                                       Rejection, RequestInfo, SloConfig, TtftErrorQuantile, make_scheduler)
 
 BS = 4  # tokens per block in these tests
 # 1 ms per prefill token, no attention term; decode step 10 ms + 1 ms/request; transfer 1 ms/block.
@@ -247,27 +246,6 @@ def test_ttft_check_adds_the_pairs_error_margin_and_tries_the_other_prefill() ->
     # without the error model (the simulator) the margin is 0 and nothing changes
     cl.ttft_errors = None
     assert isinstance(s.schedule(req(), now=1.0), Decision)
-
-
-def test_ttft_check_admits_within_a_smaller_budget_while_the_measured_attainment_is_short() -> None:
-    # A 700-token prompt is predicted at 0.7 s on either prefill, within a 1 s SLO. While the
-    # admitted requests keep their SLO that is admitted; after a burst of late first tokens (the
-    # prediction did not see it) the budget shrinks and the same prediction is refused, the 429
-    # saying why; once the misses age out of the window it is admitted again.
-    cl = cluster(n_prefill=2, n_decode=1)
-    fb = cl.ttft_feedback = AttainmentFeedback(slo_s=1.0, target=0.9, window_s=10.0)
-    s = make_scheduler("conductor", cl, COST, SloConfig(ttft_s=1.0))
-    assert isinstance(s.schedule(req("a", tokens=700, blocks=[]), now=0.0), Decision)
-    for i in range(4):  # four admitted requests of a burst, answered 1.5 s after arrival
-        fb.admitted(f"late{i}", 0.0)
-        fb.first_token(f"late{i}", 1.5, now=1.5)
-    assert fb.budget(1.5) == 0.5
-    r = s.schedule(req("b", tokens=700, blocks=[]), now=1.5)
-    assert isinstance(r, Rejection)
-    assert "> 0.500s (the SLO's 1.000s x 0.50: the recent admitted requests' attainment 50% is short of 95%)" in r.reason
-    assert isinstance(s.schedule(req("c", tokens=700, blocks=[]), now=12.0), Decision)  # the burst's misses aged out
-    cl.ttft_feedback = None  # without the feedback (the simulator) only the prediction decides
-    assert isinstance(s.schedule(req("d", tokens=700, blocks=[]), now=1.5), Decision)
 
 
 def test_conductor_ranks_pairs_by_their_known_error_and_falls_back_on_the_faded_one() -> None:
