@@ -79,14 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "share of admitted requests the check aims to keep within the SLO where the errors are "
                         "the model's; above the attainment you need, it holds that attainment from run to run, at "
                         "the cost of more 429s (0 < Q <= 1; scheduling/ttft_error.py)")
-    g.add_argument("--ttft-margin", choices=("pair", "relative"), default="pair",
-                   help="with --calibrate and --ttft-slo: the safety margin the TTFT check adds to a prediction. pair "
-                        "(default): per (prefill, decode) pair, the --ttft-margin-quantile of its recent errors in "
-                        "seconds. relative: also, pooled over the last 32 requests on any pair, that quantile of the "
-                        "errors relative to the prediction (observed / predicted - 1), times the request's own "
-                        "prediction; the larger counts. For engines whose queue predictions are wrong by a share "
-                        "rather than by seconds, and all at once (a burst on shared cores) "
-                        "(scheduling/ttft_error.py)")
     g.add_argument("--recent-busy-tau", type=float, default=0.0,
                    help="with --calibrate and --prediction-horizon: count a prefill that is idle now for its busy "
                         "share over about the last SECONDS (an exponential moving average with this time constant) "
@@ -305,7 +297,7 @@ def config_from_args(a: argparse.Namespace):
         handoff=a.handoff, prefill_first_token=a.prefill_first_token, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
         prefill_batch_tokens=a.prefill_batch_tokens, recent_busy_tau=a.recent_busy_tau,
-        ttft_margin_quantile=a.ttft_margin_quantile, ttft_margin=a.ttft_margin,
+        ttft_margin_quantile=a.ttft_margin_quantile,
         prefill_contention=a.prefill_contention, hardware_groups=a.hardware_group, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
         health_timeouts_to_down=a.health_timeouts_to_down,

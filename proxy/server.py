@@ -73,8 +73,6 @@ class ProxyConfig:
     prefill_batch_tokens: int = 0
     #: --ttft-margin-quantile: the quantile of a pair's recent TTFT errors the check adds (ttft_error.py)
     ttft_margin_quantile: float = 0.9
-    #: --ttft-margin: "pair" (additive, per pair) or "relative" (also a pooled share of the prediction)
-    ttft_margin: str = "pair"
     #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
     recent_busy_tau: float = 0.0
     #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
@@ -163,8 +161,7 @@ class ProxyServer:
             self.scheduler.recent_busy = sched.RecentBusy(tau_s=cfg.recent_busy_tau)
         self.calibrator = sched.LatencyCalibrator(cost) if cfg.calibrate else None
         if cfg.calibrate:  # the TTFT check's per-pair margin from its own errors (ttft_error.py)
-            self.cluster.ttft_errors = sched.TtftErrorQuantile(quantile=cfg.ttft_margin_quantile,
-                                                               relative=cfg.ttft_margin == "relative")
+            self.cluster.ttft_errors = sched.TtftErrorQuantile(quantile=cfg.ttft_margin_quantile)
         tokenize = chat_tokenize = None
         if cfg.tokenizer:  # the engine's token ids: BOS on completions, the chat template on chat
             from .prompt import load_chat_tokenizer, load_tokenizer
@@ -534,8 +531,7 @@ class ProxyServer:
                 "request_id": rid, "prefill": p_inst.instance_id, "est_prefill_s": round(decision.est_ttft_s, 3),
                 "est_ttft_s": round(self.cluster.first_token_in(d_inst.instance_id, now, decision.est_ttft_s,
                                                                 p_inst.instance_id), 3),
-                "margin_s": round(self.cluster.ttft_margin(p_inst.instance_id, d_inst.instance_id, now,
-                                                           predicted_s=decision.est_first_token_s), 3),
+                "margin_s": round(self.cluster.ttft_margin(p_inst.instance_id, d_inst.instance_id, now), 3),
                 "first_token_s": round(decision.est_first_token_s, 3), "queue_s": round(decision.est_queue_s, 3),
                 "prompt_tokens": req.prompt_tokens, "cached_blocks": decision.cached_blocks,
                 "handoff_pending": dl.handoff.pending if dl.handoff is not None else None,

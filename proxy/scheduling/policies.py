@@ -185,8 +185,8 @@ class Scheduler(abc.ABC):
         """(predicted TTFT of ``plan`` handed off to ``decode_id``, the pair's safety margin;
         ``fade=False``: the margin without the fade of old errors)."""
         cl = self.cluster
-        first = cl.first_token_in(decode_id, now, self._prefill_done_in(plan, now), plan.instance_id)
-        return first, cl.ttft_margin(plan.instance_id, decode_id, now, fade=fade, predicted_s=first)
+        return (cl.first_token_in(decode_id, now, self._prefill_done_in(plan, now), plan.instance_id),
+                cl.ttft_margin(plan.instance_id, decode_id, now, fade=fade))
 
     def _prefill_done_in(self, plan: PrefillPlan, now: float) -> float:
         """Seconds until ``plan``'s prefill is done as the TTFT check sees it: everything runs at the
@@ -372,8 +372,8 @@ class Scheduler(abc.ABC):
         if e.decode_id is None:
             return now - e.enqueued_at + done_in
         cl = self.cluster
-        first = now - e.enqueued_at + cl.first_token_in(e.decode_id, now, done_in, iid)
-        return first + cl.ttft_margin(iid, e.decode_id, now, predicted_s=first)
+        return (now - e.enqueued_at + cl.first_token_in(e.decode_id, now, done_in, iid)
+                + cl.ttft_margin(iid, e.decode_id, now))
 
     def pair_harm(self, plan: PrefillPlan, now: float) -> tuple[str, str, float] | None:
         """A request queued on another prefill instance that shares hardware with ``plan``'s (a

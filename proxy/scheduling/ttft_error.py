@@ -25,14 +25,6 @@ A residual fades with its age: once older than ``stale_s`` it is halved every ``
 (a pair rejected because of one bad burst brings no new sample, so without fading it would be
 avoided forever). Negative residuals (the prediction was too high) count in the quantile, but
 the margin is never below 0: the bare prediction is never relaxed.
-
-``relative=True`` (the live proxy's ``--ttft-margin relative``) adds a second, pooled margin: the same
-quantile of the *relative* errors ``observed / predicted - 1`` of the last ``pooled_window`` requests on
-any pair, times the request's own prediction (the larger of the two margins counts). Why: on the bench's
-shared core a burst stacks four to six requests in one prefill's queue and the queue's prediction is
-20-40 % short for every one of them together; the per-pair additive margin, learned one pair at a time
-with its prior zeros, stayed 0 on the pair that took the burst until the burst was admitted, and a
-fixed number of seconds is too much for a short prediction and too little for a long queue.
 """
 
 from __future__ import annotations
@@ -40,7 +32,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
 
 __all__ = ["TtftErrorQuantile"]
 
@@ -54,14 +45,8 @@ class TtftErrorQuantile:
     prior: int = 9
     stale_s: float = 10.0
     half_life_s: float = 10.0
-    #: also a pooled margin relative to the prediction (module doc)
-    relative: bool = False
-    #: requests (any pair) the relative margin is the quantile of
-    pooled_window: int = 32
     #: pair -> (time observed, residual s), oldest first
     _res: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
-    #: (time observed, observed / predicted - 1) of the last ``pooled_window`` requests
-    _rel: deque[tuple[float, float]] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         if not 0 < self.quantile <= 1:
@@ -70,9 +55,6 @@ class TtftErrorQuantile:
             raise ValueError(f"TtftErrorQuantile.window must be >= 1 sample, got {self.window!r}")
         if self.prior < 0:
             raise ValueError(f"TtftErrorQuantile.prior must be >= 0 pseudo-samples, got {self.prior!r}")
-        if self.pooled_window < 1:
-            raise ValueError(f"TtftErrorQuantile.pooled_window must be >= 1 request, got {self.pooled_window!r}")
-        self._rel = deque(self._rel, maxlen=self.pooled_window)
         if not (self.stale_s >= 0 and self.half_life_s > 0):
             raise ValueError(f"TtftErrorQuantile needs stale_s >= 0 and half_life_s > 0, got "
                              f"{self.stale_s!r}, {self.half_life_s!r}")
@@ -88,34 +70,21 @@ class TtftErrorQuantile:
             d = self._res[(prefill_id, decode_id)] = deque(maxlen=self.window)
         r = observed_s - predicted_s
         d.append((now, r))
-        if self.relative and predicted_s > 0:
-            self._rel.append((now, observed_s / predicted_s - 1.0))
         return r
 
     def samples(self, prefill_id: str, decode_id: str) -> int:
         d = self._res.get((prefill_id, decode_id))
         return len(d) if d is not None else 0
 
-    def margin(self, prefill_id: str, decode_id: str, now: float, *, fade: bool = True,
-               predicted_s: float = 0.0) -> float:
+    def margin(self, prefill_id: str, decode_id: str, now: float, *, fade: bool = True) -> float:
         """Seconds to add to the pair's predicted TTFT: the nearest-rank ``quantile`` of its faded
         residuals and ``prior`` zeros, at least 0 (0 without samples). ``fade=False``: the same
         quantile of the residuals as observed -- what the pair is known to cost, for ranking pairs
-        (the fade is for the admission check: it reopens an avoided pair, it is not new evidence).
-        With ``relative``: at least ``predicted_s`` times :meth:`relative_margin`."""
-        rel = predicted_s * self.relative_margin(now, fade=fade) if self.relative and predicted_s > 0 else 0.0
+        (the fade is for the admission check: it reopens an avoided pair, it is not new evidence)."""
         d = self._res.get((prefill_id, decode_id))
         if not d:
-            return rel
-        return max(rel, self._quantile([(t, r) for t, r in d], now, fade))
-
-    def relative_margin(self, now: float, *, fade: bool = True) -> float:
-        """The ``quantile`` of the last ``pooled_window`` requests' relative errors (any pair), ranked
-        with ``prior`` zeros and faded as the pairs' are; at least 0 (0 without samples or ``relative``)."""
-        return self._quantile(self._rel, now, fade) if self._rel else 0.0
-
-    def _quantile(self, samples: Iterable[tuple[float, float]], now: float, fade: bool) -> float:
-        faded = sorted([r * (self._weight(now - t) if fade else 1.0) for t, r in samples] + [0.0] * self.prior)
+            return 0.0
+        faded = sorted([r * (self._weight(now - t) if fade else 1.0) for t, r in d] + [0.0] * self.prior)
         k = max(0, math.ceil(self.quantile * len(faded)) - 1)
         return max(0.0, faded[k])
 

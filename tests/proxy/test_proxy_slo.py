@@ -139,8 +139,6 @@ def test_hardware_groups_name_registered_instances_and_need_the_groups_mode() ->
     server = ProxyServer(c)
     assert server.scheduler.hardware_groups.groups() == [["decode@http://d:2", "prefill@http://p:1"]]
     assert ProxyServer(cfg("--calibrate", "--ttft-margin-quantile", "0.97")).cluster.ttft_errors.quantile == 0.97
-    assert ProxyServer(cfg("--calibrate")).cluster.ttft_errors.relative is False
-    assert ProxyServer(cfg("--calibrate", "--ttft-margin", "relative")).cluster.ttft_errors.relative is True
     with pytest.raises(ValueError, match="'http://p:9' is not a --prefill or --decode instance"):
         ProxyServer(cfg("--prefill-contention", "groups", "--hardware-group", "http://p:1", "http://p:9"))
     with pytest.raises(ValueError, match="groups needs at least one --hardware-group"):

@@ -248,21 +248,6 @@ def test_ttft_check_adds_the_pairs_error_margin_and_tries_the_other_prefill() ->
     assert isinstance(s.schedule(req(), now=1.0), Decision)
 
 
-def test_a_relative_margin_refuses_a_long_prediction_and_admits_a_short_one() -> None:
-    # The last requests came 30 % late on p1 (another pair): with the relative margin a 0.9 s
-    # prediction on p0 needs 1.17 s and breaks a 1 s SLO, a 0.5 s one (0.65 s) is admitted.
-    cl = cluster(n_prefill=1, n_decode=1)
-    errs = cl.ttft_errors = TtftErrorQuantile(relative=True, prior=4)
-    for _ in range(12):
-        errs.observe("p1", "d0", 1.0, 1.3, now=0.0)
-    s = make_scheduler("conductor", cl, COST, SloConfig(ttft_s=1.0))
-    r = s.schedule(req("long", tokens=900, blocks=[]), now=0.0)
-    assert isinstance(r, Rejection) and "margin 0.270s from its recent errors" in r.reason
-    assert isinstance(s.schedule(req("short", tokens=500, blocks=[]), now=0.0), Decision)
-    errs.relative = False  # the default: only p0's own (absent) errors count
-    assert isinstance(s.schedule(req("long2", tokens=900, blocks=[]), now=0.0), Decision)
-
-
 def test_conductor_ranks_pairs_by_their_known_error_and_falls_back_on_the_faded_one() -> None:
     # The live bench: p1 shares the decode's core and its requests came ~1 s late. Long after,
     # the check's faded margin no longer holds that against p1, and ranking by queue + prefill alone

@@ -60,27 +60,3 @@ def test_forget_and_bad_parameters() -> None:
                {"stale_s": -1.0}):
         with pytest.raises(ValueError, match="TtftErrorQuantile"):
             TtftErrorQuantile(**kw)  # type: ignore[arg-type]
-
-
-def test_the_relative_margin_is_a_pooled_share_of_the_prediction() -> None:
-    # Requests on three pairs all came 25 % late (a burst on a shared core): the pooled relative
-    # margin scales each prediction by that share, also on a pair with no samples of its own; the
-    # per-pair margin (seconds) stays the larger where it is.
-    e = TtftErrorQuantile(relative=True, prior=4)
-    for i in range(12):
-        e.observe(f"p{i % 3}", "d", 1.0, 1.25, now=0.0)
-    assert e.relative_margin(0.0) == pytest.approx(0.25)
-    assert e.margin("p9", "d", 0.0, predicted_s=1.6) == pytest.approx(0.4)
-    assert e.margin("p9", "d", 0.0, predicted_s=0.4) == pytest.approx(0.1)
-    assert e.margin("p0", "d", 0.0, predicted_s=0.4) == pytest.approx(0.25)  # p0's own 0.25 s
-    # early answers never relax a prediction, and without relative=True nothing changes
-    early = TtftErrorQuantile(relative=True)
-    for _ in range(12):
-        early.observe("p0", "d", 1.0, 0.5, now=0.0)
-    assert early.relative_margin(0.0) == 0.0
-    plain = TtftErrorQuantile()
-    for i in range(12):
-        plain.observe(f"p{i % 3}", "d", 1.0, 1.25, now=0.0)
-    assert plain.relative_margin(0.0) == 0.0 and plain.margin("p9", "d", 0.0, predicted_s=1.6) == 0.0
-    with pytest.raises(ValueError, match="pooled_window"):
-        TtftErrorQuantile(pooled_window=0)
