@@ -216,3 +216,22 @@ async def test_replay_reports_429s_and_attainment_through_the_proxy(python_exe, 
     finally:
         for r in (runner, rp, rd):
             await r.cleanup()
+
+
+def test_runs_pool_into_one_attainment_with_a_wilson_interval() -> None:
+    from mooncake_proxy.replay import pooled_attainment, wilson_interval
+
+    # textbook values: 8 of 10 -> (0.490, 0.943); 0 of 10 -> (0, 0.278); 10 of 10 -> (0.722, 1)
+    assert wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="k=11, n=10"):
+        wilson_interval(11, 10)
+    runs = [{"requests": 40, "rejected_429": 27, "admitted": 13, "met": 13, "attainment_admitted": 1.0},
+            {"requests": 40, "rejected_429": 25, "admitted": 15, "met": 9, "attainment_admitted": 0.6},
+            {"requests": 40, "rejected_429": 40, "admitted": 0, "met": 0, "attainment_admitted": None}]
+    p = pooled_attainment(runs)
+    assert (p["runs"], p["sent"], p["rejected_429"], p["admitted"], p["met"], p["runs_at_90"]) == (3, 120, 92, 28, 22, 1)
+    assert p["attainment_admitted"] == pytest.approx(22 / 28)
+    assert p["ci95"] == pytest.approx(wilson_interval(22, 28))
