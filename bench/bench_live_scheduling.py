@@ -47,6 +47,9 @@ all. The SLOs default to what the first half's run of the same policy gave 90 % 
 engines delivered at the admitted load; ``--slo-from-unloaded K_TTFT K_TBT`` takes K x the
 latency of requests sent one at a time instead; ``--ttft-slo``/``--tbt-slo`` override. The
 table says why the admitted requests that missed did: TTFT, TBT (their own p90), both, no answer.
+A mode given more than once (``--rejection-modes predictive predictive predictive``) also gets a
+pooled row: its runs' admitted and met requests together, with a Wilson 95 % interval -- one run
+admits 11-16 requests here, so one miss moves it by 6-9 points.
 
 ``--warmup N``: each overload mode's fresh proxy first serves N requests one at a time (the
 window's first N, each with prompts of its own seed), not counted -- a calibrated proxy otherwise admits its
