@@ -435,6 +435,14 @@ def overload_row(row: dict[str, Any], results: list[Result], ttft_slo: float, tb
     return {**row, "rejected_429": sum(1 for r in results if r.status == 429), **slo}
 
 
+def pooled_by_mode(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each overload mode run more than once: its runs pooled (replay.pooled_attainment)."""
+    by_mode: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in rows:
+        by_mode[r["label"]].append(r)
+    return {mode: pooled_attainment(runs) for mode, runs in by_mode.items() if len(runs) > 1}
+
+
 def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
     head = (f"{'mode':<12}{'sent':>5}{'429':>5}{'arr/dec':>9}{'done':>6}{'met':>5}{'attain adm':>11}"
             f"{'attain all':>11}{'TTFT mean':>10}{'p90':>7}{'TBT p90':>9}{'factor p/d (p0 p1)':>20}"
@@ -464,16 +472,11 @@ def fmt_overload(rows: list[dict[str, Any]], factor: float) -> str:
                      f"{num(r['ttft_mean'], '.2f'):>10}{num(r['ttft_p90'], '.2f'):>7}"
                      f"{num(r['tbt_p90'], '.0f', 1000):>9} {fac:>19}{'/'.join(str(v) for v in r['missed'].values()):>22}"
                      f"{str(r.get('load_avg_start', '-')) + '->' + str(r.get('load_avg_end', '-')):>12}")
-    by_mode: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
-    for r in rows:
-        by_mode[r["label"]].append(r)
-    for mode, runs in by_mode.items():  # a mode run more than once: its runs pooled (replay.pooled_attainment)
-        if len(runs) > 1:
-            p = pooled_attainment(runs)
-            lo, hi = p["ci95"]
-            lines.append(f"pooled {mode}: {p['runs']} runs, {p['rejected_429']} x 429 of {p['sent']}, "
-                         f"{p['met']}/{p['admitted']} admitted met the SLOs = {num(p['attainment_admitted'], '.0%')} "
-                         f"(95 % CI {lo:.0%}-{hi:.0%}, Wilson); {p['runs_at_90']} of {p['runs']} runs >= 90 %")
+    for mode, p in pooled_by_mode(rows).items():
+        lo, hi = p["ci95"]
+        lines.append(f"pooled {mode}: {p['runs']} runs, {p['rejected_429']} x 429 of {p['sent']}, "
+                     f"{p['met']}/{p['admitted']} admitted met the SLOs = {num(p['attainment_admitted'], '.0%')} "
+                     f"(95 % CI {lo:.0%}-{hi:.0%}, Wilson); {p['runs_at_90']} of {p['runs']} runs >= 90 %")
     slo = rows[0]
     return "\n".join(lines) + (f"\n(SLO: TTFT <= {slo['ttft_slo_s']:.2f} s and the request's TBT p90 <= "
                                f"{1000 * slo['tbt_slo_s']:.0f} ms; attainment among the admitted (not 429) and "
@@ -819,10 +822,8 @@ def main(argv: list[str] | None = None) -> int:
         print(fmt_overload(over_rows, a.overload))
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if a.json:
-        modes = collections.Counter(r["label"] for r in over_rows)
-        pooled = {m: pooled_attainment([r for r in over_rows if r["label"] == m]) for m, n in modes.items() if n > 1}
-        a.json.write_text(json.dumps({"rows": rows, "overload": over_rows, "overload_pooled": pooled, "speed": speed,
-                                      "window": len(reqs)}, indent=1))
+        a.json.write_text(json.dumps({"rows": rows, "overload": over_rows, "overload_pooled": pooled_by_mode(over_rows),
+                                      "speed": speed, "window": len(reqs)}, indent=1))
     if a.plot and rows:
         live_tokens = statistics.mean(r["prompt_tokens"] for r in rows) / max(1, sum(q.input_length for q in reqs))
         write_plot(a.plot, results, reqs, speed, profile, live_tokens, a.max_tokens, a.prefills)

@@ -107,7 +107,7 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 def pooled_attainment(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Several runs' :func:`slo_attainment` rows (with ``requests`` and ``rejected_429``) pooled: runs,
     sent, 429s, admitted, met, the pooled attainment of the admitted and its Wilson 95 % interval, and
-    how many runs reached each of 0.9 (the issue's target) on their own."""
+    how many runs reached 0.9 (the issue's target) on their own."""
     admitted = sum(int(r["admitted"]) for r in runs)
     met = sum(int(r["met"]) for r in runs)
     lo, hi = wilson_interval(met, admitted)
