@@ -250,17 +250,19 @@ async def test_a_burst_on_instances_that_share_cores_is_admitted_for_the_content
 
 async def test_prefills_that_share_a_core_are_learned_as_pairs_and_kept_apart(make_env) -> None:
     # Prefills 0 and 1 share one core, 2 and 3 the other (the fake engines' processor sharing: a
-    # prefill runs 2x slower while its core's other prefill computes); 0 and 1 are faster alone (0.1
-    # s against 0.125 s). With --prefill-contention pairs the proxy learns a coefficient per pair from
-    # its own traffic (bursts of 3 and 4: any 3 of the 4 include a pair on one core): about log 2 on
+    # prefill runs 2x slower while its core's other prefill computes); 0 and 1 are faster alone (0.2
+    # s against 0.25 s: long enough that the event loop's lag on a busy 2-core CI box, which once
+    # read as 0.36 on a cross-core pair with 0.1 s, stays small against them). With --prefill-contention
+    # pairs the proxy learns a coefficient per pair from its own traffic (bursts of 3 and 4: any 3 of
+    # the 4 include a pair on one core): about log 2 on
     # each core's pair, about 0 across cores (with the busy count, no pair is learned and this fails).
     # Ranking by first token, it then sends the second of two requests that arrive together to the
-    # other core (0.125 s there against 0.2 s beside the first on the fast core).
+    # other core (0.25 s there against 0.4 s beside the first on the fast core).
     import asyncio
 
     env = await make_env(n_prefill=4, policy="conductor", ttft_slo=5.0, calibrate=True, prefill_contention="pairs",
                          decode_behaviour=Behaviour(chunks=2))
-    core0, core1 = (Behaviour(prefill_delay=d, prefill_contention=1.0) for d in (0.1, 0.125))
+    core0, core1 = (Behaviour(prefill_delay=d, prefill_contention=1.0) for d in (0.2, 0.25))
     for i, e in enumerate(env.prefills):
         e.behaviour = core0 if i < 2 else core1
     seq = iter(range(10_000))
