@@ -526,6 +526,7 @@ class TransferEngine:
             self._server = None
         for t in self._transports:
             t.close()
+        self._seg.forget_device_ranges()  # process-wide: a freed GPU buffer must not stay "device" here
         self._control.close()
         if self._peers is not None:
             self._peers.close()

@@ -136,6 +136,9 @@ _VARS: list[EnvVar[Any]] = [
            "microseconds a small tcp round trip polls before sleeping (0 = never poll)", _TE),
     EnvVar("MC_TCP_MAX_CONNS_PER_PEER", _int(1), 256,
            "connections one peer address may hold open to this engine's rpc port (more are refused)", _TE),
+    EnvVar("MC_DEVICE_STAGING_BYTES", _int(4096), 32 << 20,
+           "bytes per pinned host buffer that stages GPU memory over tcp/cma (two per transfer, "
+           "double-buffered)", _TE, "32 MiB"),
     EnvVar("MC_METRICS_PORT", _int(0), None, "serve the engine's Prometheus `/metrics` on this port", _TE),
     EnvVar("MC_METADATA_REFRESH_S", _float, 2.0,
            "seconds between checks that our segment descriptor is still published", _TE),
@@ -212,6 +215,7 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MC_TCP_RCVBUF: int
     MC_TCP_BUSY_POLL_US: int
     MC_TCP_MAX_CONNS_PER_PEER: int
+    MC_DEVICE_STAGING_BYTES: int
     MC_METRICS_PORT: int | None
     MC_METADATA_REFRESH_S: float
     MC_MANAGED_POOL_SIZE: int

@@ -25,10 +25,11 @@ What it does differently from LMDeploy's own ``MooncakeBackend`` (same interface
   connection retries; a link re-initialized for the same peer replaces the old one, and the
   engine is closed with the last link (``p2p_drop_connect``).
 
-KV pool location: LMDeploy migrates its device pools. This build's engine has no GPU transport
-yet, so on a host where ``torch.cuda.is_available()`` the pools are registered as ``cuda:0`` and the
-engine refuses them with a clear error at ``p2p_initialize`` rather than reading device pointers
-as host memory; on CPU pools (tests, CPU builds) they are ``cpu:0``.
+KV pool location: LMDeploy migrates its device pools. On a host where ``torch.cuda.is_available()``
+the pools are registered as ``cuda:N`` (the current device), which the engine's cuda plugin serves
+(CUDA IPC on one host, pinned staging over tcp: docs/gpu.md); without cuda-python the engine
+refuses them with a clear error at ``p2p_initialize`` rather than reading device pointers as host
+memory. CPU pools (tests, CPU builds) are ``cpu:0``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _kv_location() -> str:
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_available():
-            return "cuda:0"
+            return f"cuda:{torch.cuda.current_device()}"
     except Exception:  # a broken CUDA install: treat as CPU, the engine checks bounds anyway
         pass
     return "cpu:0"

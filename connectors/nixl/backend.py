@@ -85,7 +85,7 @@ class NixlAdapter:
             if key in self._regs:
                 self._regs[key] += 1
                 return NixlStatus.SUCCESS
-            if self.engine.register_memory(addr, length, "cpu:0") != 0:
+            if self.engine.register_memory(addr, length, "*") != 0:  # "*": a VRAM pointer is found as cuda:N
                 log.error("NIXL registerMem failed", extra={"agent": self.agent_name, "addr": hex(addr),
                                                             "length": length, "error": self.engine.last_error})
                 return NixlStatus.ERR_BACKEND

@@ -560,9 +560,12 @@ class _Worker:
     # ---------------------------------------------------------------- setup
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         slabs: list[Slab] = []
+        where: dict[int, str] = {}  # slab base -> location: GPU KV caches (kv_buffer_device "cuda") are cuda:N
         for name, t in kv_caches.items():
             nb = self.num_blocks or t.shape[0]
             layer = slabs_of(t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size(), nb)
+            loc = f"cuda:{t.device.index or 0}" if t.device.type == "cuda" else "cpu:0"
+            where.update((s.base, loc) for s in layer)
             self._heads_outer &= heads_outer(tuple(t.shape), nb, self.kv_heads)
             for s in layer:
                 if s.stride != s.block_bytes:
@@ -572,7 +575,7 @@ class _Worker:
         if len({s.block_bytes for s in slabs}) != 1:
             raise ValueError("MooncakeCoreConnector: layers have different block sizes in bytes; unsupported")
         for s in slabs:
-            if self.te.register_memory(s.base, s.nbytes, "cpu:0") != 0:
+            if self.te.register_memory(s.base, s.nbytes, where[s.base]) != 0:
                 raise RuntimeError(f"MooncakeCoreConnector: register_memory({s.base:#x}, {s.nbytes}) failed: "
                                    f"{self.te.last_error}")
         self.slabs = slabs

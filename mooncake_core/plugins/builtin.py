@@ -48,6 +48,25 @@ class TcpTransportPlugin:
         return [TcpTransport]
 
 
+class CudaTransportPlugin:
+    """GPU memory (``cuda:N`` regions) and same-host CUDA IPC, where ``cuda-python`` is installed.
+
+    Why the spec check: the hook runs for every engine, and the CPU-only install must never
+    import CUDA -- without ``cuda.bindings`` the plugin offers nothing; with it but no device,
+    its transport stays inert (``mooncake_core/transfer/cuda/ipc.py``)."""
+
+    @hookimpl
+    def mooncake_transports(self) -> "list[type[Transport]]":
+        import importlib.util
+        try:
+            if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None:
+                return []
+        except (ImportError, ValueError):
+            return []
+        from mooncake_core.transfer.cuda.ipc import CudaIpcTransport
+        return [CudaIpcTransport]
+
+
 def _open_http(spec: Any, timeout: float) -> "MetadataBackend":
     from mooncake_core.metadata.http_backend import HttpMetadataBackend
     return HttpMetadataBackend(spec, timeout=timeout)
@@ -111,6 +130,7 @@ BUILTINS: tuple[tuple[str, object], ...] = (
     ("mooncake_core.transport.local", LocalTransportPlugin()),
     ("mooncake_core.transport.cma", CmaTransportPlugin()),
     ("mooncake_core.transport.tcp", TcpTransportPlugin()),
+    ("mooncake_core.transport.cuda", CudaTransportPlugin()),
     ("mooncake_core.metadata.http", HttpMetadataPlugin()),
     ("mooncake_core.metadata.etcd", EtcdMetadataPlugin()),
     ("mooncake_core.metadata.redis", RedisMetadataPlugin()),

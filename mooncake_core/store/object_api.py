@@ -142,6 +142,11 @@ class ObjectApi:
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
         buffer_ptr = check_int(buffer_ptr, "register_buffer: buffer_ptr", minimum=1)
         size = check_int(size, "register_buffer: size", minimum=1)
+        from mooncake_core.transfer import device_memory
+        if device_memory.locate(buffer_ptr) is not None:  # the store's local paths memmove: host buffers only
+            log.error("register_buffer: %#x is GPU memory; the store client reads and writes host buffers "
+                      "(copy through a pinned host buffer; docs/gpu.md)", buffer_ptr)
+            return INVALID
         try:
             self.core.require_ready("register_buffer")
             rc = self.core.engine.register_memory(buffer_ptr, size, "cpu:0")

@@ -105,11 +105,15 @@ class Capabilities:
     ``transfer_arrays`` (a large batch as int64 arrays, no object per request).
     ``notifications``: it delivers ``notify`` itself, in order with its data (RDMA immediate
     data, say); otherwise the engine sends notifications over its control channel.
+    ``local_device``: it reads and writes *local* device memory itself (a device copy, CUDA
+    IPC); otherwise the engine stages requests on local device memory through pinned host
+    buffers (``staging.run_staged``) -- how tcp and cma carry GPU memory.
     """
 
     locations: frozenset[str] = frozenset({"cpu"})
     array_batches: bool = False
     notifications: bool = False
+    local_device: bool = False
 
     def serves(self, location: str) -> bool:
         return location_kind(location) in self.locations
@@ -124,6 +128,15 @@ def location_kind(location: str) -> str:
     """"cuda:1" -> "cuda"; "cpu:0", "*", "" or any other host label -> "cpu"."""
     kind = location.split(":", 1)[0].strip().lower() if location else ""
     return kind if kind in DEVICE_KINDS else "cpu"
+
+
+def device_ordinal(location: str) -> int:
+    """"cuda:1" -> 1; "cuda" -> 0 (the original's default device). ValueError on "cuda:x"."""
+    _, _, n = location.partition(":")
+    try:
+        return int(n) if n.strip() else 0
+    except ValueError:
+        raise ValueError(f"location {location!r}: expected 'kind:N' with a device number N") from None
 
 
 @dataclass

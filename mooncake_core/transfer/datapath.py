@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mooncake_core.errors import ErrorCode
-from mooncake_core.transfer import metrics, vec
+from mooncake_core.transfer import device_memory, metrics, staging, vec
 from mooncake_core.transfer.base import Transport, TransferError, TransferOpcode, TransferRequest
 from mooncake_core.transfer.control import ControlChannel
 from mooncake_core.transfer.notify import TransferNotify
@@ -86,8 +86,9 @@ class DataPath:
         validated and bounds-checked with numpy (transfer/vec.py). None -- take the request
         path, which reports the exact offending entry -- when the batch is short, not plain
         valid integers, outside the cached descriptor, or the transport has no array path."""
-        if not transport.capabilities.array_batches or len(buffers) < vec.VEC_MIN:
-            return None
+        if not transport.capabilities.array_batches or len(buffers) < vec.VEC_MIN or (
+                device_memory.active() and not transport.capabilities.local_device):
+            return None  # local device memory on a host transport: the request path, which stages it
         arrs = vec.as_arrays(buffers, remotes, lengths)
         if arrs is None or not vec.locals_ok(*arrs) or not vec.in_bounds(peer.desc, arrs[1], arrs[2]):
             return None
@@ -115,7 +116,10 @@ class DataPath:
                 op, local, remote, length = plan.arrays
                 transport.transfer_arrays(peer.desc, op, local, remote, length, deadline)
             elif plan.reqs:
-                transport.transfer(peer.desc, plan.reqs, deadline)
+                if device_memory.active() and not transport.capabilities.local_device:
+                    staging.run_staged(transport, peer.desc, plan.reqs, deadline)  # local GPU memory via pinned host
+                else:
+                    transport.transfer(peer.desc, plan.reqs, deadline)
             if notify is not None:
                 self._notify(peer, transport, notify, deadline)
             ok = True
@@ -138,7 +142,8 @@ class DataPath:
         peer = self.peers.cached(target)
         t = None if peer is None else peer.transport if hint == "" else peer.hinted.get(hint)
         if (t is None or peer is None or not 0 < length <= t.single_max or local <= 0
-                or peer.desc.find_region(remote, length) is None):
+                or peer.desc.find_region(remote, length) is None
+                or (device_memory.active() and device_memory.find(local) is not None)):
             self.sync(target, opcode, [local], [remote], [length], None, hint)
             return
         t0 = time.perf_counter()

@@ -12,7 +12,9 @@ import threading
 import weakref
 from typing import Protocol
 
-from mooncake_core.transfer.base import Capabilities, Transport, TransferError, TransferOpcode, TransferRequest
+from mooncake_core.transfer import device_memory
+from mooncake_core.transfer.base import (DEVICE_KINDS, Capabilities, Transport, TransferError, TransferOpcode,
+                                         TransferRequest)
 from mooncake_core.transfer.descriptor import SegmentDescriptor
 from mooncake_core.transfer.memory import RegionTable, memcopy
 
@@ -55,7 +57,8 @@ def local_regions(name: str) -> RegionTable | None:
 class LocalTransport(Transport):
     name = "local"
     priority = 100  # same process: a memmove beats everything
-    capabilities = Capabilities(locations=frozenset({"cpu"}))
+    #: device memory of either side through its copier (device_memory.copy_any: one call for any mix)
+    capabilities = Capabilities(locations=frozenset({"cpu"}) | DEVICE_KINDS, local_device=True)
 
     def can_reach(self, desc: SegmentDescriptor) -> bool:
         return desc.pid == os.getpid() and local_regions(desc.name) is not None
@@ -68,8 +71,9 @@ class LocalTransport(Transport):
             if not table.contains(r.remote_addr, r.length):
                 raise TransferError(f"{r.opcode.name.lower()} of {r.length} bytes at {r.remote_addr:#x} is "
                                     f"outside every region registered by segment {desc.name!r}")
+        copy = device_memory.copy_any if device_memory.active() else memcopy
         for r in reqs:
             if r.opcode == TransferOpcode.WRITE:
-                memcopy(r.remote_addr, r.local_addr, r.length)
+                copy(r.remote_addr, r.local_addr, r.length)
             else:
-                memcopy(r.local_addr, r.remote_addr, r.length)
+                copy(r.local_addr, r.remote_addr, r.length)

@@ -13,7 +13,8 @@ import os
 import threading
 from typing import Any, Sequence
 
-from mooncake_core.transfer.base import Transport, location_kind
+from mooncake_core.transfer import device_memory
+from mooncake_core.transfer.base import Transport, device_ordinal, location_kind
 from mooncake_core.transfer.descriptor import SegmentDescriptor, host_identity, process_start_time
 from mooncake_core.transfer.memory import WILDCARD_LOCATION, Region, RegionTable
 from mooncake_core.utils.log import get_logger
@@ -44,14 +45,20 @@ class LocalSegment:
         """Register one region: table, order, every transport's hook. Raises ValueError /
         the transport's error, leaving nothing registered."""
         location = location or WILDCARD_LOCATION
-        if not any(t.capabilities.serves(location) for t in self.transports):
-            kind = location_kind(location)
+        if location == WILDCARD_LOCATION and device_memory.copier_for("cuda") is not None:
+            location = device_memory.locate(int(addr)) or location  # "*": a GPU pointer says so itself
+        kind = location_kind(location)
+        if not any(t.capabilities.serves(location) for t in self.transports) or (
+                kind != "cpu" and device_memory.copier_for(kind) is None):
             raise ValueError(f"location {location!r}: no registered transport serves {kind!r} memory "
                              f"(transports: {', '.join(t.name for t in self.transports)})"
-                             + ("; GPU memory needs a cuda transport plugin" if kind == "cuda" else "")
+                             + ("; GPU memory needs the cuda plugin (cuda-python and a CUDA device: "
+                                "docs/gpu.md)" if kind == "cuda" else "")
                              + "; register host memory (location 'cpu:0' or '*')")
         r = Region(int(addr), int(length), location)
         self.regions.add(r)
+        if kind != "cpu":
+            device_memory.add_range(r.addr, r.length, kind, device_ordinal(location))
         hooked: list[Transport] = []
         try:
             for t in self.transports:
@@ -61,6 +68,8 @@ class LocalSegment:
             for t in hooked:
                 self._unhook(t, r)
             self.regions.remove(r.addr)
+            if kind != "cpu":
+                device_memory.remove_range(r.addr)
             raise
         with self._lock:
             self._order[r.addr] = r
@@ -90,6 +99,8 @@ class LocalSegment:
         if r is not None:
             for t in self.transports:
                 self._unhook(t, r)
+            if location_kind(r.location) != "cpu":
+                device_memory.remove_range(r.addr)
         return r
 
     @staticmethod
@@ -99,6 +110,13 @@ class LocalSegment:
         except Exception as e:  # noqa: BLE001 - one transport's failure must not keep memory registered
             log.warning("transport failed to unregister a region", extra={"transport": t.name, "addr": r.addr,
                                                                            "error": str(e)})
+
+    def forget_device_ranges(self) -> None:
+        """Drop our device regions from the process-wide table (the engine closes; its memory
+        may be freed and the addresses reused as host memory)."""
+        for r in self.regions.regions():
+            if location_kind(r.location) != "cpu":
+                device_memory.remove_range(r.addr)
 
     def ordered(self) -> list[Region]:
         with self._lock:

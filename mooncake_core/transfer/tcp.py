@@ -30,8 +30,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 
 from mooncake_core import envs
-from mooncake_core.transfer.base import (Capabilities, TransferError, TransferOpcode, TransferRequest, Transport,
-                                         TransportContext, partition, split_slices)
+from mooncake_core.transfer.base import (DEVICE_KINDS, Capabilities, TransferError, TransferOpcode, TransferRequest,
+                                         Transport, TransportContext, partition, split_slices)
 from mooncake_core.transfer.conn import POOL_IDLE_MAX, Conn, ConnGroup, PeerPool
 from mooncake_core.transfer.descriptor import SegmentDescriptor
 from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
@@ -244,7 +244,8 @@ class _VecWork:
 class TcpTransport(Transport):
     name = "tcp"
     priority = 10  # reaches anything with a host and port: the last resort
-    capabilities = Capabilities(locations=frozenset({"cpu"}), array_batches=True)
+    #: a peer's device memory too: its rpc server stages it (staging.py), once its plugin registered it
+    capabilities = Capabilities(locations=frozenset({"cpu"}) | DEVICE_KINDS, array_batches=True)
 
     def __init__(self, ctx: TransportContext | None = None):
         super().__init__(ctx)

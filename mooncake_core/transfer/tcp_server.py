@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from mooncake_core import auth, envs
-from mooncake_core.transfer import metrics, tcp_vec, vec
+from mooncake_core.transfer import device_memory, metrics, staging, tcp_vec, vec
 from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import RegionTable, memview
 from mooncake_core.transfer.sockio import (PeerClosed, Poller, busy_poll_s, drain, is_timeout, recv_exact,
@@ -160,6 +160,8 @@ class TcpServer:
                 # hot path: data ops of the current version, validated before memory is touched
                 if magic == MAGIC and ver == WIRE_VERSION and aux_len == 0 and op in (Op.WRITE, Op.READ):
                     if length == 0 or contains(raddr, length):
+                        if device_memory.active() and self._staged(conn, op, rid, raddr, length, peer):
+                            continue  # it was in a device region: staged through pinned host memory
                         if op == Op.WRITE:
                             if length:
                                 recv_into_exact(conn, memview(raddr, length))
@@ -261,6 +263,10 @@ class TcpServer:
     def _handle(self, conn: socket.socket, req, peer: str, scratch: memoryview) -> None:
         aux = bytes(recv_exact(conn, req.aux_len)) if req.aux_len else b""
         op = req.op
+        if (op == Op.WRITE or op == Op.READ) and device_memory.active() \
+                and self.regions.contains(req.addr, req.length) \
+                and self._staged(conn, op, req.req_id, req.addr, req.length, peer):
+            return
         if op == Op.WRITE:
             if req.length == 0 or self.regions.contains(req.addr, req.length):
                 if req.length:
@@ -341,6 +347,9 @@ class TcpServer:
             self._reply(conn, req.op, req.req_id, Status.OUT_OF_BOUNDS, msg.encode())
             return
         ra, rl = tcp_vec.runs(addrs, lens)  # remotely contiguous blocks: one iovec entry
+        if device_memory.active() and any(device_memory.find(int(a), int(n)) for a, n in zip(ra, rl)):
+            self._vectored_staged(conn, req, ra, rl)
+            return
         if write:
             recv_iov(conn, iov_array(ra, rl), lowat=self._rcvlowat)
             conn.sendall(Response(req.op, req.req_id, Status.OK).pack())
@@ -349,3 +358,49 @@ class TcpServer:
             head = np.frombuffer(Response(req.op, req.req_id, Status.OK, 0, req.length).pack(), dtype=np.uint8)
             send_iov(conn, iov_array(ra, rl, head=(head.ctypes.data, head.nbytes)))
             metrics.served("read", req.length)
+
+    # ------------------------------------------------------------------ device memory
+    def _staged(self, conn: socket.socket, op: int, rid: int, addr: int, length: int, peer: str) -> bool:
+        """A WRITE/READ inside a registered device region: through pinned host buffers
+        (staging.py), the device copy of one chunk overlapping the socket I/O of the next. False
+        when the range is host memory (the caller serves it zero-copy). A device error closes
+        the connection (the initiator gets an error within its deadline, never a hang)."""
+        r = device_memory.find(addr, length) if length else None
+        if r is None:
+            return False
+        try:
+            if op == Op.WRITE:
+                staging.recv_to_device(lambda mv: recv_into_exact(conn, mv), addr, length, r)
+                conn.sendall(RESP.pack(MAGIC, WIRE_VERSION, op, 0, rid, 0, 0, 0))
+                metrics.served("write", length)
+            else:
+                staging.send_from_device(lambda bufs: sendmsg_all(conn, bufs),
+                                         RESP.pack(MAGIC, WIRE_VERSION, op, 0, rid, 0, 0, length), addr, length, r)
+                metrics.served("read", length)
+        except (OSError, PeerClosed):
+            raise
+        except Exception as e:  # noqa: BLE001 - a device failure: say which, drop this connection only
+            log.error("device copy failed; closing the connection", extra={"peer": peer, "addr": hex(addr),
+                                                                           "length": length, "error": str(e)})
+            raise _Refused() from e
+        return True
+
+    def _vectored_staged(self, conn: socket.socket, req, ra, rl) -> None:
+        """WRITEV/READV touching device memory: run by run, device runs staged (bounds already checked)."""
+        write = req.op == Op.WRITEV
+        if not write:
+            sendmsg_all(conn, [Response(req.op, req.req_id, Status.OK, 0, req.length).pack()])
+        for a, n in zip(ra.tolist(), rl.tolist()):
+            r = device_memory.find(a, n)
+            if write:
+                if r is None:
+                    recv_into_exact(conn, memview(a, n))
+                else:
+                    staging.recv_to_device(lambda mv: recv_into_exact(conn, mv), a, n, r)
+            elif r is None:
+                sendmsg_all(conn, [memview(a, n, writable=False)])
+            else:
+                staging.send_from_device(lambda bufs: sendmsg_all(conn, bufs), b"", a, n, r)
+        if write:
+            conn.sendall(Response(req.op, req.req_id, Status.OK).pack())
+        metrics.served("write" if write else "read", req.length)

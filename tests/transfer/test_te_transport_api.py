@@ -133,7 +133,7 @@ def test_memory_no_transport_serves_is_refused() -> None:
     try:
         buf = np.zeros(4096, dtype=np.uint8)
         assert e.register_memory(buf.ctypes.data, 4096, "cuda:0") == -1
-        assert "no registered transport serves 'cuda' memory" in e.last_error and "cuda transport" in e.last_error
+        assert "no registered transport serves 'cuda' memory" in e.last_error and "cuda plugin" in e.last_error
         assert e.register_memory(buf.ctypes.data, 4096, "cpu:1") == 0
     finally:
         e.close()
