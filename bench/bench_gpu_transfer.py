@@ -22,18 +22,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
+sys.path.insert(0, str(REPO / "bench"))
 
 import numpy as np  # noqa: E402
 
+from bench_transfer_engine import _time as timed  # noqa: E402  (median after a warm-up: IPC opens, staging)
 from line_peer import spawn_line_peer  # noqa: E402
 from mooncake_core.engine import TransferEngine  # noqa: E402
 
@@ -44,16 +44,6 @@ def peer(regions: int, size: int, host: bool = False, env: dict | None = None) -
     argv = [sys.executable, str(REPO / "tests" / "gpu" / "gpu_peer.py"), "--regions", str(regions), "--size",
             str(size), "--zero"] + (["--host"] if host else [])
     return spawn_line_peer(argv, "gpu peer", env=env or dict(os.environ))
-
-
-def timed(fn, reps: int) -> float:
-    fn()  # warm-up (opens IPC handles, allocates staging buffers)
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def main() -> None:

@@ -136,9 +136,9 @@ _VARS: list[EnvVar[Any]] = [
            "microseconds a small tcp round trip polls before sleeping (0 = never poll)", _TE),
     EnvVar("MC_TCP_MAX_CONNS_PER_PEER", _int(1), 256,
            "connections one peer address may hold open to this engine's rpc port (more are refused)", _TE),
-    EnvVar("MC_DEVICE_STAGING_BYTES", _int(4096), 32 << 20,
-           "bytes per pinned host buffer that stages GPU memory over tcp/cma (two per transfer, "
-           "double-buffered)", _TE, "32 MiB"),
+    EnvVar("MC_DEVICE_STAGING_BYTES", _int(4096), 64 << 20,
+           "bytes per pinned host buffer that stages an initiator's GPU memory over tcp/cma (three per "
+           "transfer in flight: two on the wire, one being copied)", _TE, "64 MiB"),
     EnvVar("MC_METRICS_PORT", _int(0), None, "serve the engine's Prometheus `/metrics` on this port", _TE),
     EnvVar("MC_METADATA_REFRESH_S", _float, 2.0,
            "seconds between checks that our segment descriptor is still published", _TE),

@@ -174,14 +174,19 @@ def find(addr: int, length: int = 1) -> DeviceRange | None:
     return r if addr + max(length, 1) <= r.end else None
 
 
+_arrays_of: tuple[Any, Any, Any] = (None, None, None)  # (the _ranges snapshot, starts, ends) as numpy
+
+
 def all_device(addrs: Any, lengths: Any) -> bool:
     """Is every [addr, addr+length) inside one registered device range? (vectorized; numpy arrays)"""
     import numpy as np
-    starts, ranges = _ranges
-    if not starts:
+    global _arrays_of
+    snap = _ranges
+    if not snap[0]:
         return False
-    s = np.asarray(starts, dtype=np.int64)
-    e = np.asarray([r.end for r in ranges], dtype=np.int64)
+    if _arrays_of[0] is not snap:  # rebuilt only when a device region comes or goes
+        _arrays_of = (snap, np.asarray(snap[0], dtype=np.int64), np.asarray([r.end for r in snap[1]], dtype=np.int64))
+    s, e = _arrays_of[1], _arrays_of[2]
     a = np.asarray(addrs, dtype=np.int64)
     i = np.searchsorted(s, a, side="right") - 1
     return bool((i >= 0).all() and (a + np.asarray(lengths, dtype=np.int64) <= e[np.maximum(i, 0)]).all())

@@ -236,7 +236,10 @@ class CudaIpcTransport(Transport):
         mapped = remote + bases[idx]
         dsts, srcs = (mapped, local) if opcode == TransferOpcode.WRITE else (local, mapped)
         s = self._stream(devices.pop())
-        self.copier.copy_batch_async(dsts, srcs, length, s, device_only=device_memory.all_device(local, length))
+        if len(length) == 1:  # one contiguous run (big requests back to back): one copy, no kernel set-up
+            self.copier.copy_async(int(dsts[0]), int(srcs[0]), int(length[0]), s)
+        else:
+            self.copier.copy_batch_async(dsts, srcs, length, s, device_only=device_memory.all_device(local, length))
         self.copier.synchronize(s)
         if time.monotonic() > deadline:
             raise TransferError(f"cuda_ipc transfer to {desc.name!r} finished past its deadline")
