@@ -24,6 +24,8 @@ replicas per key, disk replicas, big objects read -- takes the per-key path.
 
 from __future__ import annotations
 
+import ctypes
+
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -224,7 +226,7 @@ def _write_group(core: StoreCore, name: str, sel: np.ndarray | None, pos: np.nda
                 idx = pos if sel is None else pos[sel]
                 staged = b"".join([values[i] for i in idx.tolist()])
             if staged:
-                memmove(int(d[0]), staged, len(staged))
+                ctypes.memmove(int(d[0]), staged, len(staged))  # bytes values into our segment: host only
         else:
             for a, b, c in zip(d.tolist(), s.tolist(), m.tolist()):
                 if c:

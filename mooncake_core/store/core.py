@@ -36,8 +36,9 @@ from mooncake_core.store.internals import EngineLike, Parts
 from mooncake_core.store.maintenance import Maintenance
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.store.memory import (PREFAULT_MIN, buffer_addr, fingerprint, fingerprint_in, fingerprints,
-                                        memmove, new_bytes, populate_range, prefault_enabled, spans)
+                                        host_bytes, memmove, new_bytes, populate_range, prefault_enabled, spans)
 from mooncake_core.store.offload import OffloadFiles, mem_view
+from mooncake_core.transfer import device_memory
 from mooncake_core.store.owned import OwnedIndex
 from mooncake_core.store.protocol import GetReply, ReplicaDesc, ReplicateConfigMsg
 from mooncake_core.store.segment import StoreSegment
@@ -608,7 +609,7 @@ class StoreCore:
         if rep.kind == "disk":
             if self.offload is None:
                 raise MooncakeError(NOT_FOUND, "object is only on the SSD tier and no root_fs_dir is configured")
-            if len(parts) == 1:
+            if len(parts) == 1 and device_memory.find(parts[0][0], size) is None:
                 self.offload.read_into(rep.path, mem_view(parts[0][0], size), size)
             else:
                 tmp = bytearray(size)
@@ -783,7 +784,7 @@ class StoreCore:
                 # get(): the fresh bytes object is immutable, share it; get_into: the caller
                 # owns the buffer, so the (disk-path only) promotion takes a copy
                 data = d if isinstance(d, bytes) else b"".join(
-                    mem_view(a, m) for a, _, m in spans(got, 0, results[i]))
+                    host_bytes(a, m) for a, _, m in spans(got, 0, results[i]))
                 self.maintenance.promote(keys[i], data)
         self.count(op, min(results) if results else OK, sum(r for r in results if r > 0), t0)
         return results

@@ -21,12 +21,32 @@ from typing import Any
 import numpy as np
 
 from mooncake_core import envs
+from mooncake_core.transfer import device_memory
 from mooncake_core.store.offload import mem_view
 
 __all__ = ["PAGE", "PREFAULT_MIN", "buffer_addr", "bytes_addr", "bytes_addrs", "fingerprint", "fingerprint_in",
-           "fingerprints", "madvise_populate", "memmove", "new_bytes", "populate_range", "prefault_enabled", "spans"]
+           "fingerprints", "host_bytes", "madvise_populate", "memmove", "new_bytes", "populate_range",
+           "prefault_enabled", "spans"]
 
-memmove = ctypes.memmove
+_memmove = ctypes.memmove
+
+
+def memmove(dst: int, src: int, n: int) -> None:
+    """``ctypes.memmove``, or a device copy when either side is registered GPU memory (a vLLM
+    store connector's KV blocks on the GPU: ``register_buffer`` registers them as ``cuda:N``).
+    One flag check on host-only processes."""
+    if device_memory.active():
+        device_memory.copy_any(dst, src, n)
+    else:
+        _memmove(dst, src, n)
+
+
+def host_bytes(addr: int, n: int) -> bytes:
+    """A copy of ``n`` bytes at ``addr`` (host or registered GPU memory) as ``bytes``."""
+    out = bytearray(n)
+    if n:
+        memmove(buffer_addr(out, "host_bytes")[0], addr, n)
+    return bytes(out)
 _PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
 _PyBytes_FromStringAndSize.restype = ctypes.py_object
 _PyBytes_FromStringAndSize.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)

@@ -143,13 +143,12 @@ class ObjectApi:
         buffer_ptr = check_int(buffer_ptr, "register_buffer: buffer_ptr", minimum=1)
         size = check_int(size, "register_buffer: size", minimum=1)
         from mooncake_core.transfer import device_memory
-        if device_memory.locate(buffer_ptr) is not None:  # the store's local paths memmove: host buffers only
-            log.error("register_buffer: %#x is GPU memory; the store client reads and writes host buffers "
-                      "(copy through a pinned host buffer; docs/gpu.md)", buffer_ptr)
-            return INVALID
+        # a GPU buffer (the cuda plugin sees it) is registered as such: the engine stages it over
+        # tcp/cma, the client's own-segment copies go through the device copier (memory.memmove)
+        location = device_memory.locate(buffer_ptr) or "cpu:0"
         try:
             self.core.require_ready("register_buffer")
-            rc = self.core.engine.register_memory(buffer_ptr, size, "cpu:0")
+            rc = self.core.engine.register_memory(buffer_ptr, size, location)
         except MooncakeError as e:
             log.error("%s", e)
             return e.code
