@@ -55,10 +55,11 @@ class LocalSegment:
                              + ("; GPU memory needs the cuda plugin (cuda-python and a CUDA device: "
                                 "docs/gpu.md)" if kind == "cuda" else "")
                              + "; register host memory (location 'cpu:0' or '*')")
+        ordinal = device_ordinal(location) if kind != "cpu" else 0  # ValueError on "cuda:x" before anything is added
         r = Region(int(addr), int(length), location)
         self.regions.add(r)
         if kind != "cpu":
-            device_memory.add_range(r.addr, r.length, kind, device_ordinal(location))
+            device_memory.add_range(r.addr, r.length, kind, ordinal)
         hooked: list[Transport] = []
         try:
             for t in self.transports:

@@ -194,3 +194,12 @@ def test_device_memory_without_a_copier_is_refused_naming_the_plugin(engine_fact
     buf = np.ones(4096, dtype=np.uint8)
     assert eng.register_memory(buf.ctypes.data, 4096, "cuda:0") == -1
     assert "cuda plugin" in eng.last_error and not device_memory.active()
+
+
+def test_a_bad_device_number_is_refused_and_nothing_stays_registered(host_device, engine_factory) -> None:
+    eng = engine_factory("P2PHANDSHAKE")
+    buf = np.ones(4096, dtype=np.uint8)
+    assert eng.register_memory(buf.ctypes.data, 4096, "cuda:x") == -1
+    assert "device number" in eng.last_error and not device_memory.active()
+    assert eng.register_memory(buf.ctypes.data, 4096, "cuda:1") == 0  # the range was not left behind
+    assert device_memory.find(buf.ctypes.data).device == 1
