@@ -101,6 +101,11 @@ from mooncake_proxy.scheduling import CostModel  # noqa: E402
 from mooncake_proxy.trace_prompts import TraceRequest, parse_trace_lines  # noqa: E402
 
 POLICIES = ["conductor", "cache_aware", "load_balance", "random"]
+#: variants (--policies only): name -> (the proxy's --policy, the flags it adds)
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    # the conductor may read a prefix from a busy peer prefill (docs/kvcache-scheduling.md)
+    "conductor_peer": ("conductor", ["--peer-prefix"]),
+}
 #: overload-phase rejection modes -> the proxy flags they add (SLO flags and --calibrate come on top)
 REJECTION_MODES: dict[str, list[str]] = {
     "none": [], "decode": ["--rejection", "decode"], "early": ["--rejection", "early"],
@@ -364,7 +369,10 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
                                 for side in ("prefill", "decode")},
            "prefill_factor": dict(sorted(inst_factor.items())),
            "decode_interference": dict(sorted(interference.items())),
-           "prefill_interference": dict(sorted(pairs.items())), "hardware_share_exponent": share_exponent}
+           "prefill_interference": dict(sorted(pairs.items())), "hardware_share_exponent": share_exponent,
+           # --peer-prefix: the peers' prefix exports by outcome (exported, failed, skipped)
+           "peer_exports": {o: metric(proxy_metrics, f'mooncake_proxy_peer_prefix_exports_total{{outcome="{o}"}}')
+                            for o in ("exported", "failed", "skipped")}}
     return row, results
 
 
@@ -522,7 +530,9 @@ def write_plot(path: Path, results: dict[str, list[Result]], reqs: list[TraceReq
                         output_length=min(r.output_length, max_tokens), hash_ids=list(r.hash_ids)) for r in reqs]
     cost = CostModel.from_file(str(profile))
     cfg = {"prefill": n_prefills, "decode": 1, "speed": speed, "block_size": max(1, round(512 * k))}
-    sim = {p: simulate(recs, SimConfig(policy=p, **cfg), cost) for p in results}  # type: ignore[arg-type]
+    # a variant is simulated as its base policy (the simulator's conductor fetches from peers anyway)
+    sim = {p: simulate(recs, SimConfig(policy=VARIANTS.get(p, (p, []))[0], **cfg), cost)  # type: ignore[arg-type]
+           for p in results}
     path.write_text(render_svg([live, ttft_cdf_panel(sim, "simulated (same window, fitted profile)")]))
 
 
@@ -586,8 +596,9 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--trace", type=Path, default=default_trace(), help="conversation trace JSONL")
-    ap.add_argument("--policies", nargs="*", default=POLICIES, choices=POLICIES,
-                    help="policies, run in this order (none: only the overload phase, with --ttft-slo/--tbt-slo)")
+    ap.add_argument("--policies", nargs="*", default=POLICIES, choices=POLICIES + list(VARIANTS),
+                    help="policies, run in this order (none: only the overload phase, with --ttft-slo/--tbt-slo); "
+                         "conductor_peer: conductor with --peer-prefix (prefixes read from a peer prefill)")
     ap.add_argument("--span", type=int, default=3000, help="trace requests the window's conversations are picked from")
     ap.add_argument("--max-blocks", type=int, default=12, help="skip requests longer than this many 512-token blocks")
     ap.add_argument("--groups", type=int, default=16, help="most frequent conversations kept")
@@ -801,14 +812,17 @@ def main(argv: list[str] | None = None) -> int:
         for k, pol in enumerate(a.policies):  # a policy may be listed twice (alternated runs): one log each
             load = os.getloadavg()[0]
             # DEBUG: each decision (prefill, estimate) in proxy_p<k>_<policy>.log, for a slow run's diagnosis
-            row, res = run_policy(pol, py, prefills, decode, model, events, master.addr, profile, logs, reqs, speed, a,
-                                  extra=["--log-level", "DEBUG"], log_name=f"p{k}_{pol}")
+            base, flags = VARIANTS.get(pol, (pol, []))
+            row, res = run_policy(base, py, prefills, decode, model, events, master.addr, profile, logs, reqs, speed, a,
+                                  extra=["--log-level", "DEBUG", *flags], log_name=f"p{k}_{pol}")
+            row["policy"] = pol
             row["load_avg_start"] = round(load, 1)
             row["per_request"] = [{"i": r.index, "status": r.status, "ttft": r.ttft, "tbt_p90": r.tbt_p90}
                                   for r in res]
             rows.append(row)
             results.setdefault(pol, []).extend(res)  # a policy run twice: SLOs and plot from both runs
-            print(f"{pol}: {row['completed']}/{row['requests']} done, TTFT mean {row['ttft_mean']}, "
+            peer = "".join(f", peer exports {o} {n:.0f}" for o, n in row["peer_exports"].items() if n)
+            print(f"{pol}: {row['completed']}/{row['requests']} done, TTFT mean {row['ttft_mean']}{peer}, "
                   f"load avg {load:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
         if a.overload:
             over_rows = run_overload(a, py, prefills, decode, model, events, master.addr, profile, logs, reqs,

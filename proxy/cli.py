@@ -169,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the engines' '<model>|<dtype>' as their store connector seeds its keys with "
                         "(vLLM model_config.model and dtype, e.g. 'Qwen/Qwen3-0.6B|torch.bfloat16'); "
                         "with --block-size = the engines' block size and --tokenizer (or token-id prompts)")
+    g.add_argument("--peer-prefix", action="store_true",
+                   help="let the conductor plan a prefix load from another prefill instance that holds it: "
+                        "the proxy has that instance export the prefix (a 1-token do_remote_decode request of "
+                        "the prefix's token ids) and gives its kv_transfer_params to the chosen prefill as "
+                        "'mooncake_peer_prefix', which MooncakeCoreConnector reads before computing. Needs "
+                        "--tokenizer (or token-id prompts), --block-size = the engines', a vllm/mooncake-core "
+                        "hand-off and MooncakeCoreConnector with kv_role kv_both on the prefills")
+    g.add_argument("--peer-prefix-timeout", type=float, default=2.0,
+                   help="seconds the proxy waits for a peer's prefix export before the prefill computes the "
+                        "prefix itself")
     g.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     g = p.add_argument_group("hand-off and robustness")
     g.add_argument("--handoff", choices=handoff_names(), default="vllm",
@@ -288,6 +298,11 @@ def config_from_args(a: argparse.Namespace):
     for flag, n in (("--cache-blocks", a.cache_blocks), ("--decode-kv-blocks", a.decode_kv_blocks)):
         if n < 0:
             raise SystemExit(f"{flag} must be >= 0 (0 = unlimited), got {n}")
+    if a.peer_prefix and a.handoff == "sglang":
+        raise SystemExit("--peer-prefix needs a vLLM hand-off (--handoff vllm or mooncake-core): the peer's "
+                         "export and the prefill's hint travel in kv_transfer_params, which SGLang has not")
+    if a.peer_prefix_timeout <= 0:
+        raise SystemExit(f"--peer-prefix-timeout must be > 0 seconds, got {a.peer_prefix_timeout}")
     if a.prefill_first_token and a.handoff != "vllm":
         raise SystemExit(f"--prefill-first-token needs --handoff vllm (got --handoff {a.handoff}): the "
                          "decode's prompt carries the prefill's first token, so the decode can only be "
@@ -307,7 +322,8 @@ def config_from_args(a: argparse.Namespace):
         decode_kv_blocks=a.decode_kv_blocks, tokenizer=a.tokenizer,
         kv_events_config=a.kv_events_config, admin_key=a.admin_key or auth.resolve_token(), seed=a.seed,
         max_request_bytes=a.max_request_bytes, tls_cert=a.tls_cert, tls_key=a.tls_key,
-        store_master=a.store_master, store_view=a.store_view, store_model_tag=a.store_model_tag)
+        store_master=a.store_master, store_view=a.store_view, store_model_tag=a.store_model_tag,
+        peer_prefix=a.peer_prefix, peer_prefix_timeout=a.peer_prefix_timeout)
 
 
 async def _serve(server, host: str, port: int) -> None:

@@ -81,6 +81,11 @@ class ProxyMetrics:
                                    "the prefill (streamed), that the prefill alone answered (prefill_only), "
                                    "that took the normal hand-off (ineligible), or whose prefill answer lacked "
                                    "token ids (fallback)", ["outcome"], registry=r)
+        self.peer_prefix = Counter("mooncake_proxy_peer_prefix_exports",
+                                   "--peer-prefix: prefixes a peer instance exported for the chosen prefill "
+                                   "(exported), exports that failed or timed out (failed: the prefill computes), "
+                                   "and planned peer loads without token ids or kv_transfer_params (skipped)",
+                                   ["outcome"], registry=r)
         self.decisions = Counter("mooncake_proxy_scheduler_decisions",
                                  "Scheduler decisions by chosen prefill/decode pair",
                                  ["policy", "prefill", "decode"], registry=r)

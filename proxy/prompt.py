@@ -28,6 +28,9 @@ class PromptInfo:
     prompt_tokens: int
     block_hashes: list[int]
     max_output_tokens: int
+    #: the engine's token ids when known (a tokenizer or a token-id prompt): a peer prefix export
+    #: sends the prefix as token ids (server.py)
+    token_ids: Sequence[int] | None = None
 
 
 def _chat_text(messages: Any) -> str:
@@ -126,10 +129,11 @@ class PromptHasher:
     def info(self, body: dict[str, Any], route: str) -> PromptInfo:
         if self.chat_tokenize is not None and route.endswith("/chat/completions"):
             ids = self.chat_tokenize(chat_messages(body.get("messages")), body)
-            return PromptInfo(len(ids), list(self.hasher.hash_tokens(ids)), max_output_tokens(body))
+            return PromptInfo(len(ids), list(self.hasher.hash_tokens(ids)), max_output_tokens(body), ids)
         prompt = extract_prompt(body, route)
+        tokens: Sequence[int] | None = None
         if isinstance(prompt, list):
-            tokens: Sequence[int] = prompt
+            tokens = prompt
             hashes = self.hasher.hash_tokens(tokens)
             n = len(tokens)
         elif self.tokenize is not None:
@@ -139,7 +143,7 @@ class PromptHasher:
         else:
             hashes = self.hasher.hash_text(prompt)
             n = max(1, len(prompt.encode("utf-8")) // 4)
-        return PromptInfo(n, list(hashes), max_output_tokens(body))
+        return PromptInfo(n, list(hashes), max_output_tokens(body), tokens)
 
 
 @functools.lru_cache(maxsize=4)

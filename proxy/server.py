@@ -106,6 +106,9 @@ class ProxyConfig:
     store_master: str | None = None
     store_view: str = "events"
     store_model_tag: str | None = None
+    #: --peer-prefix: the Conductor may plan a prefix load from another prefill instance
+    peer_prefix: bool = False
+    peer_prefix_timeout: float = 2.0
 
 
 def _mean_other_busy(cluster: Any, area_then: float, then: float, now: float) -> float | None:
@@ -150,7 +153,9 @@ class ProxyServer:
         sched = scheduling
         self.sched_mod = sched
         self.cluster = sched.ClusterState(block_size=cfg.block_size)
-        self.cluster.peer_fetch = False  # engines load a prefix from the store, not from a peer (cluster.py)
+        # Engines load a prefix from the store; from a peer only with --peer-prefix (our P2P connector
+        # on the prefills reads what the peer exports, connectors/vllm/peer_prefix.py).
+        self.cluster.peer_fetch = cfg.peer_prefix
         cost = sched.CostModel.from_file(cfg.profile) if cfg.profile else sched.CostModel.default()
         slo = sched.SloConfig(ttft_s=cfg.ttft_slo, tbt_s=cfg.tbt_slo, retry_after_s=cfg.retry_after,
                               prediction_horizon_s=cfg.prediction_horizon)
@@ -536,7 +541,39 @@ class ProxyServer:
                 "prompt_tokens": req.prompt_tokens, "cached_blocks": decision.cached_blocks,
                 "handoff_pending": dl.handoff.pending if dl.handoff is not None else None,
                 "in_prefill_to_decode": len(dl.incoming)})
-        return await self._run_pair(request, route, rid, body, req, decision, p_inst, d_inst, t0)
+        return await self._run_pair(request, route, rid, body, req, decision, p_inst, d_inst, t0, pinfo.token_ids)
+
+    async def _with_peer_prefix(self, payload: dict[str, Any], body: dict[str, Any], decision: Any,
+                                token_ids: Any, headers: dict[str, str], rid: str) -> dict[str, Any]:
+        """The prefill payload with the peer prefix hint (``connectors/vllm/peer_prefix.py``): the
+        Conductor planned to read ``decision.cached_blocks`` leading blocks from the instance
+        ``decision.remote_source``. That instance exports them (a one-token hand-off request of the
+        prefix's token ids, bounded by --peer-prefix-timeout) and its answer goes to the prefill.
+        Any failure leaves the payload as it was: the prefill then computes the prefix."""
+        from mooncake_connectors.vllm.peer_prefix import PEER_KEY, export_prefix, export_request
+
+        params = payload.get("kv_transfer_params")
+        src = self.registry.get(decision.remote_source)
+        prefix = export_prefix(token_ids, decision.cached_blocks, self.cfg.block_size) if token_ids else []
+        if not isinstance(params, dict) or src is None or not prefix:
+            self.metrics.peer_prefix.labels("skipped").inc()
+            return payload
+        try:
+            answer = await asyncio.wait_for(self.relay.post_json(
+                src, "/v1/completions", export_request(str(body.get("model", "")), prefix), headers,
+                "peer prefix export"), self.cfg.peer_prefix_timeout)
+            kv = answer.get("kv_transfer_params")
+            if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
+                raise ValueError(f"no hand-off kv_transfer_params in the answer (got {kv!r:.120}); is "
+                                 "MooncakeCoreConnector (kv_both) configured there?")
+        except (UpstreamError, asyncio.TimeoutError, ValueError) as e:
+            self.metrics.peer_prefix.labels("failed").inc()
+            log.warning("peer prefix export failed; the prefill computes the prefix", extra={
+                "request_id": rid, "instance": src.url, "blocks": decision.cached_blocks,
+                "error": str(e) or f"timed out after {self.cfg.peer_prefix_timeout} s"})
+            return payload
+        self.metrics.peer_prefix.labels("exported").inc()
+        return {**payload, "kv_transfer_params": {**params, PEER_KEY: kv}}
 
     def _inflight(self, inst: Instance, delta: int) -> None:
         inst.in_flight += delta
@@ -548,7 +585,8 @@ class ProxyServer:
         g.set(inst.in_flight)
 
     async def _run_pair(self, request: web.Request, route: str, rid: str, body: dict[str, Any],
-                        req: Any, decision: Any, p: Instance, d: Instance, t0: float) -> web.StreamResponse:
+                        req: Any, decision: Any, p: Instance, d: Instance, t0: float,
+                        token_ids: Any = None) -> web.StreamResponse:
         headers = forward_headers(request, rid)
         ho = self.handoff
         ctx = ho.new_context(rid)
@@ -594,6 +632,8 @@ class ProxyServer:
             ppayload = ho.prefill_payload(body, route, p.addr, ctx)
             if decision.remote_source == self.sched_mod.STORE and decision.remote_blocks:
                 ppayload = with_store_hint(ppayload, decision, self.cfg.block_size)
+            elif decision.remote_source is not None and decision.remote_blocks and self.cfg.peer_prefix:
+                ppayload = await self._with_peer_prefix(ppayload, body, decision, token_ids, headers, rid)
             prefix: bytes | None = None
             rewrite: ftok.UsageShift | None = None
             if not ho.is_concurrent(p.addr):

@@ -99,7 +99,8 @@ from mooncake_connectors.vllm.leases import Rendezvous, SendTracker
 from mooncake_connectors.vllm.params import (MSG_DONE, MSG_FAILED, MSG_READY, MSG_RELEASE, MSG_WANT, ParamsError,
                                              PendingPrefill, RemotePrefill, chosen_transfer_id, confirmation,
                                              is_pending, new_transfer_id, parse_confirmation, parse_pending,
-                                             wants_remote_decode, wants_remote_prefill)
+                                             tokens_digest, wants_remote_decode, wants_remote_prefill)
+from mooncake_connectors.vllm.peer_prefix import PEER_KEY, has_peer_prefix, parse_peer_prefix
 from mooncake_connectors.vllm.tp import (KVShard, RankPlan, TPMismatch, notify_targets, rank_hostname, rank_plan,
                                          readers)
 
@@ -316,6 +317,7 @@ class _Scheduler:
         self._releases: list[tuple[tuple[str, ...], int, str]] = []
         self._cancels: list[str] = []
         self._loading: dict[str, float] = {}  # decode requests handed to the worker, not yet received: since
+        self._peer: dict[str, RemotePrefill | None] = {}  # peer prefix hints checked, until allocation
         self.stats = S.StatsRecorder()  # what the scheduler decided (requests, blocks, waits): vLLM's stats hook
 
     def set_handshake(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
@@ -342,6 +344,34 @@ class _Scheduler:
             logger.error("MooncakeCoreConnector: request %s: %s; computing the prompt locally instead",
                          request.request_id, e)
             return None
+        return self._fits(request, rp)
+
+    def _peer_prefix(self, request: "Request") -> RemotePrefill | None:
+        """The request's checked peer prefix hint (``peer_prefix.py``), parsed once per request."""
+        rid = request.request_id
+        if rid not in self._peer:
+            try:
+                rp = parse_peer_prefix(request.kv_transfer_params, request.prompt_token_ids, self.block_size)
+            except ParamsError as e:
+                logger.warning("MooncakeCoreConnector: request %s: %s; computing the prefix here", rid, e)
+                self._release_hint(request)
+                self._peer[rid] = None
+            else:
+                self._peer[rid] = self._fits(request, rp)
+                if self._peer[rid] is None:
+                    self._release_hint(request)
+        return self._peer[rid]
+
+    def _release_hint(self, request: "Request") -> None:
+        """Tell the peer of an unused peer prefix hint to free its blocks now (best effort: a
+        hint too malformed to name its peer is left to the peer's lease)."""
+        params = request.kv_transfer_params
+        try:
+            self._releases.append(_release_of(RemotePrefill.from_params(params.get(PEER_KEY))))
+        except (ParamsError, AttributeError):
+            pass
+
+    def _fits(self, request: "Request", rp: RemotePrefill) -> RemotePrefill | None:
         if rp.block_size != self.block_size:
             logger.error("MooncakeCoreConnector: request %s: prefill block size %d != decode block size %d; "
                          "computing locally", request.request_id, rp.block_size, self.block_size)
@@ -369,7 +399,12 @@ class _Scheduler:
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
         params = request.kv_transfer_params
         if not wants_remote_prefill(params):
-            return 0, False
+            if not has_peer_prefix(params):
+                return 0, False
+            rp = self._peer_prefix(request)  # a prefill loading a prefix a peer instance holds
+            if rp is None:
+                return 0, False
+            return self._loadable(request, rp, num_computed_tokens)
         if is_pending(params):  # concurrent hand-off: the prefill computes the whole prompt
             if self._parse_pending(request) is None:
                 return 0, False
@@ -378,6 +413,9 @@ class _Scheduler:
         rp = self._parse(request)
         if rp is None:
             return 0, False
+        return self._loadable(request, rp, num_computed_tokens)
+
+    def _loadable(self, request: "Request", rp: RemotePrefill, num_computed_tokens: int) -> tuple[int, bool]:
         if time.time() > rp.lease_expiry_unix - LEASE_MARGIN_S:
             logger.warning("MooncakeCoreConnector: request %s: the prefill's lease on transfer %s has expired; "
                            "computing locally", request.request_id, rp.transfer_id)
@@ -387,10 +425,15 @@ class _Scheduler:
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
         params = request.kv_transfer_params
-        if not wants_remote_prefill(params):
+        peer = not wants_remote_prefill(params)
+        if peer and not has_peer_prefix(params):
             return
-        pending = self._parse_pending(request) if is_pending(params) else None
-        rp = None if is_pending(params) else self._parse(request)
+        if peer:
+            pending, rp = None, self._peer_prefix(request)
+            self._peer.pop(request.request_id, None)
+        else:
+            pending = self._parse_pending(request) if is_pending(params) else None
+            rp = None if is_pending(params) else self._parse(request)
         who = pending or rp
         if who is not None:
             if num_external_tokens > 0:
@@ -401,10 +444,16 @@ class _Scheduler:
                 self._loading[request.request_id] = time.monotonic()
                 self.stats.add(S.REMOTE_REQUESTS)
                 self.stats.add(S.REMOTE_BLOCKS, len(ids))
+                if peer and rp is not None:
+                    logger.info("peer prefix request=%s transfer=%s from=%s blocks=%d", request.request_id,
+                                rp.transfer_id, ",".join(rp.segments), len(ids))
             else:  # full local prefix hit (or lease gone): tell the prefill to free its blocks
                 self._releases.append(_release_of(who))
                 self.stats.add(S.REMOTE_LOCAL_HITS)
-        params["do_remote_prefill"] = False  # exactly one transfer per request
+        if peer:
+            params.pop(PEER_KEY, None)  # read at most once (a preempted request recomputes)
+        else:
+            params["do_remote_prefill"] = False  # exactly one transfer per request
 
     def build_connector_meta(self, idle: bool = False) -> MooncakeConnectorMetadata:
         meta = MooncakeConnectorMetadata(reqs_to_recv=self._recv, reqs_to_send=self._send,
@@ -438,6 +487,11 @@ class _Scheduler:
                 pass
             params["do_remote_prefill"] = False
             return False, None
+        if has_peer_prefix(params):  # finished (aborted) before its blocks were allocated: free the peer's
+            # (a hint checked and found unusable -- None -- was released then)
+            if self._peer.pop(request.request_id, True) is not None:
+                self._release_hint(request)
+            params.pop(PEER_KEY, None)
         if not wants_remote_decode(params):
             return False, None
         if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
@@ -459,7 +513,8 @@ class _Scheduler:
                            request_id=request.request_id, block_ids=list(block_ids),
                            num_tokens=request.num_computed_tokens, block_size=self.block_size,
                            block_bytes=self.hs.block_bytes, num_slabs=self.hs.num_slabs, lease_expiry_unix=expiry,
-                           segments=self.segments, kv_heads=self.hs.kv_heads, heads_outer=self.hs.heads_outer)
+                           segments=self.segments, kv_heads=self.hs.kv_heads, heads_outer=self.hs.heads_outer,
+                           tokens_digest=tokens_digest((request.prompt_token_ids or ())[:request.num_computed_tokens]))
         out = rp.to_params()
         # concurrent hand-off: the worker sends these to the decode that asks for ``tid``
         self._send[request.request_id] = SendReq(tid, expiry, out if chosen else None)

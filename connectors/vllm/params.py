@@ -14,8 +14,11 @@ vLLM's request ids differ between the P and D instances (random suffixes).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import uuid
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +84,9 @@ class RemotePrefill:
     segments: tuple[str, ...] = ()
     kv_heads: int = 0
     heads_outer: bool = False
+    # digest of the ``num_tokens`` token ids whose KV the blocks hold (``tokens_digest``); "" from
+    # an older prefill. A peer-prefix load (``peer_prefix.py``) checks it against its own prompt.
+    tokens_digest: str = ""
 
     def __post_init__(self) -> None:
         if not self.segments:  # one rank
@@ -120,6 +126,7 @@ class RemotePrefill:
             "mooncake_segments": list(self.segments),
             "mooncake_kv_heads": self.kv_heads,
             "mooncake_heads_outer": self.heads_outer,
+            "mooncake_tokens_digest": self.tokens_digest,
         }
 
     @classmethod
@@ -155,7 +162,29 @@ class RemotePrefill:
             if d.get("mooncake_kv_heads") is not None else 0,
             heads_outer=_get(d, "mooncake_heads_outer", bool, "true or false: the prefill's blocks are head-outer")
             if d.get("mooncake_heads_outer") is not None else False,
+            tokens_digest=_digest(d),
         )
+
+
+#: Hex characters of ``tokens_digest`` (a 128-bit BLAKE2b).
+DIGEST_CHARS = 32
+
+
+def tokens_digest(token_ids: Sequence[int]) -> str:
+    """A digest of token ids (int32, in order). Why: KV blocks are only valid for the exact
+    tokens that produced them; a reader holding the writer's digest can check its own prompt
+    before reading instead of trusting whoever routed the request."""
+    return hashlib.blake2b(array("i", token_ids).tobytes(), digest_size=DIGEST_CHARS // 2).hexdigest()
+
+
+def _digest(d: dict[str, Any]) -> str:
+    v = d.get("mooncake_tokens_digest")
+    if v is None or v == "":
+        return ""
+    if not isinstance(v, str) or len(v) != DIGEST_CHARS or any(c not in "0123456789abcdef" for c in v):
+        raise ParamsError(f"kv_transfer_params: 'mooncake_tokens_digest' must be {DIGEST_CHARS} lowercase hex "
+                          f"characters, got {v!r:.80}")
+    return v
 
 
 def wants_remote_prefill(d: Any) -> bool:

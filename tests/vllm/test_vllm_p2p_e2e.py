@@ -25,6 +25,7 @@ import pytest
 from concurrent.futures import ThreadPoolExecutor
 
 from mooncake_connectors.vllm.params import concurrent_decode_params, concurrent_prefill_params
+from mooncake_connectors.vllm.peer_prefix import PEER_KEY
 from vllm_harness import (DROP_READY, LEASE_S, completion, free_port, http_json, http_text, metric, prompt_ids, start_proxy,
                           stop_proxy, wait_until)
 
@@ -274,6 +275,44 @@ def test_bad_params_fall_back_to_local_compute(pd_pair):
            "remote_block_ids": [1, 2, 3], "remote_num_tokens": 80}
     assert completion(d.url, prompt, 16, bad)["choices"][0]["token_ids"] == want
     assert "mooncake_segment" in d.log_text()  # the error names the offending key
+
+
+def _held(p) -> float:
+    return metric(http_text(p.url + "/metrics"), USAGE)
+
+
+def test_peer_prefix_hint_loads_the_prefix_from_another_instance(pd_pair):
+    """The proxy's peer prefix hint (connectors/vllm/peer_prefix.py): the peer exports a prefix
+    (a hand-off request of the prefix alone), the other instance reads those blocks, computes the
+    rest of its prompt, and answers exactly what it computes alone; the peer frees its blocks on
+    the reader's confirmation."""
+    p, d = pd_pair
+    prompt = prompt_ids(61, 4 * BLOCK + 9)
+    export = prefill(p.url, prompt[:4 * BLOCK])
+    assert export["remote_num_tokens"] == 4 * BLOCK and len(export["mooncake_tokens_digest"]) == 32
+    h0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
+    got = completion(d.url, prompt, 12, {PEER_KEY: export})["choices"][0]["token_ids"]
+    assert metric(http_text(d.url + "/metrics"), EXT_HITS) - h0 == 4 * BLOCK, "the prefix was not loaded"
+    assert "peer prefix request=" in d.log_text()
+    assert pulled_line(d.log_text(), export["mooncake_transfer_id"])["blocks"] == 4
+    assert got == baseline(d.url, prompt, 12), "output with the peer's prefix differs from local compute"
+    wait_until(lambda: _held(p) == 0.0, 30, "the peer to free the exported blocks after the read")
+
+
+def test_peer_prefix_of_another_prompt_is_refused_and_released(pd_pair):
+    """A hint whose blocks hold another prompt's KV (digest differs): nothing is read, the
+    engine computes (same output), and the peer is told to free its blocks before its lease."""
+    p, d = pd_pair
+    export = prefill(p.url, prompt_ids(62, 3 * BLOCK))
+    t0 = time.monotonic()
+    prompt = prompt_ids(63, 3 * BLOCK + 5)
+    h0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
+    got = completion(d.url, prompt, 12, {PEER_KEY: export})["choices"][0]["token_ids"]
+    assert metric(http_text(d.url + "/metrics"), EXT_HITS) == h0, "blocks of another prompt were loaded"
+    assert "digest differs" in d.log_text()
+    assert got == baseline(d.url, prompt, 12)
+    wait_until(lambda: _held(p) == 0.0, LEASE_S, "the peer to free the refused export")
+    assert time.monotonic() - t0 < LEASE_S, "freed by the lease, not by the reader's release"
 
 
 def test_unclaimed_blocks_are_freed_when_the_lease_expires(pd_pair):

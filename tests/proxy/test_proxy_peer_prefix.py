@@ -1,0 +1,77 @@
+"""``--peer-prefix``: the Conductor plans a prefix load from a busy peer instance; the proxy has
+the peer export the prefix and hands its answer to the chosen prefill as ``mooncake_peer_prefix``
+(connectors/vllm/peer_prefix.py; the connector side runs on real vLLM in
+tests/vllm/test_vllm_p2p_e2e.py). Fake engines stand in for vLLM: their answers carry
+kv_transfer_params as vLLM's do, and they record what they received."""
+
+from __future__ import annotations
+
+import asyncio
+
+from mooncake_connectors.vllm.peer_prefix import PEER_KEY
+from mooncake_proxy.fake_engine import Behaviour
+
+BS = 16
+SHARED = [(i * 7919) % 30000 + 3 for i in range(BS * 40)]  # 40 blocks both prompts start with
+
+
+def _prompt(tail_seed: int, tail_len: int) -> list[int]:
+    return SHARED + [(i * 104729 + tail_seed) % 30000 + 3 for i in range(tail_len)]
+
+
+def _exports(engine) -> list:
+    return [r for r in engine.records if r.body.get("max_tokens") == 1 and r.body.get("prompt") == SHARED]
+
+
+async def _holder_busy_then_y(env) -> tuple[object, object, list[int]]:
+    """X puts the shared prefix on one prefill (the holder); L, sharing it with a long tail, keeps
+    the holder busy; Y (the prefix plus a short tail) is sent meanwhile: the Conductor sends Y to
+    the other prefill with the holder as its prefix source."""
+    await env.post_ok({"model": "m", "prompt": _prompt(1, 8), "max_tokens": 2}, 1)
+    holder = next(e for e in env.prefills if e.records)
+    other = next(e for e in env.prefills if e is not holder)
+    slow = asyncio.create_task(env.post_ok({"model": "m", "prompt": _prompt(2, BS * 200), "max_tokens": 2}, 1))
+    for _ in range(200):  # L admitted and running on the holder
+        if len(holder.records) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert len(holder.records) == 2, "L did not go to the instance holding its prefix"
+    y = _prompt(3, 8)
+    await env.post_ok({"model": "m", "prompt": y, "max_tokens": 2}, 1)
+    await slow
+    return holder, other, y
+
+
+async def test_busy_holder_exports_the_prefix_to_the_chosen_prefill(make_env):
+    env = await make_env(n_prefill=2, policy="conductor", block_size=BS, peer_prefix=True,
+                         prefill_behaviour=Behaviour(prefill_delay=0.4))
+    holder, other, y = await _holder_busy_then_y(env)
+    exports = _exports(holder)
+    assert len(exports) == 1, [r.body for r in holder.records]
+    assert exports[0].body["kv_transfer_params"] == {"do_remote_decode": True}
+    got = other.records[-1].body
+    assert got["prompt"] == y
+    hint = got["kv_transfer_params"][PEER_KEY]
+    assert hint["do_remote_prefill"] is True and hint["remote_engine_id"] == holder.behaviour.engine_id
+    assert got["kv_transfer_params"]["do_remote_decode"] is True  # still this request's own hand-off
+    text = await (await env.session.get(env.url + "/metrics")).text()
+    assert 'mooncake_proxy_peer_prefix_exports_total{outcome="exported"} 1.0' in text
+
+
+async def test_an_export_past_its_timeout_leaves_the_prefill_to_compute(make_env):
+    env = await make_env(n_prefill=2, policy="conductor", block_size=BS, peer_prefix=True,
+                         peer_prefix_timeout=0.1, prefill_behaviour=Behaviour(prefill_delay=0.4))
+    holder, other, y = await _holder_busy_then_y(env)
+    assert len(_exports(holder)) == 1  # asked, but the answer came too late
+    got = other.records[-1].body
+    assert got["prompt"] == y and PEER_KEY not in got["kv_transfer_params"]
+    text = await (await env.session.get(env.url + "/metrics")).text()
+    assert 'mooncake_proxy_peer_prefix_exports_total{outcome="failed"} 1.0' in text
+
+
+async def test_without_the_flag_no_peer_is_asked(make_env):
+    env = await make_env(n_prefill=2, policy="conductor", block_size=BS,
+                         prefill_behaviour=Behaviour(prefill_delay=0.4))
+    holder, other, y = await _holder_busy_then_y(env)
+    assert not _exports(holder)
+    assert all(PEER_KEY not in (r.body.get("kv_transfer_params") or {}) for e in env.prefills for r in e.records)
