@@ -630,9 +630,13 @@ class ProxyServer:
                 if extra:
                     pheaders = {**headers, **extra}
             ppayload = ho.prefill_payload(body, route, p.addr, ctx)
-            if decision.remote_source == self.sched_mod.STORE and decision.remote_blocks:
+            src = decision.remote_source
+            if (src not in (None, self.sched_mod.STORE) and self.store_view is not None
+                    and cluster.store_hit_blocks(req.block_hashes[:decision.cached_blocks]) >= decision.cached_blocks):
+                src = self.sched_mod.STORE  # the store's copy costs nobody; a peer's export costs a busy peer
+            if src == self.sched_mod.STORE and decision.remote_blocks:
                 ppayload = with_store_hint(ppayload, decision, self.cfg.block_size)
-            elif decision.remote_source is not None and decision.remote_blocks and self.cfg.peer_prefix:
+            elif src is not None and decision.remote_blocks and self.cfg.peer_prefix:
                 ppayload = await self._with_peer_prefix(ppayload, body, decision, token_ids, headers, rid)
             prefix: bytes | None = None
             rewrite: ftok.UsageShift | None = None

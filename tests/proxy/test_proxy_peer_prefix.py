@@ -75,3 +75,38 @@ async def test_without_the_flag_no_peer_is_asked(make_env):
     holder, other, y = await _holder_busy_then_y(env)
     assert not _exports(holder)
     assert all(PEER_KEY not in (r.body.get("kv_transfer_params") or {}) for e in env.prefills for r in e.records)
+
+
+async def test_a_prefix_the_store_also_holds_is_loaded_from_the_store(make_env, tmp_path):
+    """The store's copy costs nobody, a peer's export costs the busy peer a request: when the real
+    store holds the planned prefix too, the chosen prefill gets the store hint and no peer is asked."""
+    from master_proc import MasterProc
+    from mooncake_connectors.vllm.store_hint import HINT_KEY
+    from mooncake_core.store.master_client import MasterClient
+    from mooncake_core.store.protocol import ReplicateConfigMsg
+    from mooncake_core.utils.net import free_port
+    from mooncake_proxy.store_view import StoreBlockHasher, store_key
+
+    tag = "tiny|torch.float32"
+    port = free_port()
+    m = MasterProc([f"--port={port}", "--rpc_address=127.0.0.1", f"--metrics_port={free_port()}",
+                    "--client_ttl=600"], port, 0, str(tmp_path / "master.log")).wait_ready()
+    try:
+        env = await make_env(n_prefill=2, policy="conductor", block_size=BS, peer_prefix=True, store_master=m.addr,
+                             store_model_tag=tag, prefill_behaviour=Behaviour(prefill_delay=0.4))
+        blocks = StoreBlockHasher(tag, BS).hash_tokens(SHARED)
+        with MasterClient(m.addr) as c:
+            c.mount_segment("writer", "127.0.0.1:7001", 0x7F0000000000, 64 << 20)
+            for h in blocks:
+                c.put_start("writer", store_key(h), 4096, ReplicateConfigMsg())
+                c.put_end("writer", store_key(h))
+        for _ in range(200):
+            if env.server.cluster.store_hit_blocks(blocks) == len(blocks):
+                break
+            await asyncio.sleep(0.01)
+        holder, other, y = await _holder_busy_then_y(env)
+        assert not _exports(holder)
+        params = other.records[-1].body["kv_transfer_params"]
+        assert PEER_KEY not in params and params[HINT_KEY] == {"num_blocks": 40, "block_size": BS}, params
+    finally:
+        m.kill()
