@@ -152,13 +152,14 @@ def make_model(py: str, out: Path, hidden: int, heads: int, layers: int) -> Path
     return out
 
 
-def multi_config(role: str, store_extra: dict[str, Any]) -> dict[str, Any]:
+def multi_config(role: str, store_extra: dict[str, Any], store: bool = True) -> dict[str, Any]:
     # the decode's store child only loads (kv_consumer): the prefill saved the blocks it hands off, and
     # the decode's copies cost its shared core a store put per request (824 blocks in run k6)
-    store = {"kv_connector": "MooncakeCoreStoreConnector", "kv_role": "kv_consumer" if role == "kv_consumer" else "kv_both",
-             "kv_connector_extra_config": store_extra}
-    cfg: dict[str, Any] = {"kv_connector": "MultiConnector", "kv_role": role,
-                           "kv_connector_extra_config": {"connectors": [p2p_config(role), store]}}
+    store_child = {"kv_connector": "MooncakeCoreStoreConnector",
+                   "kv_role": "kv_consumer" if role == "kv_consumer" else "kv_both", "kv_connector_extra_config": store_extra}
+    cfg: dict[str, Any] = ({"kv_connector": "MultiConnector", "kv_role": role,
+                            "kv_connector_extra_config": {"connectors": [p2p_config(role), store_child]}}
+                           if store else p2p_config(role))
     if role == "kv_consumer":
         cfg["kv_load_failure_policy"] = "recompute"
     return cfg
@@ -242,8 +243,9 @@ class Proxy:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [py, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
                "--block-size", str(BLOCK), "--tokenizer", str(model), "--health-interval", "2",
-               "--kv-events-config", json.dumps(events), "--store-master", master,
-               "--store-model-tag", f"{model}|torch.float32", "--profile", str(profile), "--decode", decode.url]
+               "--kv-events-config", json.dumps(events), "--profile", str(profile), "--decode", decode.url]
+        if master:  # "" with --no-store: no store tier
+            cmd += ["--store-master", master, "--store-model-tag", f"{model}|torch.float32"]
         for p in prefills:
             cmd += ["--prefill", p.url]
         cmd += extra or []
@@ -293,7 +295,8 @@ def run_policy(policy: str, py: str, prefills: list[VllmServer], decode: VllmSer
     with MasterClient(master) as c:
         c.remove_by_regex("^mc-vllm-kv/", True)
     label = label or policy
-    proxy = Proxy(py, policy, prefills, decode, model, events, master, profile, logs / f"proxy_{log_name or label}.log",
+    proxy = Proxy(py, policy, prefills, decode, model, events, "" if a.no_store else master, profile,
+                  logs / f"proxy_{log_name or label}.log",
                   a.startup_timeout, extra)
     try:
         if warmup and warmup_speed is not None:
@@ -641,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
                          "CPU's 1 s busy spin after each message to 2 ms (bench_vllm_pd.py has the same switch). "
                          "Why: the decode shares a core with prefill 1, whose spin after each answer delays the "
                          "decode's first token by ~1 s; on dedicated cores (a real deployment) that cost is absent")
+    ap.add_argument("--no-store", action="store_true",
+                    help="engines with the P2P connector only (no store child) and a proxy without the store tier: "
+                         "a reused prefix is local, read from a peer (conductor_peer) or recomputed")
     ap.add_argument("--kv-cache-bytes", type=int, default=128 << 20, help="KV cache per vLLM instance (bytes)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048,
                     help="the vLLM servers' --max-num-batched-tokens (2048 is vLLM CPU's default); with "
@@ -767,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
         vllm_env["PYTHONPATH"] = no_spin.pythonpath(shim_pythonpath())
     # --decode-own-core: each whole instance (API server, engine core, worker) on its core, not the bench's
     prefills = [VllmServer(py, model, http_ports[i], p_core(i), logs / f"prefill{i}.log",
-                           multi_config("kv_producer", prefill_store),
+                           multi_config("kv_producer", prefill_store, not a.no_store),
                            env=vllm_env, pin_all=a.decode_own_core,
                            args=[*common, "--kv-events-config", json.dumps(
                                {"enable_kv_cache_events": True, "publisher": "zmq",
@@ -775,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     # the decode gets its KV from the prefill (P2P); with --store-lookup hint it makes no store lookups
     # either (no request to it carries a hint): one master RPC per request less in its scheduler loop
     decode = VllmServer(py, model, http_d, d_core, logs / "decode.log",
-                        multi_config("kv_consumer", {**store_extra, "store_lookup": a.store_lookup}),
+                        multi_config("kv_consumer", {**store_extra, "store_lookup": a.store_lookup}, not a.no_store),
                         env=vllm_env, pin_all=a.decode_own_core, args=common)
     servers = [*prefills, decode]
     rows: list[dict[str, Any]] = []

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -155,8 +155,12 @@ class ProxyServer:
         self.cluster = sched.ClusterState(block_size=cfg.block_size)
         # Engines load a prefix from the store; from a peer only with --peer-prefix (our P2P connector
         # on the prefills reads what the peer exports, connectors/vllm/peer_prefix.py).
-        self.cluster.peer_fetch = cfg.peer_prefix
+        self.cluster.peer_fetch = self.cluster.peer_export_waits = cfg.peer_prefix
         cost = sched.CostModel.from_file(cfg.profile) if cfg.profile else sched.CostModel.default()
+        if cost.block_size != cfg.block_size:
+            # the scheduler counts --block-size blocks; a profile made for another block size would
+            # price each fetched block as one of its own (the shipped one: 512 tokens)
+            cost = replace(cost, block_size=cfg.block_size)
         slo = sched.SloConfig(ttft_s=cfg.ttft_slo, tbt_s=cfg.tbt_slo, retry_after_s=cfg.retry_after,
                               prediction_horizon_s=cfg.prediction_horizon)
         slo, self.decode_tbt_limit = sched.split_rejection(slo, cfg.rejection)

@@ -151,6 +151,11 @@ class ClusterState:
         #: would be estimated as a fetch and then recomputed (seen on the live bench: 0 % store hits
         #: for the conductor, whose peer "fetches" tied with the store's and won)
         self.peer_fetch: bool = True
+        #: whether a peer's copy is read only after the peer itself answers a request for it (the live
+        #: proxy's --peer-prefix: the holder's vLLM scheduler must run an export request, behind its own
+        #: queue, before the chosen prefill is sent the request). The simulator reads a peer's memory
+        #: directly, as the paper's RDMA does: False.
+        self.peer_export_waits: bool = False
         # prefill instances with a request queued or running, and its integral over time (the
         # contention a request ran under: busy_area, contention.py)
         self._busy_area = 0.0

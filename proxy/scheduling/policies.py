@@ -552,6 +552,16 @@ class Scheduler(abc.ABC):
         head = next(iter(load.entries.values()))
         return max(0.0, head.est_s - self.head_done(instance_id, now)) + max(0.0, load.est_sum - head.est_s)
 
+    def head_remaining(self, instance_id: str, now: float) -> float:
+        """Predicted time until the request running on this prefill instance finishes (0 when idle)."""
+        load = self.cluster.prefill_load(instance_id)
+        if not load.entries:
+            return 0.0
+        head = next(iter(load.entries.values()))
+        if head.est_s < 0:
+            load.set_estimate(head, self._entry_time(head, self.cost_for(instance_id)))
+        return max(0.0, head.est_s - self.head_done(instance_id, now))
+
     def split_prompt(self, req: RequestInfo, cached_blocks: int) -> tuple[int, int]:
         """(tokens to compute, tokens reused) when ``cached_blocks`` leading blocks are reused."""
         cached = min(req.prompt_tokens, cached_blocks * self.cluster.block_size)
@@ -726,6 +736,7 @@ class ConductorScheduler(Scheduler):
             elif n > top2[1]:
                 top2 = (inst_id, n)
         store_n = cl.store_hit_blocks(hashes)
+        exports: dict[str, float] = {}  # holder -> when its export answers (cl.peer_export_waits)
         best: PrefillPlan | None = None
         for inst in self._rotated(prefills):
             iid = inst.instance_id
@@ -737,13 +748,26 @@ class ConductorScheduler(Scheduler):
                 src, rn = STORE, store_n
             if rn > local:
                 new, cached = self.split_prompt(req, rn)
-                ttft = plan.est_queue_s + cost.transfer_time(rn - local) + cost.prefill_time(new, cached)
+                start = plan.est_queue_s
+                if src != STORE and cl.peer_export_waits:  # the request is sent once the holder exported
+                    start = max(start, self._export_done_s(src, rn, now, exports))
+                ttft = start + cost.transfer_time(rn - local) + cost.prefill_time(new, cached)
                 if ttft < plan.est_ttft_s:
                     plan = PrefillPlan(iid, ttft, plan.est_queue_s, rn, src, rn - local)
             if best is None or plan.est_ttft_s < best.est_ttft_s:
                 best = plan
         assert best is not None
         return best
+
+    def _export_done_s(self, holder: str, blocks: int, now: float, memo: dict[str, float]) -> float:
+        """Seconds until ``holder`` answers an export of ``blocks`` leading blocks: the step it runs
+        now (vLLM batches the small export into its next step, ahead of no queue of whole prompts),
+        then the last block (an engine recomputes at least the last token of a fully cached prompt)."""
+        if holder not in memo:
+            bs = self.cluster.block_size
+            memo[holder] = (self.head_remaining(holder, now)
+                            + self.cost_for(holder).prefill_time(bs, (blocks - 1) * bs))
+        return memo[holder]
 
     def replicate_blocks(self, req: RequestInfo, plan: PrefillPlan) -> int:
         n = plan.cached_blocks

@@ -44,9 +44,8 @@ def main() -> None:
     step("device_of(host)", lambda: c.device_of(ctypes.addressof(host)))
     step("device_of(pinned)", lambda: c.device_of(pinned))
     step("allocation_of(ptr+4096)", lambda: (c.allocation_of(ptr + 4096), ptr))
-    h = step("ipc_export", lambda: c.ipc_export(ptr).hex()[:32])
+    step("ipc_export", lambda: c.ipc_export(ptr).hex()[:32])
     step("free_pinned", lambda: c.free_pinned(pinned))
-    _ = h
     import torch
     t = torch.zeros(3 << 20, dtype=torch.uint8, device="cuda")
     step("torch tensor allocation_of", lambda: (c.allocation_of(t.data_ptr() + 10), t.data_ptr()))

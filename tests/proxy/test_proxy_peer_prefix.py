@@ -1,4 +1,4 @@
-"""``--peer-prefix``: the Conductor plans a prefix load from a busy peer instance; the proxy has
+"""``--peer-prefix``: the Conductor plans a prefix load from a peer instance with a queue; the proxy has
 the peer export the prefix and hands its answer to the chosen prefill as ``mooncake_peer_prefix``
 (connectors/vllm/peer_prefix.py; the connector side runs on real vLLM in
 tests/vllm/test_vllm_p2p_e2e.py). Fake engines stand in for vLLM: their answers carry
@@ -24,21 +24,25 @@ def _exports(engine) -> list:
 
 
 async def _holder_busy_then_y(env) -> tuple[object, object, list[int]]:
-    """X puts the shared prefix on one prefill (the holder); L, sharing it with a long tail, keeps
-    the holder busy; Y (the prefix plus a short tail) is sent meanwhile: the Conductor sends Y to
-    the other prefill with the holder as its prefix source."""
+    """X puts the shared prefix on one prefill (the holder); L1 (the prefix and a short tail) and L2
+    (the prefix and a long tail) queue on the holder; Y (the prefix plus a short tail) is sent
+    meanwhile. The holder would answer an export after its short head (L1), but Y itself only
+    after L2 too: the Conductor sends Y to the other prefill with the holder as its prefix source."""
     await env.post_ok({"model": "m", "prompt": _prompt(1, 8), "max_tokens": 2}, 1)
     holder = next(e for e in env.prefills if e.records)
     other = next(e for e in env.prefills if e is not holder)
-    slow = asyncio.create_task(env.post_ok({"model": "m", "prompt": _prompt(2, BS * 200), "max_tokens": 2}, 1))
-    for _ in range(200):  # L admitted and running on the holder
-        if len(holder.records) == 2:
-            break
-        await asyncio.sleep(0.01)
-    assert len(holder.records) == 2, "L did not go to the instance holding its prefix"
+    queued = []
+    for seed, tail in ((2, 8), (4, BS * 200)):
+        queued.append(asyncio.create_task(env.post_ok({"model": "m", "prompt": _prompt(seed, tail),
+                                                       "max_tokens": 2}, 1)))
+        for _ in range(200):  # admitted and running on the holder
+            if len(holder.records) == len(queued) + 1:
+                break
+            await asyncio.sleep(0.01)
+        assert len(holder.records) == len(queued) + 1, "L did not go to the instance holding its prefix"
     y = _prompt(3, 8)
     await env.post_ok({"model": "m", "prompt": y, "max_tokens": 2}, 1)
-    await slow
+    await asyncio.gather(*queued)
     return holder, other, y
 
 

@@ -82,6 +82,29 @@ def test_without_peer_fetch_the_conductor_plans_only_store_loads() -> None:
     assert isinstance(d, Decision) and d.remote_source == "p1"
 
 
+def test_live_peer_fetch_waits_for_the_holders_export() -> None:
+    # --peer-prefix: the holder answers an export request once the step it runs now ends (vLLM
+    # batches the small export into its next step), and only then is the chosen prefill sent the
+    # request. Behind a 1 s prefill that is slower than recomputing 40 tokens elsewhere (40 ms).
+    cl = cluster()
+    cl.peer_export_waits = True
+    cl.record_blocks("p1", BLOCKS[:8])
+    busy(cl, "p1", 1.0)
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.0)
+    assert isinstance(d, Decision) and d.prefill_id in ("p0", "p2")
+    assert d.remote_source is None and d.est_ttft_s == pytest.approx(0.040)
+    # A 10 ms head with 1 s queued behind it: the export (10 ms + its 4 ms last block) comes long
+    # before the holder could run the request, and beats the recompute: 14 + 8 fetch + 8 ms.
+    cl = cluster()
+    cl.peer_export_waits = True
+    cl.record_blocks("p1", BLOCKS[:8])
+    busy(cl, "p1", 0.01)
+    busy(cl, "p1", 1.0)
+    d = make_scheduler("conductor", cl, COST).schedule(req(), now=0.0)
+    assert isinstance(d, Decision) and d.prefill_id in ("p0", "p2") and d.remote_source == "p1"
+    assert d.est_ttft_s == pytest.approx(0.010 + COST.prefill_time(BS, 7 * BS) + 0.008 + 0.008)
+
+
 def test_conductor_partial_local_plus_remote_and_head_progress() -> None:
     cl = cluster(n_prefill=2)
     cl.record_blocks("p0", BLOCKS[:3])
