@@ -749,7 +749,7 @@ class ConductorScheduler(Scheduler):
             if rn > local:
                 new, cached = self.split_prompt(req, rn)
                 start = plan.est_queue_s
-                if src != STORE and cl.peer_export_waits:  # the request is sent once the holder exported
+                if src is not None and src != STORE and cl.peer_export_waits:  # sent once the holder exported
                     start = max(start, self._export_done_s(src, rn, now, exports))
                 ttft = start + cost.transfer_time(rn - local) + cost.prefill_time(new, cached)
                 if ttft < plan.est_ttft_s:
