@@ -39,6 +39,7 @@ from .handoff.mooncake import bootstrap_url
 from .health import HealthChecker
 from .health_state import HealthState, ProbePolicy
 from .metrics import ProxyMetrics
+from .prefix_hints import with_peer_prefix, with_store_hint
 from .prompt import BadRequest, PromptHasher
 from .registry import Instance, Registry, normalize_url
 from .relay import Relay, RelayTimeouts, StreamTiming, UpstreamError, forward_headers
@@ -128,18 +129,6 @@ def _busy_shares(cluster: Any, then_times: dict[str, float], then: float, now: f
         return None
     times = {**cluster.busy_times(now), **cluster.decode_busy_times(now)} if decodes else cluster.busy_times(now)
     return {p: max(0.0, t - then_times.get(p, 0.0)) / (now - then) for p, t in times.items()}
-
-
-def with_store_hint(payload: dict[str, Any], decision: Any, block_size: int) -> dict[str, Any]:
-    """The prefill payload with the store prefix hint (``connectors/vllm/store_hint.py``): the
-    scheduler counted on the prefill loading ``cached_blocks`` leading blocks, the ones it lacks
-    from the store. Hand-offs without ``kv_transfer_params`` (SGLang) are left as they are."""
-    params = payload.get("kv_transfer_params")
-    if not isinstance(params, dict):
-        return payload
-    from mooncake_connectors.vllm.store_hint import HINT_KEY, make_hint
-
-    return {**payload, "kv_transfer_params": {**params, HINT_KEY: make_hint(decision.cached_blocks, block_size)}}
 
 
 class ProxyServer:
@@ -547,38 +536,6 @@ class ProxyServer:
                 "in_prefill_to_decode": len(dl.incoming)})
         return await self._run_pair(request, route, rid, body, req, decision, p_inst, d_inst, t0, pinfo.token_ids)
 
-    async def _with_peer_prefix(self, payload: dict[str, Any], body: dict[str, Any], decision: Any,
-                                token_ids: Any, headers: dict[str, str], rid: str) -> dict[str, Any]:
-        """The prefill payload with the peer prefix hint (``connectors/vllm/peer_prefix.py``): the
-        Conductor planned to read ``decision.cached_blocks`` leading blocks from the instance
-        ``decision.remote_source``. That instance exports them (a one-token hand-off request of the
-        prefix's token ids, bounded by --peer-prefix-timeout) and its answer goes to the prefill.
-        Any failure leaves the payload as it was: the prefill then computes the prefix."""
-        from mooncake_connectors.vllm.peer_prefix import PEER_KEY, export_prefix, export_request
-
-        params = payload.get("kv_transfer_params")
-        src = self.registry.get(decision.remote_source)
-        prefix = export_prefix(token_ids, decision.cached_blocks, self.cfg.block_size) if token_ids else []
-        if not isinstance(params, dict) or src is None or not prefix:
-            self.metrics.peer_prefix.labels("skipped").inc()
-            return payload
-        try:
-            answer = await asyncio.wait_for(self.relay.post_json(
-                src, "/v1/completions", export_request(str(body.get("model", "")), prefix), headers,
-                "peer prefix export"), self.cfg.peer_prefix_timeout)
-            kv = answer.get("kv_transfer_params")
-            if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
-                raise ValueError(f"no hand-off kv_transfer_params in the answer (got {kv!r:.120}); is "
-                                 "MooncakeCoreConnector (kv_both) configured there?")
-        except (UpstreamError, asyncio.TimeoutError, ValueError) as e:
-            self.metrics.peer_prefix.labels("failed").inc()
-            log.warning("peer prefix export failed; the prefill computes the prefix", extra={
-                "request_id": rid, "instance": src.url, "blocks": decision.cached_blocks,
-                "error": str(e) or f"timed out after {self.cfg.peer_prefix_timeout} s"})
-            return payload
-        self.metrics.peer_prefix.labels("exported").inc()
-        return {**payload, "kv_transfer_params": {**params, PEER_KEY: kv}}
-
     def _inflight(self, inst: Instance, delta: int) -> None:
         inst.in_flight += delta
         if self.registry.get(inst.instance_id) is not inst:
@@ -641,7 +598,7 @@ class ProxyServer:
             if src == self.sched_mod.STORE and decision.remote_blocks:
                 ppayload = with_store_hint(ppayload, decision, self.cfg.block_size)
             elif src is not None and decision.remote_blocks and self.cfg.peer_prefix:
-                ppayload = await self._with_peer_prefix(ppayload, body, decision, token_ids, headers, rid)
+                ppayload = await with_peer_prefix(self, ppayload, body, decision, token_ids, headers, rid)
             prefix: bytes | None = None
             rewrite: ftok.UsageShift | None = None
             if not ho.is_concurrent(p.addr):

@@ -100,6 +100,7 @@ from mooncake_connectors.vllm.params import (MSG_DONE, MSG_FAILED, MSG_READY, MS
                                              PendingPrefill, RemotePrefill, chosen_transfer_id, confirmation,
                                              is_pending, new_transfer_id, parse_confirmation, parse_pending,
                                              tokens_digest, wants_remote_decode, wants_remote_prefill)
+from mooncake_connectors.vllm.p2p_messages import MooncakeConnectorMetadata, MooncakeHandshake, RecvReq, SendReq
 from mooncake_connectors.vllm.peer_prefix import PEER_KEY, has_peer_prefix, parse_peer_prefix
 from mooncake_connectors.vllm.tp import (KVShard, RankPlan, TPMismatch, notify_targets, rank_hostname, rank_plan,
                                          readers)
@@ -149,64 +150,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
-
-
-# =====================================================================================  messages
-@dataclass
-class MooncakeHandshake(KVConnectorHandshakeMetadata):
-    """Worker -> scheduler, once at start: where this worker's KV lives (one per TP rank)."""
-
-    segment: str
-    block_bytes: int
-    num_slabs: int
-    tp_rank: int = 0
-    tp_size: int = 1
-    kv_heads: int = 0  # KV heads on this rank
-    heads_outer: bool = True  # a block is [kv_heads, ...] (tp.KVShard)
-
-    def shard(self) -> KVShard:
-        return KVShard(self.tp_size, self.block_bytes, self.num_slabs, self.kv_heads, self.heads_outer)
-
-
-@dataclass
-class RecvReq:
-    """Decode: pull ``remote`` into ``local_block_ids`` (after ``local_hit_blocks`` cached blocks).
-
-    With the concurrent hand-off ``remote`` is None until the prefill's ``ready`` notification
-    names its blocks; ``pending`` says whom to ask and ``need_tokens`` how many prompt tokens
-    the prefill must have computed for this decode."""
-
-    request_id: str
-    remote: RemotePrefill | None
-    local_block_ids: list[int]
-    local_hit_blocks: int
-    pending: PendingPrefill | None = None
-    need_tokens: int = 0
-
-
-@dataclass
-class SendReq:
-    """Prefill: hold a finished request's blocks under ``transfer_id`` until ``expiry`` (unix).
-    ``params`` (concurrent hand-off only) is what the ``ready`` notification carries."""
-
-    transfer_id: str
-    expiry: float
-    params: dict[str, Any] | None = None
-
-
-@dataclass
-class MooncakeConnectorMetadata(KVConnectorMetadata):
-    """Scheduler -> worker, every step."""
-
-    reqs_to_recv: list[RecvReq] = field(default_factory=list)
-    reqs_to_send: dict[str, SendReq] = field(default_factory=dict)
-    # decode: (prefill segments, prefill TP (0: only rank 0's known), transfer id) whose blocks
-    # it will not read (local hit / abort); each rank tells its own prefill ranks (tp.notify_targets)
-    releases: list[tuple[tuple[str, ...], int, str]] = field(default_factory=list)
-    # decode: requests aborted while their KV was loading (their blocks stay until reported)
-    cancels: list[str] = field(default_factory=list)
-    # the step schedules no tokens: it only polls the connector (idle.idle_wait_s)
-    idle: bool = False
 
 
 # =====================================================================================  connector

@@ -1,0 +1,64 @@
+"""The prefix hints the proxy adds to a prefill request (why: the Conductor's plan names where a
+prefix comes from; these say so to the engine). ``with_store_hint``: the Mooncake Store holds it
+(``connectors/vllm/store_hint.py``); ``with_peer_prefix``: another prefill holds it and exports it
+first (``connectors/vllm/peer_prefix.py``, docs/kvcache-scheduling.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from mooncake_core.utils.log import get_logger
+
+from .relay import UpstreamError
+
+if TYPE_CHECKING:
+    from .server import ProxyServer
+
+log = get_logger("mooncake_proxy.prefix_hints")
+
+
+def with_store_hint(payload: dict[str, Any], decision: Any, block_size: int) -> dict[str, Any]:
+    """The prefill payload with the store prefix hint (``connectors/vllm/store_hint.py``): the
+    scheduler counted on the prefill loading ``cached_blocks`` leading blocks, the ones it lacks
+    from the store. Hand-offs without ``kv_transfer_params`` (SGLang) are left as they are."""
+    params = payload.get("kv_transfer_params")
+    if not isinstance(params, dict):
+        return payload
+    from mooncake_connectors.vllm.store_hint import HINT_KEY, make_hint
+
+    return {**payload, "kv_transfer_params": {**params, HINT_KEY: make_hint(decision.cached_blocks, block_size)}}
+
+
+async def with_peer_prefix(server: "ProxyServer", payload: dict[str, Any], body: dict[str, Any], decision: Any,
+                           token_ids: Any, headers: dict[str, str], rid: str) -> dict[str, Any]:
+    """The prefill payload with the peer prefix hint: the Conductor planned to read
+    ``decision.cached_blocks`` leading blocks from the instance ``decision.remote_source``. That
+    instance exports them (a one-token hand-off request of the prefix's token ids, bounded by
+    --peer-prefix-timeout) and its answer goes to the prefill. Any failure leaves the payload as
+    it was: the prefill then computes the prefix."""
+    from mooncake_connectors.vllm.peer_prefix import PEER_KEY, export_prefix, export_request
+
+    cfg = server.cfg
+    params = payload.get("kv_transfer_params")
+    src = server.registry.get(decision.remote_source)
+    prefix = export_prefix(token_ids, decision.cached_blocks, cfg.block_size) if token_ids else []
+    if not isinstance(params, dict) or src is None or not prefix:
+        server.metrics.peer_prefix.labels("skipped").inc()
+        return payload
+    try:
+        answer = await asyncio.wait_for(server.relay.post_json(
+            src, "/v1/completions", export_request(str(body.get("model", "")), prefix), headers,
+            "peer prefix export"), cfg.peer_prefix_timeout)
+        kv = answer.get("kv_transfer_params")
+        if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
+            raise ValueError(f"no hand-off kv_transfer_params in the answer (got {kv!r:.120}); is "
+                             "MooncakeCoreConnector (kv_both) configured there?")
+    except (UpstreamError, asyncio.TimeoutError, ValueError) as e:
+        server.metrics.peer_prefix.labels("failed").inc()
+        log.warning("peer prefix export failed; the prefill computes the prefix", extra={
+            "request_id": rid, "instance": src.url, "blocks": decision.cached_blocks,
+            "error": str(e) or f"timed out after {cfg.peer_prefix_timeout} s"})
+        return payload
+    server.metrics.peer_prefix.labels("exported").inc()
+    return {**payload, "kv_transfer_params": {**params, PEER_KEY: kv}}
