@@ -592,9 +592,6 @@ class ProxyServer:
                     pheaders = {**headers, **extra}
             ppayload = ho.prefill_payload(body, route, p.addr, ctx)
             src = decision.remote_source
-            if (src not in (None, self.sched_mod.STORE) and self.store_view is not None
-                    and cluster.store_hit_blocks(req.block_hashes[:decision.cached_blocks]) >= decision.cached_blocks):
-                src = self.sched_mod.STORE  # the store's copy costs nobody; a peer's export costs a busy peer
             if src == self.sched_mod.STORE and decision.remote_blocks:
                 ppayload = with_store_hint(ppayload, decision, self.cfg.block_size)
             elif src is not None and decision.remote_blocks and self.cfg.peer_prefix:

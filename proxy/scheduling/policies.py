@@ -550,7 +550,7 @@ class Scheduler(abc.ABC):
                 if e.est_s < 0:
                     load.set_estimate(e, self._entry_time(e, cost))
         head = next(iter(load.entries.values()))
-        return max(0.0, head.est_s - self.head_done(instance_id, now)) + max(0.0, load.est_sum - head.est_s)
+        return self.head_remaining(instance_id, now) + max(0.0, load.est_sum - head.est_s)
 
     def head_remaining(self, instance_id: str, now: float) -> float:
         """Predicted time until the request running on this prefill instance finishes (0 when idle)."""
@@ -744,7 +744,9 @@ class ConductorScheduler(Scheduler):
             local = hits.get(iid, 0)
             plan = self.local_plan(iid, req, now, local)
             src, rn = top2 if top1[0] == iid else top1
-            if store_n > rn:
+            # a tie goes to the instance (its copy is in a peer's memory) unless reading a peer means
+            # waiting for its export (live --peer-prefix): the store's copy costs no engine a step
+            if store_n > rn or (cl.peer_export_waits and store_n and store_n >= rn):
                 src, rn = STORE, store_n
             if rn > local:
                 new, cached = self.split_prompt(req, rn)
