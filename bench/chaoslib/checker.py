@@ -114,6 +114,7 @@ class Op:
     wid: str | None = None  # writes: the WriteId written
     got: str | None = None  # reads: the WriteId read
     st: str | None = None  # reads: "ok", "miss", "error" or a foreign status
+    why: str | None = None  # reads: the decoder's detail on foreign bytes
     stuck_at: int | None = None
 
 
@@ -132,8 +133,24 @@ def load_ops(records: Iterable[dict[str, Any]]) -> list[Op]:
         else:
             o.te, o.rc = r["te"], r["rc"]
             o.wid = r.get("v", o.wid)
-            o.got, o.st = r.get("got"), r.get("st")
+            o.got, o.st, o.why = r.get("got"), r.get("st"), r.get("why")
     return sorted(ops.values(), key=lambda o: o.ts)
+
+
+def _whose(o: Op, w: Op | None, prev: str | None, t_start: int) -> str:
+    """What a foreign read returned, as far as the bytes tell: the decoder's detail, and the
+    write whose header they start with -- its key, when it began, and whether it is what the
+    same thread read last (a read that left the buffer as it was)."""
+    parts = [o.why] if o.why else []
+    if not o.got:
+        parts.append("no write id")
+    elif w is None:
+        parts.append(f"header of {o.got}, a write never begun")
+    else:
+        parts.append(f"header of write {o.got} to {w.key!r} begun at {(w.ts - t_start) / S:.3f} s")
+    if o.got and o.got == prev:
+        parts.append("the bytes this thread's previous read returned")
+    return "; ".join(parts)
 
 
 def _rc_name(o: Op) -> str:
@@ -199,6 +216,8 @@ def check(ops: list[Op], tl: Timeline, cfg: Config | None = None) -> dict[str, A
             merged[writer] = merge_spans(list(tl.pauses.get(writer, [])) + list(tl.stalls))
         return merged[writer]
 
+    last_read: dict[tuple[int, int, int], str | None] = {}  # thread -> whose bytes its previous read got
+
     for o in ops:
         c = counts.setdefault(o.op, {})
         name = _rc_name(o)
@@ -225,8 +244,10 @@ def check(ops: list[Op], tl: Timeline, cfg: Config | None = None) -> dict[str, A
             continue
         w = writes.get(o.got) if o.got else None
         why = ""
+        prev = last_read.get((o.writer, o.inc, o.thread))
+        last_read[(o.writer, o.inc, o.thread)] = o.got
         if o.st in FOREIGN_STATUSES:
-            why = f"{o.st} ({o.got or 'no write id'})"
+            why = f"{o.st} ({_whose(o, w, prev, tl.t_start)})"
         elif w is None:
             why = f"write {o.got} was never begun"
         elif w.key != o.key:
@@ -236,8 +257,9 @@ def check(ops: list[Op], tl: Timeline, cfg: Config | None = None) -> dict[str, A
         if why:
             reads["foreign"] += 1
             if len(foreign) < 50:
-                foreign.append({"key": o.key, "client": o.writer, "t_s": round((o.ts - tl.t_start) / S, 3),
-                                "why": why})
+                foreign.append({"key": o.key, "client": o.writer, "thread": o.thread, "op": o.op, "rc": o.rc,
+                                "t_s": round((o.ts - tl.t_start) / S, 3),
+                                "ms": round((o.te - o.ts) / MS, 1) if o.te is not None else None, "why": why})
             continue
         assert w is not None
         s = sup.get(o.key)

@@ -44,7 +44,8 @@ class WriteId(NamedTuple):
 
 class Decoded(NamedTuple):
     """``status`` is "ok" (then ``wid`` is the write), or why the bytes are foreign:
-    "short", "bad-magic", "bad-length", "bad-checksum", "wrong-key" (``wid`` set: whose)."""
+    "short", "bad-magic", "bad-length", "bad-checksum", "wrong-key" (``wid`` set from the header
+    when it parses: whose bytes they start with -- a diagnosis, not a valid read)."""
 
     status: str
     wid: WriteId | None
@@ -74,11 +75,11 @@ def decode(key: str, data: bytes | bytearray | memoryview) -> Decoded:
     magic, w, inc, t, seq, klen, blen = _HDR.unpack_from(data)
     if magic != MAGIC:
         return Decoded("bad-magic", None, repr(data[:8]))
+    wid = WriteId(w, inc, t, seq)  # whose header it is: which write's bytes are these (diagnosis)
     if _HDR.size + klen + blen + _SUM != len(data):
-        return Decoded("bad-length", None, f"header says {_HDR.size + klen + blen + _SUM}, read {len(data)}")
+        return Decoded("bad-length", wid, f"header says {_HDR.size + klen + blen + _SUM}, read {len(data)}")
     if hashlib.blake2b(data[:-_SUM], digest_size=_SUM).digest() != data[-_SUM:]:
-        return Decoded("bad-checksum", None, "")
-    wid = WriteId(w, inc, t, seq)
+        return Decoded("bad-checksum", wid, "")
     got_key = data[_HDR.size:_HDR.size + klen].decode(errors="replace")
     if got_key != key:
         return Decoded("wrong-key", wid, f"value of {got_key!r}")

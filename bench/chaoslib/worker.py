@@ -128,6 +128,8 @@ class Worker:
                 if rc > 0:
                     d = payload.decode(key, ctypes.string_at(ptr, rc))
                     rec["st"], rec["got"] = d.status, (str(d.wid) if d.wid else None)
+                    if d.detail:
+                        rec["why"] = d.detail
                 else:
                     rec["st"] = "miss" if rc == -704 else "error"
             else:  # get: b"" is a miss or an error (the API cannot say which)
@@ -137,6 +139,8 @@ class Worker:
                 if data:
                     d = payload.decode(key, data)
                     rec["st"], rec["got"] = d.status, (str(d.wid) if d.wid else None)
+                    if d.detail:
+                        rec["why"] = d.detail
                 else:
                     rec["st"] = "miss"
             self.current.pop(t, None)

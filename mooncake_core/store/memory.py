@@ -126,13 +126,31 @@ def spans(parts: Sequence[tuple[int, int]], base: int, total: int) -> list[tuple
     return out
 
 
-#: 8-byte words sampled per object, spread evenly from its first to its last word (they
-#: overlap, covering every byte, for objects up to 504 bytes; a 1 KiB one every other word)
+#: 8-byte words sampled per object: the first ``FP_HEAD`` words back to back, the others
+#: spread evenly from there to its last word (they overlap, covering every byte, for objects up
+#: to 504 bytes; a 1 KiB one every other word). Why the dense head: a smaller object written
+#: later at the same address overwrites only the start of the old one, and values often share
+#: their first word (a format's magic, a writer id) -- with one word sampled at the start, such
+#: an overwrite went unseen and the old key was re-reported over the new bytes (chaos CI run).
 FP_WORDS = 64
+FP_HEAD = 4
 #: fixed odd weights: the fingerprint is sum(word_k * w_k) + size * w_last (mod 2^64), so a
 #: change of any sampled word changes it (odd weights are invertible mod 2^64)
 _FP_W = np.random.default_rng(0x6D6F6F6E63616B65).integers(0, 1 << 62, FP_WORDS + 1, dtype=np.uint64) * 2 + 1
 _FP_K = np.arange(FP_WORDS, dtype=np.int64)
+_FP_TAIL = np.maximum(_FP_K - FP_HEAD, 0)  # per sample: its step in the evenly spread part
+_FP_IS_HEAD = _FP_K < FP_HEAD
+
+
+def _fp_offsets(sizes: np.ndarray) -> np.ndarray:
+    """The sampled words' offsets in objects of ``sizes`` (>= 8 bytes): shape (len, FP_WORDS),
+    or (FP_WORDS,) for a 0-d ``sizes``. Every offset lies in ``[0, size - 8]``."""
+    last = np.asarray(sizes, np.int64)[..., None] - 8
+    head = np.minimum(8 * _FP_K, last)
+    start = 8 * FP_HEAD  # the spread part starts after the head and ends at the last word
+    tail = start + np.maximum(last - start, 0) * _FP_TAIL // (FP_WORDS - FP_HEAD - 1)
+    out = np.where(_FP_IS_HEAD, head, np.minimum(tail, last))
+    return out[0] if out.shape[0] == 1 and np.ndim(sizes) == 0 else out
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
@@ -156,7 +174,7 @@ def _fp_struct(size: int) -> struct.Struct | None:
     bytes between them), or None when they overlap (objects under ~512 bytes)."""
     st = _FP_STRUCTS.get(size, False)
     if st is False:
-        ats = [(size - 8) * k // (FP_WORDS - 1) for k in range(FP_WORDS)]
+        ats = _fp_offsets(np.int64(size)).tolist()
         gaps = [b - a - 8 for a, b in zip(ats, ats[1:])]
         st = None if min(gaps) < 0 else struct.Struct("<" + "".join(
             f"Q{g}x" if g else "Q" for g in gaps) + "Q")
@@ -211,15 +229,15 @@ def fingerprints(mem: Any, offs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         if n >= _STRIDED_MIN:
             # laid end to end: sample k of every object is one strided slice (64 numpy calls)
             acc = np.zeros(n, np.uint64)
-            for k, at in enumerate(((size0 - 8) * _FP_K // (FP_WORDS - 1)).tolist()):
+            for k, at in enumerate(_fp_offsets(np.int64(size0)).tolist()):
                 acc += words[start + at:start + at + (n - 1) * size0 + 1:size0] * w[k]
         else:
             # fewer objects: one (objects x samples) take from a strided 2-D view (~2x cheaper
             # than the strided slices or the general gather below for 100 objects)
             rows = np.lib.stride_tricks.as_strided(words[start:], shape=(n, size0 - 7), strides=(size0, 1))
-            acc = (rows[:, (size0 - 8) * _FP_K // (FP_WORDS - 1)] * w).sum(axis=1, dtype=np.uint64)
+            acc = (rows[:, _fp_offsets(np.int64(size0))] * w).sum(axis=1, dtype=np.uint64)
     else:
-        pos = offs[:, None] + (sizes[:, None] - 8) * _FP_K[None, :] // (FP_WORDS - 1)
+        pos = offs[:, None] + _fp_offsets(sizes)
         acc = (words[pos] * w).sum(axis=1, dtype=np.uint64)
     return acc + sizes.astype(np.uint64) * _FP_W[FP_WORDS]
 

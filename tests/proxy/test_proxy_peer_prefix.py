@@ -23,11 +23,9 @@ def _exports(engine) -> list:
     return [r for r in engine.records if r.body.get("max_tokens") == 1 and r.body.get("prompt") == SHARED]
 
 
-async def _holder_busy_then_y(env) -> tuple[object, object, list[int]]:
+async def _holder_busy(env) -> tuple[object, object, list[asyncio.Task]]:
     """X puts the shared prefix on one prefill (the holder); L1 (the prefix and a short tail) and L2
-    (the prefix and a long tail) queue on the holder; Y (the prefix plus a short tail) is sent
-    meanwhile. The holder would answer an export after its short head (L1), but Y itself only
-    after L2 too: the Conductor sends Y to the other prefill with the holder as its prefix source."""
+    (the prefix and a long tail) queue on the holder. Returns (holder, other, the L tasks)."""
     await env.post_ok({"model": "m", "prompt": _prompt(1, 8), "max_tokens": 2}, 1)
     holder = next(e for e in env.prefills if e.records)
     other = next(e for e in env.prefills if e is not holder)
@@ -40,6 +38,14 @@ async def _holder_busy_then_y(env) -> tuple[object, object, list[int]]:
                 break
             await asyncio.sleep(0.01)
         assert len(holder.records) == len(queued) + 1, "L did not go to the instance holding its prefix"
+    return holder, other, queued
+
+
+async def _holder_busy_then_y(env) -> tuple[object, object, list[int]]:
+    """The holder is busy (``_holder_busy``) and Y (the prefix plus a short tail) is sent meanwhile. The
+    holder would answer an export after its short head (L1), but Y itself only after L2 too: the
+    Conductor sends Y to the other prefill with the holder as its prefix source."""
+    holder, other, queued = await _holder_busy(env)
     y = _prompt(3, 8)
     await env.post_ok({"model": "m", "prompt": y, "max_tokens": 2}, 1)
     await asyncio.gather(*queued)
@@ -96,8 +102,12 @@ async def test_a_prefix_the_store_also_holds_is_loaded_from_the_store(make_env, 
     m = MasterProc([f"--port={port}", "--rpc_address=127.0.0.1", f"--metrics_port={free_port()}",
                     "--client_ttl=600"], port, 0, str(tmp_path / "master.log")).wait_ready()
     try:
+        # L1 and L2 run long enough for the store to be filled while they do
         env = await make_env(n_prefill=2, policy="conductor", block_size=BS, peer_prefix=True, store_master=m.addr,
-                             store_model_tag=tag, prefill_behaviour=Behaviour(prefill_delay=0.4))
+                             store_model_tag=tag, prefill_behaviour=Behaviour(prefill_delay=2.0))
+        # the holder is loaded before the store holds the prefix: with the store's copy, the conductor
+        # could as well have sent L1 and L2 to the other prefill
+        holder, other, queued = await _holder_busy(env)
         blocks = StoreBlockHasher(tag, BS).hash_tokens(SHARED)
         with MasterClient(m.addr) as c:
             c.mount_segment("writer", "127.0.0.1:7001", 0x7F0000000000, 64 << 20)
@@ -108,8 +118,11 @@ async def test_a_prefix_the_store_also_holds_is_loaded_from_the_store(make_env, 
             if env.server.cluster.store_hit_blocks(blocks) == len(blocks):
                 break
             await asyncio.sleep(0.01)
-        holder, other, y = await _holder_busy_then_y(env)
+        y = _prompt(3, 8)
+        await env.post_ok({"model": "m", "prompt": y, "max_tokens": 2}, 1)
+        await asyncio.gather(*queued)
         assert not _exports(holder)
+        assert other.records[-1].body["prompt"] == y
         params = other.records[-1].body["kv_transfer_params"]
         assert PEER_KEY not in params and params[HINT_KEY] == {"num_blocks": 40, "block_size": BS}, params
     finally:

@@ -274,6 +274,29 @@ def test_batch_fingerprints_match_single_ones_and_see_changes() -> None:
             assert fingerprint_in(buf, off, size) == int(fingerprints(buf, np.array([off]), np.array([size]))[0])
 
 
+def test_a_smaller_value_written_over_the_start_of_an_object_changes_its_fingerprint() -> None:
+    """The chaos CI run's foreign read: a 500-byte value of the same writer (the same first 8
+    bytes) written at the start of a 60 KB object's range left the object's sampled words as
+    they were but one, which it shared, so the owner re-reported the old key over the new bytes.
+    The head is sampled densely now: any change in the first 32 bytes is seen."""
+    import os
+
+    import numpy as np
+
+    from mooncake_core.store.memory import bytes_addr, fingerprint, fingerprint_in, fingerprints
+
+    old = b"MCv1\x00\x01\x00\x02" + os.urandom(60000 - 8)
+    buf = bytearray(old)
+    before = fingerprint(bytes_addr(old), len(old))
+    buf[8:500] = os.urandom(492)  # the newer, smaller value: same first word, new header after it
+    for j in range(8, 32):
+        changed = bytearray(old)
+        changed[j] ^= 0x01
+        assert fingerprint_in(changed, 0, len(old)) != before, j
+    assert fingerprint_in(buf, 0, len(old)) != before
+    assert int(fingerprints(buf, np.array([0]), np.array([len(old)]))[0]) != before
+
+
 def test_part_offsets_lay_pieces_end_to_end_per_key() -> None:
     from mooncake_core.store.batch_path import part_offsets
 
