@@ -38,7 +38,8 @@ speed x 2: the same requests in half the time) through ``--overload-policy``, on
 ``--rejection-modes`` on the same engines: ``none`` (no SLO flags), ``decode`` (the paper's
 baseline: ``--rejection decode``, TTFT checked on arrival, TBT after the prefill), ``early``
 (current-load early rejection), ``predictive`` (``--rejection early+decode --prediction-horizon``:
-the paper's prediction-based early rejection with the decode-stage backstop). Every SLO mode
+the paper's prediction-based early rejection with the decode-stage backstop), ``predictive_pairs``
+(the same with ``--no-ttft-margin-queued``: each pair's own TTFT margin only). Every SLO mode
 runs the proxy with ``--calibrate`` (the idle-fitted profile is corrected online by the observed
 latencies). A request meets the SLO when its TTFT <= the TTFT SLO and its own TBT p90 (over its
 chunk gaps) <= the TBT SLO; attainment is reported among the admitted requests (not 429) and among
@@ -109,7 +110,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
 #: overload-phase rejection modes -> the proxy flags they add (SLO flags and --calibrate come on top)
 REJECTION_MODES: dict[str, list[str]] = {
     "none": [], "decode": ["--rejection", "decode"], "early": ["--rejection", "early"],
-    "predictive": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}"]}
+    "predictive": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}"],
+    # the same without the queued class of TTFT errors (each pair's own margin only; before 2026-12-05)
+    "predictive_pairs": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
+                         "--no-ttft-margin-queued"]}
 BLOCK = 32  # the engines' --block-size (the harness's)
 
 
@@ -686,7 +690,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="none: no SLO flags; decode: --rejection decode (the paper's baseline: TTFT on "
                         "arrival, TBT after the prefill); early: current-load early rejection; predictive: "
                         "--rejection early+decode --prediction-horizon H (prediction-based early rejection "
-                        "with the decode-stage backstop); every SLO mode adds --calibrate")
+                        "with the decode-stage backstop); predictive_pairs: predictive with "
+                        "--no-ttft-margin-queued (each pair's own TTFT margin only); every SLO mode adds --calibrate")
     g.add_argument("--ttft-slo", type=float, default=None,
                    help="TTFT SLO (s); a request meets the SLO when TTFT <= this and its TBT p90 <= --tbt-slo "
                         "(default: the --slo-percentile of the first half's TTFTs under --overload-policy)")

@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "share of admitted requests the check aims to keep within the SLO where the errors are "
                         "the model's; above the attainment you need, it holds that attainment from run to run, at "
                         "the cost of more 429s (0 < Q <= 1; scheduling/ttft_error.py)")
+    g.add_argument("--ttft-margin-queued", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --calibrate and --ttft-slo: also learn the TTFT errors of requests admitted behind "
+                        "others on their prefill as one class, pooled over all pairs, and give a request that "
+                        "would queue at least that class's margin (default on). Engines answer a queued request "
+                        "at the end of a batched step the model does not see, so these come late while unqueued "
+                        "ones come early, and one pair's quantile mixes the two (scheduling/ttft_error.py)")
     g.add_argument("--recent-busy-tau", type=float, default=0.0,
                    help="with --calibrate and --prediction-horizon: count a prefill that is idle now for its busy "
                         "share over about the last SECONDS (an exponential moving average with this time constant) "
@@ -312,7 +318,7 @@ def config_from_args(a: argparse.Namespace):
         handoff=a.handoff, prefill_first_token=a.prefill_first_token, ttft_slo=a.ttft_slo, tbt_slo=a.tbt_slo,
         prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
         prefill_batch_tokens=a.prefill_batch_tokens, recent_busy_tau=a.recent_busy_tau,
-        ttft_margin_quantile=a.ttft_margin_quantile,
+        ttft_margin_quantile=a.ttft_margin_quantile, ttft_margin_queued=a.ttft_margin_queued,
         prefill_contention=a.prefill_contention, hardware_groups=a.hardware_group, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
         health_timeouts_to_down=a.health_timeouts_to_down,

@@ -31,6 +31,7 @@ from mooncake_core.utils.tls import server_context
 from . import first_token as ftok
 from . import scheduling
 from .admin import AdminApi
+from .admission_log import admitted_fields
 from .bootstrap import BootstrapDirectory, BootstrapError
 from .dashboard import ProxyDashboard
 from .errors import error_response
@@ -74,6 +75,7 @@ class ProxyConfig:
     prefill_batch_tokens: int = 0
     #: --ttft-margin-quantile: the quantile of a pair's recent TTFT errors the check adds (ttft_error.py)
     ttft_margin_quantile: float = 0.9
+    ttft_margin_queued: bool = True  # --[no-]ttft-margin-queued: requests admitted behind others as a class
     #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
     recent_busy_tau: float = 0.0
     #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
@@ -159,7 +161,8 @@ class ProxyServer:
             self.scheduler.recent_busy = sched.RecentBusy(tau_s=cfg.recent_busy_tau)
         self.calibrator = sched.LatencyCalibrator(cost) if cfg.calibrate else None
         if cfg.calibrate:  # the TTFT check's per-pair margin from its own errors (ttft_error.py)
-            self.cluster.ttft_errors = sched.TtftErrorQuantile(quantile=cfg.ttft_margin_quantile)
+            self.cluster.ttft_errors = sched.TtftErrorQuantile(cfg.ttft_margin_quantile,
+                                                               queued_class=cfg.ttft_margin_queued)
         tokenize = chat_tokenize = None
         if cfg.tokenizer:  # the engine's token ids: BOS on completions, the chat template on chat
             from .prompt import load_chat_tokenizer, load_tokenizer
@@ -524,16 +527,8 @@ class ProxyServer:
             if decision.cached_blocks:
                 pc[1].inc(decision.cached_blocks)
         if log.isEnabledFor(logging.DEBUG):  # predicted vs realized TTFT, request by request (the SLO bench)
-            dl = self.cluster.decode_load(d_inst.instance_id)
-            log.debug("admitted", extra={
-                "request_id": rid, "prefill": p_inst.instance_id, "est_prefill_s": round(decision.est_ttft_s, 3),
-                "est_ttft_s": round(self.cluster.first_token_in(d_inst.instance_id, now, decision.est_ttft_s,
-                                                                p_inst.instance_id), 3),
-                "margin_s": round(self.cluster.ttft_margin(p_inst.instance_id, d_inst.instance_id, now), 3),
-                "first_token_s": round(decision.est_first_token_s, 3), "queue_s": round(decision.est_queue_s, 3),
-                "prompt_tokens": req.prompt_tokens, "cached_blocks": decision.cached_blocks,
-                "handoff_pending": dl.handoff.pending if dl.handoff is not None else None,
-                "in_prefill_to_decode": len(dl.incoming)})
+            log.debug("admitted", extra={"request_id": rid, **admitted_fields(
+                self.cluster, decision, req, p_inst.instance_id, d_inst.instance_id, now)})
         return await self._run_pair(request, route, rid, body, req, decision, p_inst, d_inst, t0, pinfo.token_ids)
 
     def _inflight(self, inst: Instance, delta: int) -> None:
@@ -667,7 +662,8 @@ class ProxyServer:
                     service = hq.first_token(req.request_id, now()) if hq is not None else None
                     ttft = time.perf_counter() - t0
                     if errs is not None:  # the TTFT check's error on this pair (ttft_error.py)
-                        errs.observe(p.instance_id, d.instance_id, decision.est_first_token_s, ttft, now())
+                        errs.observe(p.instance_id, d.instance_id, decision.est_first_token_s, ttft, now(),
+                                     queued=decision.waits_behind)
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug("first token", extra={"request_id": rid, "ttft_s": round(ttft, 3),
                                                         "handoff_service_s": service})

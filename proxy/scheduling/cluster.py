@@ -474,12 +474,14 @@ class ClusterState:
             return prefill_s + load.first_token_s
         return load.handoff.first_token_in(now, prefill_s, len(load.incoming), prefill_id)
 
-    def ttft_margin(self, prefill_id: str, decode_id: str, now: float, *, fade: bool = True) -> float:
+    def ttft_margin(self, prefill_id: str, decode_id: str, now: float, *, fade: bool = True,
+                    queued: bool = False) -> float:
         """Seconds the TTFT check adds to the pair's prediction: the quantile of its recent errors
         (``ttft_errors``; 0 when none is installed, as in the simulator, or nothing was learned).
-        ``fade=False``: without the fade of old errors (TtftErrorQuantile.margin)."""
+        ``fade=False``: without the fade of old errors; ``queued``: the request would wait behind
+        others, so at least what such requests missed by lately (TtftErrorQuantile.margin)."""
         errs = self.ttft_errors
-        return errs.margin(prefill_id, decode_id, now, fade=fade) if errs is not None else 0.0
+        return errs.margin(prefill_id, decode_id, now, fade=fade, queued=queued) if errs is not None else 0.0
 
     def on_prefill_start(self, instance_id: str, req: RequestInfo, now: float, *,
                          cached_blocks: int | None = None, decode_id: str | None = None,

@@ -76,6 +76,8 @@ class Decision:
     ``est_first_token_s``: when a TTFT SLO is checked, the predicted time to the client's first
     token (prefill, hand-off; no safety margin) that the check used -- the caller feeds the
     observed TTFT back against it (``ClusterState.ttft_errors``); -1 when not predicted.
+    ``waits_behind``: the prefill instance had other requests when this one was admitted (the
+    TTFT errors of such requests are also learned as a class of their own, ttft_error.py).
     """
 
     prefill_id: str
@@ -88,6 +90,7 @@ class Decision:
     est_queue_s: float = 0.0
     replicate_blocks: int = 0
     est_first_token_s: float = -1.0
+    waits_behind: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,7 +165,7 @@ class Scheduler(abc.ABC):
             plan, decode_id, tbt, first = alt
         return Decision(plan.instance_id, decode_id, plan.est_ttft_s, tbt, plan.cached_blocks,
                         plan.remote_source, plan.remote_blocks, plan.est_queue_s,
-                        self.replicate_blocks(req, plan), first)
+                        self.replicate_blocks(req, plan), first, self.waits_behind(plan))
 
     def _harm(self, plan: PrefillPlan, req: RequestInfo, now: float) -> str | None:
         """Why admitting ``req`` as ``plan`` would push a request already queued past the TTFT SLO
@@ -182,11 +182,17 @@ class Scheduler(abc.ABC):
         return None
 
     def _first_token(self, plan: PrefillPlan, decode_id: str, now: float, *, fade: bool = True) -> tuple[float, float]:
-        """(predicted TTFT of ``plan`` handed off to ``decode_id``, the pair's safety margin;
-        ``fade=False``: the margin without the fade of old errors)."""
+        """(predicted TTFT of ``plan`` handed off to ``decode_id``, the pair's safety margin -- the
+        queued class's if larger, when ``plan`` waits behind others; ``fade=False``: the margin
+        without the fade of old errors)."""
         cl = self.cluster
         return (cl.first_token_in(decode_id, now, self._prefill_done_in(plan, now), plan.instance_id),
-                cl.ttft_margin(plan.instance_id, decode_id, now, fade=fade))
+                cl.ttft_margin(plan.instance_id, decode_id, now, fade=fade, queued=self.waits_behind(plan)))
+
+    def waits_behind(self, plan: PrefillPlan) -> bool:
+        """Whether ``plan``'s request would wait behind others on its prefill (a head running past its
+        estimate included), the class whose TTFT errors ttft_error.py also learns apart."""
+        return plan.est_queue_s > 0 or bool(self.cluster.prefill_load(plan.instance_id).entries)
 
     def _prefill_done_in(self, plan: PrefillPlan, now: float) -> float:
         """Seconds until ``plan``'s prefill is done as the TTFT check sees it: everything runs at the

@@ -7,7 +7,8 @@ import copy
 import pytest
 
 from mooncake_proxy.scheduling import (POLICIES, ClusterState, CostModel, Decision, HandoffQueue, InstanceInfo,
-                                       Rejection, RequestInfo, SloConfig, TtftErrorQuantile, make_scheduler)
+                                       PrefillPlan, Rejection, RequestInfo, SloConfig, TtftErrorQuantile,
+                                       make_scheduler)
 
 BS = 4  # tokens per block in these tests
 # 1 ms per prefill token, no attention term; decode step 10 ms + 1 ms/request; transfer 1 ms/block.
@@ -484,3 +485,27 @@ def test_hot_prefix_replication_to_store() -> None:
         d = s2.schedule(r, float(i))
         cl2.on_scheduled(d, r, float(i))
         assert d.replicate_blocks == 0
+
+
+def test_ttft_check_gives_a_request_that_would_queue_the_queued_class_margin() -> None:
+    # Requests admitted behind others came 0.6 s late (the engine's batched step); idle ones on time.
+    # With p0 busy, a new request fits the SLO there on the bare prediction but not with the queued
+    # class's margin: the check sends it to the idle p1 rather than behind p0's head.
+    cl = cluster(n_prefill=2, n_decode=1)
+    errs = cl.ttft_errors = TtftErrorQuantile()
+    for p in ("p0", "p1"):
+        errs.observe(p, "d0", 0.3, 0.9, now=0.0, queued=True)
+    s = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=0.5))
+    busy(cl, "p0", 0.1, now=0.0)
+    busy(cl, "p1", 0.1, now=0.0)
+    r = s.schedule(req("both"), now=0.0)  # both queued: 0.14 s + 0.6 s margin > 0.5 s on either
+    assert isinstance(r, Rejection) and "margin 0.600s" in r.reason
+    cl.on_prefill_done("p1", RequestInfo("busy-p1-100", 100, [1100]), 0.0)
+    d = s.schedule(req("idle"), now=0.0)
+    assert isinstance(d, Decision) and d.prefill_id == "p1" and not d.waits_behind
+    assert not s.waits_behind(PrefillPlan("p1", 0.1, 0.0, 0))  # the decision above is not running yet
+    busy(cl, "p1", 0.1, now=0.0)
+    assert s.waits_behind(PrefillPlan("p1", 0.1, 0.0, 0))  # a head past its estimate (queue 0) included
+    errs.queued_class = False  # --no-ttft-margin-queued: the pairs' own margins (0) admit it behind p0
+    d = s.schedule(req("off"), now=0.0)
+    assert isinstance(d, Decision) and d.waits_behind

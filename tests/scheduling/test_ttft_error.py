@@ -60,3 +60,26 @@ def test_forget_and_bad_parameters() -> None:
                {"stale_s": -1.0}):
         with pytest.raises(ValueError, match="TtftErrorQuantile"):
             TtftErrorQuantile(**kw)  # type: ignore[arg-type]
+
+
+def test_requests_admitted_behind_others_are_learned_as_one_class_over_all_pairs() -> None:
+    # The live bench's misses: queued requests answered at the end of a batched step, late, next to
+    # unqueued ones that came early on the same pairs -- the pair's quantile sees the mix.
+    e = TtftErrorQuantile()
+    for p in ("p0", "p1", "p2"):  # each pair: 4 early unqueued requests and 1 late queued one
+        for _ in range(4):
+            e.observe(p, "d0", 1.0, 0.5, now=0.0)
+        e.observe(p, "d0", 1.0, 1.4, now=0.0, queued=True)
+    assert e.margin("p0", "d0", 0.0) == 0.0  # one late request per pair is no quantile of its own
+    assert e.queued_samples() == 3
+    # pooled, three late queued requests are: a request that would queue anywhere gets their margin
+    assert e.margin("p3", "d0", 0.0, queued=True) == pytest.approx(0.4)
+    assert e.margin("p3", "d0", 0.0) == 0.0  # an unqueued one does not
+    # ... and the class fades like a pair, so a refused class is tried again
+    assert e.margin("p3", "d0", 30.0, queued=True) == pytest.approx(0.1)
+    off = TtftErrorQuantile(queued_class=False)
+    off.observe("p0", "d0", 1.0, 1.4, now=0.0, queued=True)
+    off.observe("p0", "d0", 1.0, 1.4, now=0.0, queued=True)
+    assert off.queued_samples() == 0 and off.margin("p1", "d0", 0.0, queued=True) == 0.0
+    e.forget("p0")  # the pooled class outlives any one instance
+    assert e.samples("p0", "d0") == 0 and e.queued_samples() == 3
