@@ -113,7 +113,13 @@ REJECTION_MODES: dict[str, list[str]] = {
     "predictive": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}"],
     # the same without the queued class of TTFT errors (each pair's own margin only; before 2026-12-05)
     "predictive_pairs": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
-                         "--no-ttft-margin-queued"]}
+                         "--no-ttft-margin-queued"],
+    # the same with each prefill idle now counted for its busy share over about the last 2 s
+    "predictive_recent": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
+                          "--recent-busy-tau", "2"],
+    # the same with a queued request held to a margin of at least its predicted wait
+    "predictive_qm": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
+                      "--ttft-queue-margin", "1"]}
 BLOCK = 32  # the engines' --block-size (the harness's)
 
 
@@ -571,7 +577,7 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
           f"{1000 * tbt_slo:.0f} ms", flush=True)
     out = []
     for k, mode in enumerate(a.rejection_modes):
-        extra = [x.format(horizon=a.prediction_horizon) for x in REJECTION_MODES[mode]]
+        extra = []
         if mode != "none":
             # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<k>_<mode>.log)
             extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG",
@@ -581,6 +587,8 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
             if a.prefill_contention == "groups":
                 for group in core_groups([*prefills, decode]):
                     extra += ["--hardware-group", *group]
+        # the mode's own flags last: where one repeats a flag above, the mode's value wins (argparse)
+        extra += [x.format(horizon=a.prediction_horizon) for x in REJECTION_MODES[mode]]
         load = os.getloadavg()[0]
         freeze = None
         if a.freeze_prefill:
@@ -691,7 +699,9 @@ def main(argv: list[str] | None = None) -> int:
                         "arrival, TBT after the prefill); early: current-load early rejection; predictive: "
                         "--rejection early+decode --prediction-horizon H (prediction-based early rejection "
                         "with the decode-stage backstop); predictive_pairs: predictive with "
-                        "--no-ttft-margin-queued (each pair's own TTFT margin only); every SLO mode adds --calibrate")
+                        "--no-ttft-margin-queued (each pair's own TTFT margin only); predictive_recent: predictive "
+                        "with --recent-busy-tau 2; predictive_qm: predictive with --ttft-queue-margin 1; every SLO "
+                        "mode adds --calibrate")
     g.add_argument("--ttft-slo", type=float, default=None,
                    help="TTFT SLO (s); a request meets the SLO when TTFT <= this and its TBT p90 <= --tbt-slo "
                         "(default: the --slo-percentile of the first half's TTFTs under --overload-policy)")

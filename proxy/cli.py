@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "would queue at least that class's margin (default on). Engines answer a queued request "
                         "at the end of a batched step the model does not see, so these come late while unqueued "
                         "ones come early, and one pair's quantile mixes the two (scheduling/ttft_error.py)")
+    g.add_argument("--ttft-queue-margin", type=float, default=0.0, metavar="K",
+                   help="with --calibrate and --ttft-slo: hold a request that would wait behind others on its "
+                        "prefill to a margin of at least K x its predicted wait (default 0: only the learned "
+                        "margins). In a burst on shared cores queued requests take several times their estimate "
+                        "before any of them answers, which no margin learned from outcomes sees in time")
     g.add_argument("--recent-busy-tau", type=float, default=0.0,
                    help="with --calibrate and --prediction-horizon: count a prefill that is idle now for its busy "
                         "share over about the last SECONDS (an exponential moving average with this time constant) "
@@ -296,6 +301,8 @@ def config_from_args(a: argparse.Namespace):
         raise SystemExit(f"--block-size must be > 0, got {a.block_size}")
     if a.recent_busy_tau < 0:
         raise SystemExit(f"--recent-busy-tau must be >= 0 seconds (0 = off), got {a.recent_busy_tau}")
+    if not a.ttft_queue_margin >= 0:
+        raise SystemExit(f"--ttft-queue-margin must be >= 0 (0 = off), got {a.ttft_queue_margin}")
     if not 0 < a.ttft_margin_quantile <= 1:
         raise SystemExit(f"--ttft-margin-quantile must be in (0, 1], got {a.ttft_margin_quantile}")
     if a.prefill_batch_tokens < 0:
@@ -319,6 +326,7 @@ def config_from_args(a: argparse.Namespace):
         prediction_horizon=a.prediction_horizon, rejection=a.rejection, calibrate=a.calibrate,
         prefill_batch_tokens=a.prefill_batch_tokens, recent_busy_tau=a.recent_busy_tau,
         ttft_margin_quantile=a.ttft_margin_quantile, ttft_margin_queued=a.ttft_margin_queued,
+        ttft_queue_margin=a.ttft_queue_margin,
         prefill_contention=a.prefill_contention, hardware_groups=a.hardware_group, retry_after=a.retry_after,
         health_interval=a.health_interval, health_timeout=a.health_timeout,
         health_timeouts_to_down=a.health_timeouts_to_down,

@@ -76,6 +76,7 @@ class ProxyConfig:
     #: --ttft-margin-quantile: the quantile of a pair's recent TTFT errors the check adds (ttft_error.py)
     ttft_margin_quantile: float = 0.9
     ttft_margin_queued: bool = True  # --[no-]ttft-margin-queued: requests admitted behind others as a class
+    ttft_queue_margin: float = 0.0  # --ttft-queue-margin: a queued request's margin >= this x its predicted wait
     #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
     recent_busy_tau: float = 0.0
     #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
@@ -157,6 +158,7 @@ class ProxyServer:
         slo, self.decode_tbt_limit = sched.split_rejection(slo, cfg.rejection)
         self.scheduler = sched.make_scheduler(cfg.policy, self.cluster, cost, slo, seed=cfg.seed)
         self.scheduler.prefill_batch_tokens = cfg.prefill_batch_tokens
+        self.scheduler.queue_margin = cfg.ttft_queue_margin if cfg.calibrate else 0.0
         if cfg.recent_busy_tau > 0:
             self.scheduler.recent_busy = sched.RecentBusy(tau_s=cfg.recent_busy_tau)
         self.calibrator = sched.LatencyCalibrator(cost) if cfg.calibrate else None

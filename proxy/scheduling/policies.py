@@ -92,6 +92,11 @@ class Scheduler(abc.ABC):
         #: batch their queue, so a request admitted behind others can delay them (batched_queue.py)
         #: and the TTFT check also keeps those within the SLO (:meth:`queue_harm`); 0: one at a time
         self.prefill_batch_tokens = 0
+        #: with a TTFT SLO, a request that would wait behind others is held to a margin of at least this
+        #: times its predicted wait (the live proxy's --ttft-queue-margin); 0: only the learned margins.
+        #: Why: in a burst on shared cores queued requests came 2-5x their estimate before any of them
+        #: answered, while the 1x warm-up's queued requests had shown 0.6-1.5x (BENCHMARKS.md)
+        self.queue_margin = 0.0
         self.slo = slo if slo is not None else SloConfig()
         self.rng = random.Random(seed)
         self._rot = 0   # rotating tie-break / round-robin cursor for prefill
@@ -183,11 +188,14 @@ class Scheduler(abc.ABC):
 
     def _first_token(self, plan: PrefillPlan, decode_id: str, now: float, *, fade: bool = True) -> tuple[float, float]:
         """(predicted TTFT of ``plan`` handed off to ``decode_id``, the pair's safety margin -- the
-        queued class's if larger, when ``plan`` waits behind others; ``fade=False``: the margin
-        without the fade of old errors)."""
+        queued class's, or :attr:`queue_margin` times the predicted wait, if larger, when ``plan``
+        waits behind others; ``fade=False``: the margin without the fade of old errors)."""
         cl = self.cluster
-        return (cl.first_token_in(decode_id, now, self._prefill_done_in(plan, now), plan.instance_id),
-                cl.ttft_margin(plan.instance_id, decode_id, now, fade=fade, queued=self.waits_behind(plan)))
+        behind = self.waits_behind(plan)
+        margin = cl.ttft_margin(plan.instance_id, decode_id, now, fade=fade, queued=behind)
+        if behind and self.queue_margin > 0:
+            margin = max(margin, self.queue_margin * plan.est_queue_s)
+        return cl.first_token_in(decode_id, now, self._prefill_done_in(plan, now), plan.instance_id), margin
 
     def waits_behind(self, plan: PrefillPlan) -> bool:
         """Whether ``plan``'s request would wait behind others on its prefill (a head running past its

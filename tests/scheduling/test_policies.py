@@ -509,3 +509,26 @@ def test_ttft_check_gives_a_request_that_would_queue_the_queued_class_margin() -
     errs.queued_class = False  # --no-ttft-margin-queued: the pairs' own margins (0) admit it behind p0
     d = s.schedule(req("off"), now=0.0)
     assert isinstance(d, Decision) and d.waits_behind
+
+
+def test_a_queue_margin_holds_a_queued_request_to_its_predicted_wait_again() -> None:
+    # Nothing learned yet (no margins), p0 busy for 0.3 s: behind it the request is predicted at
+    # 0.34 s, within a 0.5 s SLO. With --ttft-queue-margin 1 its wait counts twice (0.64 s): the
+    # check sends it to the idle p1 instead, and with both busy it answers 429.
+    cl = cluster(n_prefill=2, n_decode=1)
+    cl.ttft_errors = TtftErrorQuantile()
+    busy(cl, "p0", 0.3, now=0.0)
+    s = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=0.5))
+    s.queue_time("p0", 0.0)
+    plan = s.local_plan("p0", req("x"), 0.0)
+    assert plan.est_queue_s == pytest.approx(0.3) and s._first_token(plan, "d0", 0.0)[1] == 0.0
+    s.queue_margin = 1.0
+    assert s._first_token(plan, "d0", 0.0)[1] == pytest.approx(0.3)
+    assert s._first_token(s.local_plan("p1", req("y"), 0.0), "d0", 0.0)[1] == 0.0  # not queued: no margin
+    picks = [s.schedule(req(f"r{i}"), now=0.0) for i in range(2)]
+    assert all(isinstance(d, Decision) and d.prefill_id == "p1" for d in picks)  # never behind p0's head
+    busy(cl, "p1", 0.3, now=0.0)
+    r = s.schedule(req("z"), now=0.0)
+    assert isinstance(r, Rejection) and "margin 0.300s" in r.reason
+    s.queue_margin = 0.0
+    assert isinstance(s.schedule(req("z2"), now=0.0), Decision)
