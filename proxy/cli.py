@@ -85,11 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "would queue at least that class's margin (default on). Engines answer a queued request "
                         "at the end of a batched step the model does not see, so these come late while unqueued "
                         "ones come early, and one pair's quantile mixes the two (scheduling/ttft_error.py)")
-    g.add_argument("--ttft-queue-margin", type=float, default=0.0, metavar="K",
+    g.add_argument("--ttft-queue-margin", type=float, default=1.0, metavar="K",
                    help="with --calibrate and --ttft-slo: hold a request that would wait behind others on its "
-                        "prefill to a margin of at least K x its predicted wait (default 0: only the learned "
+                        "prefill to a margin of at least K x its predicted wait (default 1; 0: only the learned "
                         "margins). In a burst on shared cores queued requests take several times their estimate "
-                        "before any of them answers, which no margin learned from outcomes sees in time")
+                        "before any of them answers, which no margin learned from outcomes sees in time; the "
+                        "conductor then sends them to a prefill with nothing queued (BENCHMARKS.md, runs q7-q12)")
     g.add_argument("--recent-busy-tau", type=float, default=0.0,
                    help="with --calibrate and --prediction-horizon: count a prefill that is idle now for its busy "
                         "share over about the last SECONDS (an exponential moving average with this time constant) "

@@ -76,7 +76,7 @@ class ProxyConfig:
     #: --ttft-margin-quantile: the quantile of a pair's recent TTFT errors the check adds (ttft_error.py)
     ttft_margin_quantile: float = 0.9
     ttft_margin_queued: bool = True  # --[no-]ttft-margin-queued: requests admitted behind others as a class
-    ttft_queue_margin: float = 0.0  # --ttft-queue-margin: a queued request's margin >= this x its predicted wait
+    ttft_queue_margin: float = 1.0  # --ttft-queue-margin: a queued request's margin >= this x its predicted wait
     #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
     recent_busy_tau: float = 0.0
     #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
