@@ -579,7 +579,7 @@ def run_overload(a: argparse.Namespace, py: str, prefills: list[VllmServer], dec
           f"{1000 * tbt_slo:.0f} ms", flush=True)
     out = []
     for k, mode in enumerate(a.rejection_modes):
-        extra = []
+        extra: list[str] = []
         if mode != "none":
             # DEBUG: the proxy logs each admitted request's predicted TTFT and its first token (proxy_<k>_<mode>.log)
             extra += ["--ttft-slo", f"{ttft_slo:.4f}", "--tbt-slo", f"{tbt_slo:.4f}", "--calibrate", "--log-level", "DEBUG",

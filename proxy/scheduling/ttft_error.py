@@ -92,8 +92,7 @@ class TtftErrorQuantile:
 
     def queued_samples(self) -> int:
         """Residuals in the pooled window of requests admitted behind others."""
-        d = self._res.get(QUEUED)
-        return len(d) if d is not None else 0
+        return self.samples(*QUEUED)
 
     def margin(self, prefill_id: str, decode_id: str, now: float, *, fade: bool = True,
                queued: bool = False) -> float:
