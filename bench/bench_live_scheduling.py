@@ -40,7 +40,8 @@ baseline: ``--rejection decode``, TTFT checked on arrival, TBT after the prefill
 (current-load early rejection), ``predictive`` (``--rejection early+decode --prediction-horizon``:
 the paper's prediction-based early rejection with the decode-stage backstop), ``predictive_pairs``
 (the same with ``--no-ttft-margin-queued``: each pair's own TTFT margin only), ``predictive_recent``
-(with ``--recent-busy-tau 2``), ``predictive_no_qm`` (with ``--ttft-queue-margin 0``). Every SLO mode
+(with ``--recent-busy-tau 2``), ``predictive_no_qm`` (with ``--ttft-queue-margin 0``), ``predictive_qm2``
+(with ``--ttft-queue-margin 2``). Every SLO mode
 runs the proxy with ``--calibrate`` (the idle-fitted profile is corrected online by the observed
 latencies). A request meets the SLO when its TTFT <= the TTFT SLO and its own TBT p90 (over its
 chunk gaps) <= the TBT SLO; attainment is reported among the admitted requests (not 429) and among
@@ -121,7 +122,10 @@ REJECTION_MODES: dict[str, list[str]] = {
     # the same without the floor on a queued request's margin (--ttft-queue-margin 0; the default before
     # 2026-12-05's runs q7-q12, where the mode with the floor was called predictive_qm)
     "predictive_no_qm": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
-                         "--ttft-queue-margin", "0"]}
+                         "--ttft-queue-margin", "0"],
+    # the same with twice the floor: a queued request's margin >= 2x its predicted wait
+    "predictive_qm2": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
+                       "--ttft-queue-margin", "2"]}
 BLOCK = 32  # the engines' --block-size (the harness's)
 
 
@@ -702,8 +706,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--rejection early+decode --prediction-horizon H (prediction-based early rejection "
                         "with the decode-stage backstop); predictive_pairs: predictive with "
                         "--no-ttft-margin-queued (each pair's own TTFT margin only); predictive_recent: predictive "
-                        "with --recent-busy-tau 2; predictive_no_qm: predictive with --ttft-queue-margin 0; every SLO "
-                        "mode adds --calibrate")
+                        "with --recent-busy-tau 2; predictive_no_qm: predictive with --ttft-queue-margin 0; "
+                        "predictive_qm2: predictive with --ttft-queue-margin 2; every SLO mode adds --calibrate")
     g.add_argument("--ttft-slo", type=float, default=None,
                    help="TTFT SLO (s); a request meets the SLO when TTFT <= this and its TBT p90 <= --tbt-slo "
                         "(default: the --slo-percentile of the first half's TTFTs under --overload-policy)")
