@@ -109,23 +109,21 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # the conductor may read a prefix from a busy peer prefill (docs/kvcache-scheduling.md)
     "conductor_peer": ("conductor", ["--peer-prefix"]),
 }
+#: the paper's prediction-based early rejection with the decode-stage backstop; the variants below add a flag
+_PREDICTIVE = ["--rejection", "early+decode", "--prediction-horizon", "{horizon}"]
 #: overload-phase rejection modes -> the proxy flags they add (SLO flags and --calibrate come on top)
 REJECTION_MODES: dict[str, list[str]] = {
     "none": [], "decode": ["--rejection", "decode"], "early": ["--rejection", "early"],
-    "predictive": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}"],
+    "predictive": _PREDICTIVE,
     # the same without the queued class of TTFT errors (each pair's own margin only; before 2026-12-05)
-    "predictive_pairs": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
-                         "--no-ttft-margin-queued"],
+    "predictive_pairs": [*_PREDICTIVE, "--no-ttft-margin-queued"],
     # the same with each prefill idle now counted for its busy share over about the last 2 s
-    "predictive_recent": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
-                          "--recent-busy-tau", "2"],
+    "predictive_recent": [*_PREDICTIVE, "--recent-busy-tau", "2"],
     # the same without the floor on a queued request's margin (--ttft-queue-margin 0; the default before
     # 2026-12-05's runs q7-q12, where the mode with the floor was called predictive_qm)
-    "predictive_no_qm": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
-                         "--ttft-queue-margin", "0"],
-    # the same with twice the floor: a queued request's margin >= 2x its predicted wait
-    "predictive_qm2": ["--rejection", "early+decode", "--prediction-horizon", "{horizon}",
-                       "--ttft-queue-margin", "2"]}
+    "predictive_no_qm": [*_PREDICTIVE, "--ttft-queue-margin", "0"],
+    # the same with twice the floor: a queued request's margin >= 2x its predicted wait (runs u1-u3)
+    "predictive_qm2": [*_PREDICTIVE, "--ttft-queue-margin", "2"]}
 BLOCK = 32  # the engines' --block-size (the harness's)
 
 
