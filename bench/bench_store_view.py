@@ -2,7 +2,7 @@
 """How the proxy learns what the Mooncake Store holds: key events vs batch_is_exist queries.
 
 A real ``mooncake_master`` process; a writer puts connector block keys (chained, 16-token
-blocks), and each view (``proxy/store_view.py``) is measured in the same run:
+blocks), and each view (``mooncake_proxy/store_view.py``) is measured in the same run:
 
 * staleness: time from ``put_end`` / ``remove`` returning to the view reporting the change
   (p50 / p99 over ``--samples`` changes);

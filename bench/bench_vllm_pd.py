@@ -12,7 +12,7 @@ Modes (each starts its own servers, runs the prompts one at a time, stops them):
             (``--handoff vllm``: prefill first, then the decode with the prefill's answer)
   ours-conc same, ``--handoff mooncake-core``: prefill and decode sent at once (after the first)
   ours-ft   same as ours plus ``--prefill-first-token``: the proxy streams the prefill's own first
-            token, the decode continues from the prompt + that token (proxy/first_token.py)
+            token, the decode continues from the prompt + that token (mooncake_proxy/first_token.py)
   nixl      same with vLLM's NixlConnector (needs ``pip install --no-deps nixl-cu12==1.5.1
             nixl==1.5.1`` in the vLLM venv: ``scripts/install_vllm.sh --with-nixl``), UCX over tcp
   nixl-mc   NixlConnector with "backends": ["MooncakeCore"] (our NIXL plugin: scripts/install_nixl.sh)

@@ -22,8 +22,8 @@ _SHIM: list[str] = []
 def checkout_shim() -> str:
     if not _SHIM:
         d = tempfile.mkdtemp(prefix="mooncake-checkout-shim-")
-        for name, rel in (("mooncake_core", "mooncake_core"), ("mooncake_connectors", "connectors"),
-                          ("mooncake_proxy", "proxy")):
+        for name, rel in (("mooncake_core", "mooncake_core"), ("mooncake_connectors", "mooncake_connectors"),
+                          ("mooncake_proxy", "mooncake_proxy")):
             os.symlink(REPO / rel, os.path.join(d, name))
         atexit.register(shutil.rmtree, d, True)
         _SHIM.append(d)

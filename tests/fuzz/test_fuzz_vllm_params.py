@@ -1,4 +1,4 @@
-"""Fuzz the vLLM connector's ``kv_transfer_params`` parser (connectors/vllm/params.py).
+"""Fuzz the vLLM connector's ``kv_transfer_params`` parser (mooncake_connectors/vllm/params.py).
 
 The proxy copies these params from the prefill's answer into the decode request verbatim, so
 they are untrusted input at the decode instance. Property: any JSON value either parses into a

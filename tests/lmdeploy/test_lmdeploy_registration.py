@@ -1,7 +1,7 @@
 """How ``--migration-backend Mooncake`` comes to mean our backend: import order, choice, launcher.
 
 LMDeploy has no plugin hook; ``import mooncake_connectors.lmdeploy`` and the launcher are the way
-in (connectors/lmdeploy/registration.py). Each case is a fresh LMDeploy-venv interpreter.
+in (mooncake_connectors/lmdeploy/registration.py). Each case is a fresh LMDeploy-venv interpreter.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The DEBUG ``admitted`` line's fields (proxy/admission_log.py), which the SLO bench pairs with each
+"""The DEBUG ``admitted`` line's fields (mooncake_proxy/admission_log.py), which the SLO bench pairs with each
 request's first token: pure, a real ClusterState and scheduler."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``--prefill-first-token``'s pure part (proxy/first_token.py): which requests may take the path,
+"""``--prefill-first-token``'s pure part (mooncake_proxy/first_token.py): which requests may take the path,
 what the decode is sent, the first chunk's bytes and the usage rewrite of the decode's stream.
 The path itself on real vLLM: tests/vllm/test_vllm_p2p_e2e.py::test_prefill_first_token_through_proxy."""
 

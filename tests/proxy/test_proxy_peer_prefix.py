@@ -1,6 +1,6 @@
 """``--peer-prefix``: the Conductor plans a prefix load from a peer instance with a queue; the proxy has
 the peer export the prefix and hands its answer to the chosen prefill as ``mooncake_peer_prefix``
-(connectors/vllm/peer_prefix.py; the connector side runs on real vLLM in
+(mooncake_connectors/vllm/peer_prefix.py; the connector side runs on real vLLM in
 tests/vllm/test_vllm_p2p_e2e.py). Fake engines stand in for vLLM: their answers carry
 kv_transfer_params as vLLM's do, and they record what they received."""
 

@@ -48,7 +48,7 @@ def test_entry_point_found_by_sglang_loader(sglang_python):
     assert out["found"].get("mooncake") == "mooncake-core", out
     assert out["engine"] == "mooncake_core.engine" and out["store"] == "mooncake_core.store", out
     # the checkout under test is what runs (not wherever the venv's editable install points)
-    assert out["plugin_file"] == os.path.join(REPO, "connectors", "sglang", "plugin.py"), out
+    assert out["plugin_file"] == os.path.join(REPO, "mooncake_connectors", "sglang", "plugin.py"), out
     assert out["engine_file"] == os.path.join(REPO, "mooncake_core", "engine.py"), out
     assert out["get_engine_is_self"] is True  # SGLang's MooncakeTransferEngine.get_engine() works
     assert out["bind_env"] is None  # the plugin leaves the bind address to the engine (local_hostname's host)

@@ -1,4 +1,4 @@
-"""The dependency-free SVG charts (proxy/svgplot.py) used where matplotlib is not installed."""
+"""The dependency-free SVG charts (mooncake_proxy/svgplot.py) used where matplotlib is not installed."""
 
 from __future__ import annotations
 

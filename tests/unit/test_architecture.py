@@ -11,8 +11,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"mooncake_core": ROOT / "mooncake_core", "mooncake_proxy": ROOT / "proxy",
-            "mooncake_connectors": ROOT / "connectors"}
+PACKAGES = {"mooncake_core": ROOT / "mooncake_core", "mooncake_proxy": ROOT / "mooncake_proxy",
+            "mooncake_connectors": ROOT / "mooncake_connectors"}
 MAX_LINES = 900
 
 

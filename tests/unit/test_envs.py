@@ -15,7 +15,7 @@ from mooncake_core import envs
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the shipped code (connectors other helpers own are added to envs.py when they merge)
-SCANNED = [ROOT / "mooncake_core", ROOT / "proxy", ROOT / "connectors" / "vllm", ROOT / "connectors" / "sglang"]
+SCANNED = [ROOT / "mooncake_core", ROOT / "mooncake_proxy", ROOT / "mooncake_connectors" / "vllm", ROOT / "mooncake_connectors" / "sglang"]
 NAME = re.compile(r"(?<![A-Z0-9_])(?:MC|MOONCAKE)_[A-Z0-9_]+(?![A-Z0-9_<])")
 RAW_READ = re.compile(r"(?:environ(?:\.get)?\s*[\(\[]|getenv\s*\()\s*f?[\"'](?:MC|MOONCAKE)_")
 

@@ -1,4 +1,4 @@
-"""The connectors' stats dict (pure: connectors/vllm/stats.py): recording, merging across workers and
+"""The connectors' stats dict (pure: mooncake_connectors/vllm/stats.py): recording, merging across workers and
 scheduler, the wire check, and the summary vLLM logs. No vLLM, no sockets."""
 
 from __future__ import annotations

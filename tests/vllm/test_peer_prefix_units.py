@@ -1,4 +1,4 @@
-"""The peer prefix hint's checks (pure: connectors/vllm/peer_prefix.py, params.tokens_digest)."""
+"""The peer prefix hint's checks (pure: mooncake_connectors/vllm/peer_prefix.py, params.tokens_digest)."""
 
 from __future__ import annotations
 

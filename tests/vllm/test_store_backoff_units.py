@@ -1,4 +1,4 @@
-"""MasterBackoff (connectors/vllm/store_backoff.py): skip an unreachable master, retry with doubling waits."""
+"""MasterBackoff (mooncake_connectors/vllm/store_backoff.py): skip an unreachable master, retry with doubling waits."""
 
 from __future__ import annotations
 

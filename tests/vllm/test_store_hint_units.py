@@ -1,4 +1,4 @@
-"""The store prefix hint's format (pure: connectors/vllm/store_hint.py) and the proxy's use of it."""
+"""The store prefix hint's format (pure: mooncake_connectors/vllm/store_hint.py) and the proxy's use of it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The connector worker's idle wait (connectors/vllm/idle.py) and the engine inbox it sleeps on
+"""The connector worker's idle wait (mooncake_connectors/vllm/idle.py) and the engine inbox it sleeps on
 (no sockets): the wait happens only on a step without work, ends as soon as a notification or a
 finished batch comes in, and never misses one that came in between two polls."""
 

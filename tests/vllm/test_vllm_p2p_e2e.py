@@ -282,7 +282,7 @@ def _held(p) -> float:
 
 
 def test_peer_prefix_hint_loads_the_prefix_from_another_instance(pd_pair):
-    """The proxy's peer prefix hint (connectors/vllm/peer_prefix.py): the peer exports a prefix
+    """The proxy's peer prefix hint (mooncake_connectors/vllm/peer_prefix.py): the peer exports a prefix
     (a hand-off request of the prefix alone), the other instance reads those blocks, computes the
     rest of its prompt, and answers exactly what it computes alone; the peer frees its blocks on
     the reader's confirmation."""

@@ -39,7 +39,7 @@ HERE = str(Path(__file__).resolve().parent)  # corrupting_connector.py, loaded b
 #: CPU starvation, not capacity. A TP 2 instance holding KV stepped without work in a busy loop
 #: (engine core <-> both workers over vLLM's spinning shm queues) and on 2 cores nothing else ran --
 #: not the decode, not even ``cat /proc/<pid>/stat`` -- until the lease ran out. Fixed by the
-#: connector's idle wait (connectors/vllm/idle.py); since then all 9 cases passed in 134 s and 129 s
+#: connector's idle wait (mooncake_connectors/vllm/idle.py); since then all 9 cases passed in 134 s and 129 s
 #: (two runs in a row, load average ~10 on the shared box).
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -101,7 +101,7 @@ class DecodeLoad:
 
 
 class StoreView(Protocol):
-    """What the store tier needs from a view of the real store (``proxy/store_view.py``)."""
+    """What the store tier needs from a view of the real store (``mooncake_proxy/store_view.py``)."""
 
     def prefix_len(self, block_hashes: Sequence[int]) -> int: ...
 

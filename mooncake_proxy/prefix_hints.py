@@ -1,7 +1,7 @@
 """The prefix hints the proxy adds to a prefill request (why: the Conductor's plan names where a
 prefix comes from; these say so to the engine). ``with_store_hint``: the Mooncake Store holds it
-(``connectors/vllm/store_hint.py``); ``with_peer_prefix``: another prefill holds it and exports it
-first (``connectors/vllm/peer_prefix.py``, docs/kvcache-scheduling.md)."""
+(``mooncake_connectors/vllm/store_hint.py``); ``with_peer_prefix``: another prefill holds it and exports it
+first (``mooncake_connectors/vllm/peer_prefix.py``, docs/kvcache-scheduling.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ log = get_logger("mooncake_proxy.prefix_hints")
 
 
 def with_store_hint(payload: dict[str, Any], decision: Any, block_size: int) -> dict[str, Any]:
-    """The prefill payload with the store prefix hint (``connectors/vllm/store_hint.py``): the
+    """The prefill payload with the store prefix hint (``mooncake_connectors/vllm/store_hint.py``): the
     scheduler counted on the prefill loading ``cached_blocks`` leading blocks, the ones it lacks
     from the store. Hand-offs without ``kv_transfer_params`` (SGLang) are left as they are."""
     params = payload.get("kv_transfer_params")
