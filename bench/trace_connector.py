@@ -35,17 +35,17 @@ class TracingMooncakeConnector(MooncakeCoreConnector):
         send_ready, on_ready = w._send_ready, w._on_ready
 
         def _send_ready(pair: Any) -> None:
-            rid = pair[1].get("remote_request_id", "") if pair is not None else ""
-            tid = pair[1].get("mooncake_transfer_id", "") if pair is not None else ""
+            rid = pair[1].request_id if pair is not None else ""
+            tid = pair[1].transfer_id if pair is not None else ""
             self._ev("ready_send", rid, tid=tid)
             send_ready(pair)
             self._ev("ready_sent", rid, tid=tid)
 
-        def _on_ready(tid: str, payload: str) -> None:
+        def _on_ready(tid: str, ready: Any) -> None:
             entry = w._waiting.get(tid)
             rid = entry[0].request_id if entry is not None else ""
             self._ev("ready_recv", rid, tid=tid)
-            on_ready(tid, payload)
+            on_ready(tid, ready)
             self._ev("read_done", rid, tid=tid)
 
         srv = w.te._server  # the rpc server thread's hand-off of a received notification

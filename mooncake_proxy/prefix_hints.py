@@ -1,7 +1,7 @@
 """The prefix hints the proxy adds to a prefill request (why: the Conductor's plan names where a
 prefix comes from; these say so to the engine). ``with_store_hint``: the Mooncake Store holds it
-(``mooncake_connectors/vllm/store_hint.py``); ``with_peer_prefix``: another prefill holds it and exports it
-first (``mooncake_connectors/vllm/peer_prefix.py``, docs/kvcache-scheduling.md)."""
+(``mooncake_core/pd/store_hint.py``); ``with_peer_prefix``: another prefill holds it and exports it
+first (``mooncake_core/pd/peer_prefix.py``, docs/kvcache-scheduling.md)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ log = get_logger("mooncake_proxy.prefix_hints")
 
 
 def with_store_hint(payload: dict[str, Any], decision: Any, block_size: int) -> dict[str, Any]:
-    """The prefill payload with the store prefix hint (``mooncake_connectors/vllm/store_hint.py``): the
+    """The prefill payload with the store prefix hint (``mooncake_core/pd/store_hint.py``): the
     scheduler counted on the prefill loading ``cached_blocks`` leading blocks, the ones it lacks
     from the store. Hand-offs without ``kv_transfer_params`` (SGLang) are left as they are."""
     params = payload.get("kv_transfer_params")
     if not isinstance(params, dict):
         return payload
-    from mooncake_connectors.vllm.store_hint import HINT_KEY, make_hint
+    from mooncake_core.pd.store_hint import HINT_KEY, make_hint
 
     return {**payload, "kv_transfer_params": {**params, HINT_KEY: make_hint(decision.cached_blocks, block_size)}}
 
@@ -37,7 +37,7 @@ async def with_peer_prefix(server: "ProxyServer", payload: dict[str, Any], body:
     instance exports them (a one-token hand-off request of the prefix's token ids, bounded by
     --peer-prefix-timeout) and its answer goes to the prefill. Any failure leaves the payload as
     it was: the prefill then computes the prefix."""
-    from mooncake_connectors.vllm.peer_prefix import PEER_KEY, export_prefix, export_request
+    from mooncake_core.pd.peer_prefix import PEER_KEY, export_prefix, export_request
 
     cfg = server.cfg
     params = payload.get("kv_transfer_params")

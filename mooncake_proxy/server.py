@@ -146,7 +146,7 @@ class ProxyServer:
         self.sched_mod = sched
         self.cluster = sched.ClusterState(block_size=cfg.block_size)
         # Engines load a prefix from the store; from a peer only with --peer-prefix (our P2P connector
-        # on the prefills reads what the peer exports, mooncake_connectors/vllm/peer_prefix.py).
+        # on the prefills reads what the peer exports, mooncake_core/pd/peer_prefix.py).
         self.cluster.peer_fetch = self.cluster.peer_export_waits = cfg.peer_prefix
         cost = sched.CostModel.from_file(cfg.profile) if cfg.profile else sched.CostModel.default()
         if cost.block_size != cfg.block_size:

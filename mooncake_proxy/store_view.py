@@ -1,7 +1,7 @@
 """The Conductor's store tier as the Mooncake Store really holds it (not a model of it).
 
 Our vLLM store connector saves every full KV block under a prefix-chained key
-(``mooncake_connectors.vllm.keys``: SHA-256 over the previous digest and the block's token
+(``mooncake_core.pd.keys``: SHA-256 over the previous digest and the block's token
 ids, seeded with model, block size, layout and cache salt). The proxy computes the very same
 chain from the prompt (engine tokenizer, engine block size) with :class:`StoreBlockHasher`,
 whose block hashes *are* those digests (as ints), so one hash serves the per-instance prefix
@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Protocol, Sequence
 
-from mooncake_connectors.vllm.keys import KEY_PREFIX, chain_step, chained_digests, namespace
+from mooncake_core.pd.keys import KEY_PREFIX, chain_step, chained_digests, namespace
 from mooncake_core.errors import MooncakeError
 from mooncake_core.store.key_events import KIND_CODES
 from mooncake_core.utils.log import get_logger

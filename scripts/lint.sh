@@ -3,10 +3,11 @@
 #   ruff check                 rules and scope in pyproject.toml [tool.ruff]
 #   mypy (lenient)             mooncake_core and mooncake_proxy, as packages
 #   mypy --strict              the pure modules: master state and records, scheduling, the TE wire
-#                              format, the range allocator, the vLLM connectors' layout, params, stats
+#                              format, the range allocator, the PD contract (mooncake_core/pd), the vLLM
+#                              connectors' layout, stats, tp
 # --help prints this text.
 set -euo pipefail
-case "${1:-}" in -h|--help) sed -n '2,7p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,8p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 STRICT=(mooncake_core/store/master_state.py mooncake_core/store/master_records.py mooncake_core/store/master_absence.py
@@ -14,7 +15,7 @@ STRICT=(mooncake_core/store/master_state.py mooncake_core/store/master_records.p
         mooncake_proxy/scheduling mooncake_proxy/first_token.py
         mooncake_core/transfer/wire.py mooncake_core/utils/range_allocator.py mooncake_core/auth.py mooncake_core/store/limits.py
         mooncake_core/dashboard/window.py mooncake_core/utils/rounds.py mooncake_core/utils/progress.py
-        mooncake_connectors/vllm/layout.py mooncake_connectors/vllm/params.py mooncake_connectors/vllm/stats.py
+        mooncake_connectors/vllm/layout.py mooncake_core/pd mooncake_connectors/vllm/stats.py
         mooncake_connectors/vllm/tp.py)
 rc=0
 echo "[lint] ruff check"

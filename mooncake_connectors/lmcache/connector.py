@@ -39,7 +39,7 @@ from lmcache.v1.protocol import RemoteMetadata
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from mooncake_connectors.lmcache.settings import ConfigError, ConnectorSettings, settings_from
-from mooncake_connectors.vllm.keys import leading_hits  # pure: 1 = present, anything else ends the run
+from mooncake_core.pd.keys import leading_hits  # pure: 1 = present, anything else ends the run
 from mooncake_core.errors import ErrorCode
 from mooncake_core.store import MooncakeDistributedStore, ReplicateConfig
 

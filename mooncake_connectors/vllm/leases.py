@@ -10,6 +10,10 @@ worker one step later), so early confirmations are remembered for a while.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+#: What a prefill offers a decode in ``ready`` (the connector's ``RemotePrefill``).
+Offer = TypeVar("Offer")
 
 
 @dataclass
@@ -79,7 +83,7 @@ class SendTracker:
 
 
 @dataclass
-class Rendezvous:
+class Rendezvous(Generic[Offer]):
     """Prefill side of the concurrent hand-off: pairs a decode's ``want`` with the finished request.
 
     Either may come first: the decode usually asks while the prefill still computes (its
@@ -95,9 +99,9 @@ class Rendezvous:
     """
 
     _wants: dict[str, tuple[list[str], float]] = field(default_factory=dict)  # tid -> (decode segments, expiry)
-    _offers: dict[str, tuple[dict, float, set[str]]] = field(default_factory=dict)  # tid -> (params, expiry, answered)
+    _offers: dict[str, tuple[Offer, float, set[str]]] = field(default_factory=dict)  # tid -> (offer, expiry, answered)
 
-    def want(self, transfer_id: str, decode_segment: str, expiry: float) -> tuple[str, dict] | None:
+    def want(self, transfer_id: str, decode_segment: str, expiry: float) -> tuple[str, Offer] | None:
         offer = self._offers.get(transfer_id)
         if offer is not None:
             offer[2].add(decode_segment)
@@ -108,10 +112,10 @@ class Rendezvous:
         self._wants[transfer_id] = (segs, max(expiry, self._wants.get(transfer_id, (segs, expiry))[1]))
         return None
 
-    def offer(self, transfer_id: str, params: dict, expiry: float) -> list[tuple[str, dict]]:
+    def offer(self, transfer_id: str, offer: Offer, expiry: float) -> list[tuple[str, Offer]]:
         segs, _ = self._wants.pop(transfer_id, ([], 0.0))
-        self._offers[transfer_id] = (params, expiry, set(segs))
-        return [(seg, params) for seg in segs]
+        self._offers[transfer_id] = (offer, expiry, set(segs))
+        return [(seg, offer) for seg in segs]
 
     def answered(self, transfer_id: str, decode_segment: str) -> bool:
         """Whether ``decode_segment`` was sent a ``ready`` for ``transfer_id`` already (so its

@@ -65,7 +65,7 @@ heads (``tp.rank_plan``): the same rank when both TPs match; with prefill TP = k
 (e.g. 2 -> 1) the k prefill ranks' blocks fill the k head slices of each local block; with
 decode TP = k x prefill TP (e.g. 1 -> 2) decode rank r reads its head slice of prefill rank
 r // k's blocks, and that prefill rank frees them once all k decode ranks confirmed (the count
-travels in the confirmation, ``params.confirmation``). vLLM frees a prefill's blocks once every
+travels in the confirmation, ``mooncake_core.pd.notify``). vLLM frees a prefill's blocks once every
 prefill rank reported them sent and runs a decode request once every decode rank reported it
 received (``KVOutputAggregator``). TPs that are not multiples of each other, or a head slice of
 a layout that is not head-outer, are refused with a log line naming both TPs (the decode
@@ -75,7 +75,6 @@ is a subclass in ``tests/vllm/corrupting_connector.py``; this connector has no t
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -96,12 +95,13 @@ from mooncake_connectors.vllm.idle import IDLE_WAIT_MS, idle_wait_s
 from mooncake_connectors.vllm.layout import (Slab, coalesce, heads_outer, pair_blocks, plan,
                                              remote_slabs_from_regions, slabs_of)
 from mooncake_connectors.vllm.leases import Rendezvous, SendTracker
-from mooncake_connectors.vllm.params import (MSG_DONE, MSG_FAILED, MSG_READY, MSG_RELEASE, MSG_WANT, ParamsError,
-                                             PendingPrefill, RemotePrefill, chosen_transfer_id, confirmation,
-                                             is_pending, new_transfer_id, parse_confirmation, parse_pending,
-                                             tokens_digest, wants_remote_decode, wants_remote_prefill)
+from mooncake_core.pd import notify
+from mooncake_core.pd.notify import Confirmation, NotifyError, Ready, Want
+from mooncake_core.pd.params import (ParamsError, PendingPrefill, RemotePrefill, chosen_transfer_id, is_pending,
+                                     new_transfer_id, parse_pending, tokens_digest, wants_remote_decode,
+                                     wants_remote_prefill)
 from mooncake_connectors.vllm.p2p_messages import MooncakeConnectorMetadata, MooncakeHandshake, RecvReq, SendReq
-from mooncake_connectors.vllm.peer_prefix import PEER_KEY, has_peer_prefix, parse_peer_prefix
+from mooncake_core.pd.peer_prefix import PEER_KEY, has_peer_prefix, parse_peer_prefix
 from mooncake_connectors.vllm.tp import (KVShard, RankPlan, TPMismatch, notify_targets, rank_hostname, rank_plan,
                                          readers)
 
@@ -460,7 +460,7 @@ class _Scheduler:
                            tokens_digest=tokens_digest((request.prompt_token_ids or ())[:request.num_computed_tokens]))
         out = rp.to_params()
         # concurrent hand-off: the worker sends these to the decode that asks for ``tid``
-        self._send[request.request_id] = SendReq(tid, expiry, out if chosen else None)
+        self._send[request.request_id] = SendReq(tid, expiry, rp if chosen else None)
         self.stats.add(S.HANDOFF_REQUESTS)
         self.stats.add(S.HANDOFF_BLOCKS, len(block_ids))
         return True, out
@@ -544,7 +544,7 @@ class _Worker:
         self.idle_wait_ms = float(_extra(vllm_config, "idle_wait_ms", IDLE_WAIT_MS))
         self._idle_step = False  # this step schedules no tokens (MooncakeConnectorMetadata.idle)
         self._events_seen = 0  # te.notify_events() when the last poll drained the notifications
-        self._rdv = Rendezvous()                           # prefill: wants <-> finished requests
+        self._rdv: Rendezvous[RemotePrefill] = Rendezvous()  # prefill: wants <-> finished requests
         # decode: transfer id -> (req, deadline, when to ask again)
         self._waiting: dict[str, tuple[RecvReq, float, float]] = {}
         self._cancelled: set[str] = set()                  # decode: aborted while an async read runs
@@ -610,7 +610,8 @@ class _Worker:
     def _confirm(self, segment: str, transfer_id: str, kind: str, n_readers: int, inline: bool = False) -> bool:
         """Tell a prefill rank this decode rank is done with ``transfer_id`` (read, failed, or not
         reading); with several decode ranks reading it (``n_readers``) the message says which."""
-        return self._notify(segment, transfer_id, confirmation(kind, self.tp_rank % n_readers, n_readers), inline)
+        msg = notify.confirmation(kind, self.tp_rank % n_readers, n_readers)
+        return self._notify(segment, transfer_id, msg, inline)
 
     def start_load(self, meta: MooncakeConnectorMetadata) -> None:
         self._idle_step = meta.idle
@@ -618,13 +619,13 @@ class _Worker:
             self._cancel(rid)
         for segs, remote_tp, tid in meta.releases:
             for seg in self._targets(segs, remote_tp):
-                self._confirm(seg, tid, MSG_RELEASE, readers(self.tp_size, remote_tp))
+                self._confirm(seg, tid, "release", readers(self.tp_size, remote_tp))
         for rid, sr in meta.reqs_to_send.items():
             self._held_since[rid] = time.monotonic()
             if self._sends.hold(rid, sr.transfer_id, sr.expiry, time.time()):
                 self._send_done.add(rid)  # (under TP a decode rank may have confirmed before this rank held)
-            if sr.params is not None:
-                for pair in self._rdv.offer(sr.transfer_id, sr.params, sr.expiry):
+            if sr.ready is not None:
+                for pair in self._rdv.offer(sr.transfer_id, sr.ready, sr.expiry):
                     self._send_ready(pair)
         for r in meta.reqs_to_recv:
             if r.pending is not None:
@@ -637,7 +638,7 @@ class _Worker:
         """Decode: tell the prefill (still computing, usually) to send ``ready`` to us when done."""
         assert r.pending is not None
         pp = r.pending
-        if self._notify(pp.segment, pp.transfer_id, MSG_WANT + self.segment, inline=True):
+        if self._notify(pp.segment, pp.transfer_id, notify.encode(Want(self.segment)), inline=True):
             mono = time.monotonic()
             self._waiting[pp.transfer_id] = (r, mono + self.prefill_wait_s, mono + self.want_retry_s)
         else:
@@ -648,20 +649,22 @@ class _Worker:
         for seg in self._targets((pp.segment,), 0):
             self._notify(seg, pp.transfer_id, msg)
 
-    def _send_ready(self, pair: tuple[str, dict] | None, inline: bool = True) -> None:
+    def _send_ready(self, pair: tuple[str, RemotePrefill] | None, inline: bool = True) -> None:
         """Prefill: the finished request's params to the decode that asked (one quick round trip)."""
         if pair is not None:
-            seg, params = pair
-            self._notify(seg, params["mooncake_transfer_id"], MSG_READY + json.dumps(params), inline=inline)
+            seg, rp = pair
+            self._notify(seg, rp.transfer_id, notify.encode(Ready(rp)), inline=inline)
 
-    def _on_ready(self, tid: str, payload: str) -> None:
-        """Decode: the prefill finished: check what it sent and start the read now."""
+    def _on_ready(self, tid: str, ready: Ready | NotifyError) -> None:
+        """Decode: the prefill finished: check what it sent (or its error) and start the read now."""
         entry = self._waiting.pop(tid, None)
         if entry is None:
             return  # cancelled or timed out meanwhile (the prefill's lease frees its blocks)
         r = entry[0]
         try:
-            rp = RemotePrefill.from_params(json.loads(payload))
+            if isinstance(ready, NotifyError):
+                raise ready
+            rp = ready.remote
             need_blocks = -(-r.need_tokens // max(1, rp.block_size))
             if rp.transfer_id != tid or rp.segment != r.pending.segment:  # type: ignore[union-attr]
                 raise ParamsError(f"ready for transfer {rp.transfer_id} from {rp.segment} does not match")
@@ -671,12 +674,12 @@ class _Worker:
             if rp.num_tokens < r.need_tokens or len(rp.block_ids) < need_blocks:
                 raise ParamsError(f"prefill computed {rp.num_tokens} tokens in {len(rp.block_ids)} blocks, the "
                                   f"decode needs {r.need_tokens}")
-        except (ValueError, TypeError) as e:  # ParamsError and bad JSON
+        except ValueError as e:  # ParamsError, TPMismatch, NotifyError
             logger.error("MooncakeCoreConnector: request %s: bad ready notification for transfer %s: %s",
                          r.request_id, tid, e)
             self._fail(r, "bad_ready")
             if r.pending is not None:
-                self._tell_pending(r.pending, MSG_FAILED)
+                self._tell_pending(r.pending, "failed")
             return
         self._submit(RecvReq(r.request_id, rp, r.local_block_ids, r.local_hit_blocks))
 
@@ -687,7 +690,7 @@ class _Worker:
                 del self._waiting[tid]
                 self._cancelled_now.append(rid)
                 if r.pending is not None:
-                    self._tell_pending(r.pending, MSG_RELEASE)
+                    self._tell_pending(r.pending, "release")
                 return
         if any(p.req.request_id == rid for p in self._pulls):
             self._cancelled.add(rid)  # reported when the read ends
@@ -695,17 +698,23 @@ class _Worker:
 
     def _drain_notifies(self, now: float) -> None:
         for n in self.te.get_notifies():
-            if n.msg.startswith(MSG_READY):
-                self._on_ready(n.name, n.msg[len(MSG_READY):])
-            elif n.msg.startswith(MSG_WANT):
-                seg = n.msg[len(MSG_WANT):]
+            try:
+                msg: Ready | Want | Confirmation | NotifyError = notify.decode(n.msg)
+            except NotifyError as e:  # a bad ready fails the decode waiting for it; anything else is noise
+                msg = e
+            if isinstance(msg, NotifyError) and msg.kind != "ready":
+                logger.warning("MooncakeCoreConnector: ignoring notification %r for transfer %s: %s", n.msg[:40],
+                               n.name, msg)
+            elif isinstance(msg, (Ready, NotifyError)):
+                self._on_ready(n.name, msg)
+            elif isinstance(msg, Want):
                 # a repeat (the first ready was lost: the decode may be unreachable) goes in the
                 # background, so a peer that does not answer cannot stall this engine's steps
-                again = self._rdv.answered(n.name, seg)
-                self._send_ready(self._rdv.want(n.name, seg, now + self.lease_s), inline=not again)
-            elif (conf := parse_confirmation(n.msg)) is not None:
+                again = self._rdv.answered(n.name, msg.segment)
+                self._send_ready(self._rdv.want(n.name, msg.segment, now + self.lease_s), inline=not again)
+            else:
                 # the rendezvous keeps its offer until the lease ends: a sibling decode rank may ask later
-                rid = self._sends.confirm(n.name, now, conf[1], conf[2])
+                rid = self._sends.confirm(n.name, now, msg.sender, msg.readers)
                 if rid is not None:
                     self._send_done.add(rid)
                     t = self._held_since.get(rid)
@@ -713,9 +722,6 @@ class _Worker:
                         self.stats.observe(S.HOLD_SECONDS, time.monotonic() - t)
                     logger.info("MooncakeCoreConnector: kv released request=%s transfer=%s (%s) held_ms=%.1f", rid,
                                 n.name, n.msg, (time.monotonic() - t) * 1e3 if t is not None else -1.0)
-            else:
-                logger.warning("MooncakeCoreConnector: ignoring notification %r for transfer %s from an unknown "
-                               "protocol", n.msg[:40], n.name)
 
     def _submit(self, r: RecvReq) -> None:
         rp = r.remote
@@ -764,7 +770,7 @@ class _Worker:
             targets = ([rp.segments[k] for k in rplan.notify] if rplan is not None
                        else self._targets(rp.segments, rp.tp_size))
             for seg in targets:  # best effort: lets a live prefill free early
-                self._confirm(seg, rp.transfer_id, MSG_FAILED, readers(self.tp_size, rp.tp_size))
+                self._confirm(seg, rp.transfer_id, "failed", readers(self.tp_size, rp.tp_size))
 
     def _fail(self, r: RecvReq, reason: str) -> None:
         """Decode: ``r``'s KV will not arrive (the next poll reports it failed); ``reason`` is one of
@@ -821,7 +827,7 @@ class _Worker:
                 self._waiting[tid] = (r, deadline, mono + self.want_retry_s)
                 logger.info("MooncakeCoreConnector: request %s: no ready from prefill %s for transfer %s yet; "
                             "asking again", r.request_id, r.pending.segment, tid)
-                self._notify(r.pending.segment, tid, MSG_WANT + self.segment)
+                self._notify(r.pending.segment, tid, notify.encode(Want(self.segment)))
         res.finished_recving.update(self._cancelled_now)
         self._cancelled_now = []
         still: list[_Pull] = []
@@ -840,14 +846,14 @@ class _Worker:
                 self._cancelled.discard(p.req.request_id)
                 res.finished_recving.add(p.req.request_id)
                 for seg in p.notify:
-                    self._confirm(seg, rp.transfer_id, MSG_RELEASE, p.readers)
+                    self._confirm(seg, rp.transfer_id, "release", p.readers)
                 continue
             ok = code == 1 and time.time() < rp.lease_expiry_unix
             if ok:
                 pulled_ms = (time.monotonic() - p.started) * 1e3
                 t_n = time.monotonic()
                 for seg in p.notify:
-                    self._confirm(seg, rp.transfer_id, MSG_DONE, p.readers, inline=True)
+                    self._confirm(seg, rp.transfer_id, "done", p.readers, inline=True)
                 self.stats.add(S.PULLED_BYTES, p.nbytes)
                 self.stats.add(S.PULLED_BLOCKS, p.nblocks)
                 self.stats.observe(S.PULL_SECONDS, pulled_ms / 1e3)
@@ -861,7 +867,7 @@ class _Worker:
                              p.req.request_id, rp.transfer_id, ",".join(p.notify), why)
                 for seg in p.notify:
                     self._remote.pop(f"{seg}|{rp.engine_id}", None)
-                    self._confirm(seg, rp.transfer_id, MSG_FAILED, p.readers)
+                    self._confirm(seg, rp.transfer_id, "failed", p.readers)
                 self._fail(p.req, "read" if code != 1 else "lease")
         self._pulls = still
         for r in self._failed_now:

@@ -8,11 +8,9 @@ that contract in one place, next to nothing that runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata, KVConnectorMetadata
 
-from mooncake_connectors.vllm.params import PendingPrefill, RemotePrefill
+from mooncake_core.pd.params import PendingPrefill, RemotePrefill
 from mooncake_connectors.vllm.tp import KVShard
 
 
@@ -51,11 +49,11 @@ class RecvReq:
 @dataclass
 class SendReq:
     """Prefill: hold a finished request's blocks under ``transfer_id`` until ``expiry`` (unix).
-    ``params`` (concurrent hand-off only) is what the ``ready`` notification carries."""
+    ``ready`` (concurrent hand-off only) is what the ``ready`` notification carries."""
 
     transfer_id: str
     expiry: float
-    params: dict[str, Any] | None = None
+    ready: RemotePrefill | None = None
 
 
 @dataclass

@@ -46,10 +46,10 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from mooncake_core import envs
 from mooncake_connectors.vllm import stats as S
 from mooncake_connectors.vllm.connector_stats import STORE_PROM, StatsHook
-from mooncake_connectors.vllm.keys import chained_block_keys, leading_hits, namespace
+from mooncake_core.pd.keys import chained_block_keys, leading_hits, namespace
 from mooncake_connectors.vllm.layout import Slab, slabs_of
 from mooncake_connectors.vllm.store_backoff import MasterBackoff
-from mooncake_connectors.vllm.store_hint import LOOKUP_MODES, hinted_blocks
+from mooncake_core.pd.store_hint import LOOKUP_MODES, hinted_blocks
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

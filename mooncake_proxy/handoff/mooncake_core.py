@@ -18,7 +18,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from mooncake_connectors.vllm.params import concurrent_decode_params, concurrent_prefill_params
+from mooncake_core.pd.params import concurrent_decode_params, concurrent_prefill_params
 
 from .base import HandoffProtocol, InstanceAddr, one_token_prefill, remote_decode_prefill
 

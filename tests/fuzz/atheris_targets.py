@@ -27,7 +27,7 @@ with atheris.instrument_imports():
     import msgspec
 
     import mooncake_core.store.protocol as P
-    from mooncake_connectors.vllm.params import (PARAMS_VERSION, ParamsError, RemotePrefill, concurrent_decode_params,
+    from mooncake_core.pd.params import (PARAMS_VERSION, ParamsError, RemotePrefill, concurrent_decode_params,
                                                  is_pending, parse_pending)
     from mooncake_core.errors import ErrorCode
     from mooncake_core.store.master_records import MasterConfig

@@ -1,4 +1,4 @@
-"""Fuzz the vLLM connector's ``kv_transfer_params`` parser (mooncake_connectors/vllm/params.py).
+"""Fuzz the vLLM connector's ``kv_transfer_params`` parser (mooncake_core/pd/params.py).
 
 The proxy copies these params from the prefill's answer into the decode request verbatim, so
 they are untrusted input at the decode instance. Property: any JSON value either parses into a
@@ -14,7 +14,7 @@ import json
 from hypothesis import given, settings, strategies as st
 
 from fuzz.conftest import EXAMPLES
-from mooncake_connectors.vllm.params import ParamsError, RemotePrefill, new_transfer_id
+from mooncake_core.pd.params import ParamsError, RemotePrefill, new_transfer_id
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),

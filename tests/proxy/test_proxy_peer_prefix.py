@@ -1,6 +1,6 @@
 """``--peer-prefix``: the Conductor plans a prefix load from a peer instance with a queue; the proxy has
 the peer export the prefix and hands its answer to the chosen prefill as ``mooncake_peer_prefix``
-(mooncake_connectors/vllm/peer_prefix.py; the connector side runs on real vLLM in
+(mooncake_core/pd/peer_prefix.py; the connector side runs on real vLLM in
 tests/vllm/test_vllm_p2p_e2e.py). Fake engines stand in for vLLM: their answers carry
 kv_transfer_params as vLLM's do, and they record what they received."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mooncake_connectors.vllm.peer_prefix import PEER_KEY
+from mooncake_core.pd.peer_prefix import PEER_KEY
 from mooncake_proxy.fake_engine import Behaviour
 
 BS = 16
@@ -91,7 +91,7 @@ async def test_a_prefix_the_store_also_holds_is_loaded_from_the_store(make_env, 
     """The store's copy costs nobody, a peer's export costs the busy peer a request: when the real
     store holds the planned prefix too, the chosen prefill gets the store hint and no peer is asked."""
     from master_proc import MasterProc
-    from mooncake_connectors.vllm.store_hint import HINT_KEY
+    from mooncake_core.pd.store_hint import HINT_KEY
     from mooncake_core.store.master_client import MasterClient
     from mooncake_core.store.protocol import ReplicateConfigMsg
     from mooncake_core.utils.net import free_port

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from master_proc import MasterProc
-from mooncake_connectors.vllm.store_hint import HINT_KEY
+from mooncake_core.pd.store_hint import HINT_KEY
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.store.protocol import ReplicateConfigMsg
 from mooncake_core.utils.net import free_port

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mooncake_connectors.vllm.keys import chained_block_keys, namespace
+from mooncake_core.pd.keys import chained_block_keys, namespace
 from mooncake_core.store.key_events import KeyEventLog
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.store.master_records import MasterConfig

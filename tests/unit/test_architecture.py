@@ -1,5 +1,6 @@
 """Structure rules of the code base (docs/architecture.md): no import cycle between modules of
-mooncake_core, mooncake_proxy and mooncake_connectors, and no module over ~900 lines.
+mooncake_core, mooncake_proxy and mooncake_connectors, no module over ~900 lines, and the proxy
+imports no connector module.
 
 The import graph is read from the source (module-level imports only: an import inside a
 function or under ``if TYPE_CHECKING:`` runs late or never, so it cannot make a cycle at
@@ -122,3 +123,23 @@ def test_no_module_is_too_big() -> None:
     big = {str(p.relative_to(ROOT)): n for p in _modules().values()
            if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not big, f"modules over {MAX_LINES} lines (split them by job): {big}"
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every module a file names in an import, wherever the import stands (function bodies and
+    ``if TYPE_CHECKING:`` blocks too: a dependency is a dependency even when it loads late)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+    return out
+
+
+def test_the_proxy_imports_no_connector() -> None:
+    """The router speaks the PD contract (mooncake_core.pd), not one framework's adapter."""
+    bad = {str(p.relative_to(ROOT)): sorted(m for m in _all_imports(p) if m.split(".")[0] == "mooncake_connectors")
+           for p in (ROOT / "mooncake_proxy").rglob("*.py")}
+    bad = {k: v for k, v in bad.items() if v}
+    assert not bad, f"mooncake_proxy imports connector modules (move the shared part to mooncake_core.pd): {bad}"

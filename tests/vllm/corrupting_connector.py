@@ -91,8 +91,8 @@ class CorruptingMooncakeConnector(MooncakeCoreConnector):
             return
         send = worker._send_ready
 
-        def send_or_lose(pair: tuple[str, dict] | None, inline: bool = True) -> None:
-            tid = pair[1].get("mooncake_transfer_id", "") if pair is not None else ""
+        def send_or_lose(pair: tuple[str, Any] | None, inline: bool = True) -> None:
+            tid = pair[1].transfer_id if pair is not None else ""
             if tid.startswith(DROP_READY) and tid not in self._dropped:
                 self._dropped.add(tid)
                 print(f"test connector: dropped the ready of transfer {tid}", flush=True)

@@ -1,4 +1,4 @@
-"""The peer prefix hint's checks (pure: mooncake_connectors/vllm/peer_prefix.py, params.tokens_digest)."""
+"""The peer prefix hint's checks (pure: mooncake_core/pd/peer_prefix.py, params.tokens_digest)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from mooncake_connectors.vllm.params import ParamsError, RemotePrefill, tokens_digest
-from mooncake_connectors.vllm.peer_prefix import PEER_KEY, export_request, has_peer_prefix, parse_peer_prefix
+from mooncake_core.pd.params import ParamsError, RemotePrefill, tokens_digest
+from mooncake_core.pd.peer_prefix import PEER_KEY, export_request, has_peer_prefix, parse_peer_prefix
 
 BS = 16
 

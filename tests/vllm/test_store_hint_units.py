@@ -1,10 +1,10 @@
-"""The store prefix hint's format (pure: mooncake_connectors/vllm/store_hint.py) and the proxy's use of it."""
+"""The store prefix hint's format (pure: mooncake_core/pd/store_hint.py) and the proxy's use of it."""
 
 from __future__ import annotations
 
 import pytest
 
-from mooncake_connectors.vllm.store_hint import HINT_KEY, hinted_blocks, make_hint
+from mooncake_core.pd.store_hint import HINT_KEY, hinted_blocks, make_hint
 from mooncake_proxy.scheduling import Decision
 from mooncake_proxy.server import with_store_hint
 

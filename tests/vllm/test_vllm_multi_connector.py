@@ -113,7 +113,7 @@ def local_tokens(url: str, prompt: list[int], max_tokens: int = 16) -> list[int]
 
 def expected_keys(model: Path, prompt: list[int]) -> list[str]:
     """The store keys MooncakeCoreStoreConnector derives for ``prompt`` (model tag = model path + dtype)."""
-    from mooncake_connectors.vllm.keys import chained_block_keys, namespace
+    from mooncake_core.pd.keys import chained_block_keys, namespace
 
     return chained_block_keys(namespace(f"{model}|torch.float32", BLOCK, "v1", None), prompt, BLOCK)
 

@@ -24,8 +24,8 @@ import pytest
 
 from concurrent.futures import ThreadPoolExecutor
 
-from mooncake_connectors.vllm.params import concurrent_decode_params, concurrent_prefill_params
-from mooncake_connectors.vllm.peer_prefix import PEER_KEY
+from mooncake_core.pd.params import concurrent_decode_params, concurrent_prefill_params
+from mooncake_core.pd.peer_prefix import PEER_KEY
 from vllm_harness import (DROP_READY, LEASE_S, completion, free_port, http_json, http_text, metric, prompt_ids, start_proxy,
                           stop_proxy, wait_until)
 
@@ -282,7 +282,7 @@ def _held(p) -> float:
 
 
 def test_peer_prefix_hint_loads_the_prefix_from_another_instance(pd_pair):
-    """The proxy's peer prefix hint (mooncake_connectors/vllm/peer_prefix.py): the peer exports a prefix
+    """The proxy's peer prefix hint (mooncake_core/pd/peer_prefix.py): the peer exports a prefix
     (a hand-off request of the prefix alone), the other instance reads those blocks, computes the
     rest of its prompt, and answers exactly what it computes alone; the peer frees its blocks on
     the reader's confirmation."""

@@ -2,7 +2,7 @@
 
 A real ``mooncake_master``; instance A (``store_lookup: always``) serves prompts and saves their
 blocks; instance B runs ``store_lookup: hint``: it asks the store only when a request carries
-``kv_transfer_params.mooncake_store_prefix`` (mooncake_connectors/vllm/store_hint.py). Checked: without a
+``kv_transfer_params.mooncake_store_prefix`` (mooncake_core/pd/store_hint.py). Checked: without a
 hint B loads nothing; with a hint B reports the prefix as external hits and its output equals
 B's own computation (a salted request); a stale hint (the store dropped the blocks) makes B
 compute them, with the same output.
@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 
 from master_proc import MasterProc
-from mooncake_connectors.vllm.store_hint import HINT_KEY, make_hint
+from mooncake_core.pd.store_hint import HINT_KEY, make_hint
 from mooncake_core.store.master_client import MasterClient
 from checkout_shim import shim_pythonpath
 from vllm_harness import VllmServer, completion, free_port, http_json, http_text, metric, start_all

@@ -8,8 +8,8 @@ import pytest
 
 from mooncake_connectors.vllm.layout import Slab, coalesce, heads_outer, pair_blocks, plan
 from mooncake_connectors.vllm.leases import SendTracker
-from mooncake_connectors.vllm.params import (ParamsError, RemotePrefill, confirmation, new_transfer_id,
-                                             parse_confirmation)
+from mooncake_core.pd.notify import Confirmation, NotifyError, confirmation, decode
+from mooncake_core.pd.params import ParamsError, RemotePrefill, new_transfer_id
 from mooncake_connectors.vllm.tp import (KVShard, RankPlan, Source, TPMismatch, notify_targets, rank_hostname,
                                          rank_plan, readers)
 
@@ -221,11 +221,13 @@ def test_bad_tp_params_name_the_key(key, value, needle):
 # ------------------------------------------------------------------ confirmations of several readers
 def test_confirmation_messages_round_trip():
     assert confirmation("done", 0, 1) == "done"  # one reader: the message of before
-    assert parse_confirmation("done") == ("done", 0, 1)
+    assert decode("done") == Confirmation("done", 0, 1)
     assert confirmation("release", 1, 2) == "release 1/2"
-    assert parse_confirmation("release 1/2") == ("release", 1, 2)
-    for bad in ("done 2/2", "done 1/", "done a/2", "done 0/0", "done 0/1000", "ready 0/2", "done  0/2", "want x"):
-        assert parse_confirmation(bad) is None, bad
+    assert decode("release 1/2") == Confirmation("release", 1, 2)
+    for bad in ("done 2/2", "done 1/", "done a/2", "done 0/0", "done 0/1000", "ready 0/2", "done  0/2", "done ²/3"):
+        with pytest.raises(NotifyError):
+            decode(bad)
+    assert not isinstance(decode("want x:1"), Confirmation)
     with pytest.raises(ValueError):
         confirmation("done", 2, 2)
 

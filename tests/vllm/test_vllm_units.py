@@ -10,7 +10,7 @@ import pytest
 from mooncake_connectors.vllm.layout import (Run, Slab, coalesce, pair_blocks, plan, remote_slabs_from_regions,
                                              slabs_of)
 from mooncake_connectors.vllm.leases import Rendezvous, SendTracker
-from mooncake_connectors.vllm.params import (ParamsError, PendingPrefill, RemotePrefill, chosen_transfer_id,
+from mooncake_core.pd.params import (ParamsError, PendingPrefill, RemotePrefill, chosen_transfer_id,
                                              concurrent_decode_params, concurrent_prefill_params, is_pending,
                                              new_transfer_id, parse_pending, wants_remote_decode,
                                              wants_remote_prefill)
@@ -193,7 +193,7 @@ def test_plugin_without_vllm_is_a_no_op_and_package_imports_lazily():
 
 # ------------------------------------------------------------------ store keys
 def test_chained_keys_identify_the_whole_prefix():
-    from mooncake_connectors.vllm.keys import chained_block_keys, leading_hits, namespace
+    from mooncake_core.pd.keys import chained_block_keys, leading_hits, namespace
 
     seed = namespace("m", 4, "v1")
     rng = random.Random(3)

@@ -286,38 +286,3 @@ def concurrent_decode_params(transfer_id: str, segment: str) -> dict[str, Any]:
     return {"do_remote_prefill": True, "do_remote_decode": False, "mooncake_pending": True,
             "mooncake_version": PARAMS_VERSION, "mooncake_transfer_id": transfer_id, "mooncake_segment": segment}
 
-
-#: Notification messages between the workers (the name of each is the transfer id).
-MSG_DONE, MSG_FAILED, MSG_RELEASE = "done", "failed", "release"  # decode -> prefill: free the blocks
-MSG_WANT = "want "    # decode -> prefill, + the decode's segment: send me ``ready`` when you finish
-MSG_READY = "ready "  # prefill -> decode, + JSON of ``RemotePrefill.to_params()``: read now
-CONFIRMATIONS = (MSG_DONE, MSG_FAILED, MSG_RELEASE)
-
-
-def confirmation(kind: str, sender: int, readers: int) -> str:
-    """A decode rank's ``done``/``failed``/``release`` for a transfer. When ``readers`` > 1 decode
-    ranks read from the same prefill rank (decode TP > prefill TP) it says which one this is and
-    of how many (``"done 1/2"``): the prefill frees the blocks once all of them confirmed. The
-    count travels in the message, like NixlConnector's ``"<request id>:<consumers>"``, because
-    the prefill answers before it knows which decode reads."""
-    if kind not in CONFIRMATIONS:
-        raise ValueError(f"not a confirmation: {kind!r}")
-    if not 0 <= sender < readers <= MAX_TP:
-        raise ValueError(f"decode rank {sender} of {readers} readers (1..{MAX_TP})")
-    return kind if readers == 1 else f"{kind} {sender}/{readers}"
-
-
-def parse_confirmation(msg: str) -> tuple[str, int, int] | None:
-    """(kind, sender, readers) of a ``confirmation`` message; None when it is not a valid one."""
-    kind, sep, tail = msg.partition(" ")
-    if kind not in CONFIRMATIONS:
-        return None
-    if not sep:
-        return kind, 0, 1
-    a, slash, b = tail.partition("/")
-    if not slash or not a.isdigit() or not b.isdigit() or len(a) > 3 or len(b) > 3:
-        return None
-    sender, readers = int(a), int(b)
-    if not 0 <= sender < readers <= MAX_TP:
-        return None
-    return kind, sender, readers

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mooncake_connectors.vllm.params import ParamsError, RemotePrefill, tokens_digest
+from mooncake_core.pd.params import ParamsError, RemotePrefill, tokens_digest
 
 PEER_KEY = "mooncake_peer_prefix"
 
