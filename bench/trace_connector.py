@@ -32,17 +32,18 @@ class TracingMooncakeConnector(MooncakeCoreConnector):
     def _wrap_worker(self, w: Any) -> None:
         """Stamp the hand-off's worker internals too: the prefill sending ``ready`` (and the
         decode's answer to that round trip), the decode receiving it, and its read."""
-        send_ready, on_ready = w._send_ready, w._on_ready
+        sender, puller = w.sender, w.puller
+        send_ready, on_ready = sender.send_ready, puller.on_ready
 
-        def _send_ready(pair: Any) -> None:
+        def _send_ready(pair: Any, inline: bool = True) -> None:
             rid = pair[1].request_id if pair is not None else ""
             tid = pair[1].transfer_id if pair is not None else ""
             self._ev("ready_send", rid, tid=tid)
-            send_ready(pair)
+            send_ready(pair, inline)
             self._ev("ready_sent", rid, tid=tid)
 
         def _on_ready(tid: str, ready: Any) -> None:
-            entry = w._waiting.get(tid)
+            entry = puller.waiting.get(tid)
             rid = entry[0].request_id if entry is not None else ""
             self._ev("ready_recv", rid, tid=tid)
             on_ready(tid, ready)
@@ -57,7 +58,7 @@ class TracingMooncakeConnector(MooncakeCoreConnector):
 
         srv._on_notify = _put
 
-        w._send_ready, w._on_ready = _send_ready, _on_ready
+        sender.send_ready, puller.on_ready = _send_ready, _on_ready
 
     def _ev(self, ev: str, rid: str = "", **kw: Any) -> None:
         if self._trace is not None:

@@ -1,4 +1,5 @@
-"""The messages of ``MooncakeCoreConnector`` (p2p_connector.py) between its scheduler and workers.
+"""The messages of ``MooncakeCoreConnector`` between its scheduler side (p2p_scheduler.py) and its
+workers (p2p_worker.py).
 
 Why apart: vLLM pickles them from the scheduler process to the workers every step (metadata) and
 once from each worker to the scheduler (handshake); keeping them in a module of their own keeps
@@ -69,3 +70,9 @@ class MooncakeConnectorMetadata(KVConnectorMetadata):
     cancels: list[str] = field(default_factory=list)
     # the step schedules no tokens: it only polls the connector (idle.idle_wait_s)
     idle: bool = False
+
+
+def remote_shard(rp: RemotePrefill) -> KVShard:
+    """The prefill's per-rank KV layout its params describe (whether its blocks are head-outer
+    matters only to a decode with more TP ranks, which reads head slices of them)."""
+    return KVShard(rp.tp_size, rp.block_bytes, rp.num_slabs, rp.kv_heads, rp.heads_outer)

@@ -89,7 +89,8 @@ class CorruptingMooncakeConnector(MooncakeCoreConnector):
         worker = self._worker
         if worker is None or not DROP_READY:
             return
-        send = worker._send_ready
+        sender = worker.sender
+        send = sender.send_ready
 
         def send_or_lose(pair: tuple[str, Any] | None, inline: bool = True) -> None:
             tid = pair[1].transfer_id if pair is not None else ""
@@ -99,4 +100,4 @@ class CorruptingMooncakeConnector(MooncakeCoreConnector):
                 return
             send(pair, inline)
 
-        worker._send_ready = send_or_lose  # type: ignore[method-assign]
+        sender.send_ready = send_or_lose  # type: ignore[method-assign]

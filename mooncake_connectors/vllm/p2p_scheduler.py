@@ -1,0 +1,260 @@
+"""The scheduler side of ``MooncakeCoreConnector``: which requests load KV from a peer, which hand off.
+
+Runs in the scheduler process of each instance (both roles: an instance may prefill and decode).
+It decides from a request's ``kv_transfer_params`` (``mooncake_core.pd.params``) whether the
+request's prompt KV comes from a prefill (decode), from a peer holding its prefix (peer prefix
+hint, ``mooncake_core.pd.peer_prefix``), or must be held for a decode once it finishes
+(prefill), and tells the workers so in the step's ``MooncakeConnectorMetadata``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata
+from vllm.logger import init_logger
+
+from mooncake_connectors.vllm import stats as S
+from mooncake_connectors.vllm.p2p_config import LEASE_MARGIN_S, P2PConfig
+from mooncake_connectors.vllm.p2p_messages import (MooncakeConnectorMetadata, MooncakeHandshake, RecvReq, SendReq,
+                                                   remote_shard)
+from mooncake_connectors.vllm.tp import TPMismatch, rank_plan
+from mooncake_core.pd.params import (ParamsError, PendingPrefill, RemotePrefill, chosen_transfer_id, is_pending,
+                                     new_transfer_id, parse_pending, tokens_digest, wants_remote_decode,
+                                     wants_remote_prefill)
+from mooncake_core.pd.peer_prefix import PEER_KEY, has_peer_prefix, parse_peer_prefix
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.request import Request
+
+logger = init_logger("vllm.mooncake_core.p2p_connector")
+
+
+class P2PScheduler:
+    """Scheduler-side state of one instance (both roles: an instance may prefill and decode)."""
+
+    def __init__(self, config: P2PConfig):
+        self.engine_id = config.engine_id
+        self.block_size = config.block_size
+        self.lease_s = config.lease_s
+        self.tp_size = config.tp_size
+        self.hs: MooncakeHandshake | None = None  # rank 0's
+        self.segments: tuple[str, ...] = ()  # every rank's, in rank order
+        self._recv: list[RecvReq] = []
+        self._send: dict[str, SendReq] = {}
+        self._releases: list[tuple[tuple[str, ...], int, str]] = []
+        self._cancels: list[str] = []
+        self._loading: dict[str, float] = {}  # decode requests handed to the worker, not yet received: since
+        self._peer: dict[str, RemotePrefill | None] = {}  # peer prefix hints checked, until allocation
+        self.stats = S.StatsRecorder()  # what the scheduler decided (requests, blocks, waits): vLLM's stats hook
+
+    def set_handshake(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
+        ranks = []
+        for r in range(self.tp_size):
+            hs = metadata.get(r)
+            if not isinstance(hs, MooncakeHandshake):
+                raise ValueError(f"MooncakeCoreConnector: expected worker handshake metadata for TP rank {r} of "
+                                 f"{self.tp_size}, got {metadata!r}")
+            ranks.append(hs)
+        if len({(h.block_bytes, h.num_slabs, h.kv_heads, h.heads_outer) for h in ranks}) != 1:
+            raise ValueError(f"MooncakeCoreConnector: TP ranks report different KV layouts: {ranks!r}")
+        if len({h.segment for h in ranks}) != len(ranks):
+            raise ValueError(f"MooncakeCoreConnector: TP ranks share a Transfer Engine segment name: {ranks!r}")
+        self.hs = ranks[0]
+        self.segments = tuple(h.segment for h in ranks)
+        logger.info("MooncakeCoreConnector scheduler: worker segments=%s block_bytes=%d slabs=%d kv_heads/rank=%d",
+                    ",".join(self.segments), self.hs.block_bytes, self.hs.num_slabs, self.hs.kv_heads)
+
+    def _parse(self, request: "Request") -> RemotePrefill | None:
+        try:
+            rp = RemotePrefill.from_params(request.kv_transfer_params)
+        except ParamsError as e:
+            logger.error("MooncakeCoreConnector: request %s: %s; computing the prompt locally instead",
+                         request.request_id, e)
+            return None
+        return self._fits(request, rp)
+
+    def _peer_prefix(self, request: "Request") -> RemotePrefill | None:
+        """The request's checked peer prefix hint (``peer_prefix.py``), parsed once per request."""
+        rid = request.request_id
+        if rid not in self._peer:
+            try:
+                rp = parse_peer_prefix(request.kv_transfer_params, request.prompt_token_ids, self.block_size)
+            except ParamsError as e:
+                logger.warning("MooncakeCoreConnector: request %s: %s; computing the prefix here", rid, e)
+                self._release_hint(request)
+                self._peer[rid] = None
+            else:
+                self._peer[rid] = self._fits(request, rp)
+                if self._peer[rid] is None:
+                    self._release_hint(request)
+        return self._peer[rid]
+
+    def _release_hint(self, request: "Request") -> None:
+        """Tell the peer of an unused peer prefix hint to free its blocks now (best effort: a
+        hint too malformed to name its peer is left to the peer's lease)."""
+        params = request.kv_transfer_params
+        try:
+            self._releases.append(release_of(RemotePrefill.from_params(params.get(PEER_KEY))))
+        except (ParamsError, AttributeError):
+            pass
+
+    def _fits(self, request: "Request", rp: RemotePrefill) -> RemotePrefill | None:
+        if rp.block_size != self.block_size:
+            logger.error("MooncakeCoreConnector: request %s: prefill block size %d != decode block size %d; "
+                         "computing locally", request.request_id, rp.block_size, self.block_size)
+            return None
+        if self.hs is not None:
+            try:
+                for r in range(self.tp_size):
+                    rank_plan(r, self.hs.shard(), remote_shard(rp))
+            except TPMismatch as e:
+                logger.error("MooncakeCoreConnector: request %s: prefill KV layout (TP %d, %d bytes/block/rank, %d "
+                             "slabs) does not fit this decode's (TP %d, %d bytes/block/rank, %d slabs): %s; "
+                             "computing locally", request.request_id, rp.tp_size, rp.block_bytes, rp.num_slabs,
+                             self.tp_size, self.hs.block_bytes, self.hs.num_slabs, e)
+                return None
+        return rp
+
+    def _parse_pending(self, request: "Request") -> PendingPrefill | None:
+        try:
+            return parse_pending(request.kv_transfer_params)
+        except ParamsError as e:
+            logger.error("MooncakeCoreConnector: request %s: %s; computing the prompt locally instead",
+                         request.request_id, e)
+            return None
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
+        params = request.kv_transfer_params
+        if not wants_remote_prefill(params):
+            if not has_peer_prefix(params):
+                return 0, False
+            rp = self._peer_prefix(request)  # a prefill loading a prefix a peer instance holds
+            if rp is None:
+                return 0, False
+            return self._loadable(request, rp, num_computed_tokens)
+        if is_pending(params):  # concurrent hand-off: the prefill computes the whole prompt
+            if self._parse_pending(request) is None:
+                return 0, False
+            n = len(request.prompt_token_ids or ()) - num_computed_tokens
+            return (n, True) if n > 0 else (0, False)
+        rp = self._parse(request)
+        if rp is None:
+            return 0, False
+        return self._loadable(request, rp, num_computed_tokens)
+
+    def _loadable(self, request: "Request", rp: RemotePrefill, num_computed_tokens: int) -> tuple[int, bool]:
+        if time.time() > rp.lease_expiry_unix - LEASE_MARGIN_S:
+            logger.warning("MooncakeCoreConnector: request %s: the prefill's lease on transfer %s has expired; "
+                           "computing locally", request.request_id, rp.transfer_id)
+            return 0, False
+        n = min(len(request.prompt_token_ids or ()), rp.num_tokens) - num_computed_tokens
+        return (n, True) if n > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
+        params = request.kv_transfer_params
+        peer = not wants_remote_prefill(params)
+        if peer and not has_peer_prefix(params):
+            return
+        if peer:
+            pending, rp = None, self._peer_prefix(request)
+            self._peer.pop(request.request_id, None)
+        else:
+            pending = self._parse_pending(request) if is_pending(params) else None
+            rp = None if is_pending(params) else self._parse(request)
+        who = pending or rp
+        if who is not None:
+            if num_external_tokens > 0:
+                hashed = sum(1 for b in blocks.blocks[0] if b.block_hash is not None)
+                ids = blocks.get_unhashed_block_ids()
+                self._recv.append(RecvReq(request.request_id, rp, ids, hashed,
+                                          pending, hashed * self.block_size + num_external_tokens))
+                self._loading[request.request_id] = time.monotonic()
+                self.stats.add(S.REMOTE_REQUESTS)
+                self.stats.add(S.REMOTE_BLOCKS, len(ids))
+                if peer and rp is not None:
+                    logger.info("peer prefix request=%s transfer=%s from=%s blocks=%d", request.request_id,
+                                rp.transfer_id, ",".join(rp.segments), len(ids))
+            else:  # full local prefix hit (or lease gone): tell the prefill to free its blocks
+                self._releases.append(release_of(who))
+                self.stats.add(S.REMOTE_LOCAL_HITS)
+        if peer:
+            params.pop(PEER_KEY, None)  # read at most once (a preempted request recomputes)
+        else:
+            params["do_remote_prefill"] = False  # exactly one transfer per request
+
+    def build_connector_meta(self, idle: bool = False) -> MooncakeConnectorMetadata:
+        meta = MooncakeConnectorMetadata(reqs_to_recv=self._recv, reqs_to_send=self._send,
+                                         releases=self._releases, cancels=self._cancels, idle=idle)
+        self._recv, self._send, self._releases, self._cancels = [], {}, [], []
+        return meta
+
+    def update_connector_output(self, output: Any) -> None:
+        now = time.monotonic()
+        for rid in output.finished_recving or ():
+            t0 = self._loading.pop(rid, None)
+            if t0 is not None:
+                self.stats.observe(S.REMOTE_WAIT_SECONDS, now - t0)
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        from vllm.v1.request import RequestStatus
+
+        params = request.kv_transfer_params
+        if request.request_id in self._loading:
+            # Aborted while its KV loads: keep the blocks (a read may be writing them) until the
+            # worker reports the request received; it drops a read not yet started.
+            del self._loading[request.request_id]
+            self._cancels.append(request.request_id)
+            return True, None
+        if wants_remote_prefill(params):
+            # Decode request finished (aborted) before its blocks were allocated: release the prefill.
+            try:
+                who = parse_pending(params) if is_pending(params) else RemotePrefill.from_params(params)
+                self._releases.append(release_of(who))
+            except ParamsError:
+                pass
+            params["do_remote_prefill"] = False
+            return False, None
+        if has_peer_prefix(params):  # finished (aborted) before its blocks were allocated: free the peer's
+            # (a hint checked and found unusable -- None -- was released then)
+            if self._peer.pop(request.request_id, True) is not None:
+                self._release_hint(request)
+            params.pop(PEER_KEY, None)
+        if not wants_remote_decode(params):
+            return False, None
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
+            return False, None  # aborted prefill: nothing to hand off
+        if not block_ids:
+            return False, None
+        if self.hs is None:
+            logger.error("MooncakeCoreConnector: no worker handshake yet; cannot hand off request %s",
+                         request.request_id)
+            return False, None
+        try:
+            chosen = chosen_transfer_id(params)
+        except ParamsError as e:
+            logger.error("MooncakeCoreConnector: request %s: %s; not handing off", request.request_id, e)
+            return False, None
+        tid = chosen or new_transfer_id(self.engine_id, request.request_id)
+        expiry = time.time() + self.lease_s
+        rp = RemotePrefill(transfer_id=tid, segment=self.hs.segment, engine_id=self.engine_id,
+                           request_id=request.request_id, block_ids=list(block_ids),
+                           num_tokens=request.num_computed_tokens, block_size=self.block_size,
+                           block_bytes=self.hs.block_bytes, num_slabs=self.hs.num_slabs, lease_expiry_unix=expiry,
+                           segments=self.segments, kv_heads=self.hs.kv_heads, heads_outer=self.hs.heads_outer,
+                           tokens_digest=tokens_digest((request.prompt_token_ids or ())[:request.num_computed_tokens]))
+        out = rp.to_params()
+        # concurrent hand-off: the worker sends these to the decode that asks for ``tid``
+        self._send[request.request_id] = SendReq(tid, expiry, rp if chosen else None)
+        self.stats.add(S.HANDOFF_REQUESTS)
+        self.stats.add(S.HANDOFF_BLOCKS, len(block_ids))
+        return True, out
+
+
+def release_of(who: RemotePrefill | PendingPrefill) -> tuple[tuple[str, ...], int, str]:
+    """The ``releases`` entry telling a prefill this decode will not read its blocks."""
+    if isinstance(who, RemotePrefill):
+        return who.segments, who.tp_size, who.transfer_id
+    return (who.segment,), 0, who.transfer_id  # concurrent hand-off: only the prefill's rank 0 is known
