@@ -260,7 +260,7 @@ def _port_or_none(v: str, flag: str) -> int | None:
 
 
 def config_from_args(a: argparse.Namespace):
-    from .server import ProxyConfig
+    from .config import ProxyConfig
 
     prefill = _pair_hosts_ports(a.prefiller_hosts, a.prefiller_ports, "prefiller")
     decode = _pair_hosts_ports(a.decoder_hosts, a.decoder_ports, "decoder")

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -22,8 +23,9 @@ from mooncake_core.dashboard.page import DASHBOARD_PATH, DATA_PATH, page_headers
 from mooncake_core.dashboard.samples import sample_from_families
 from mooncake_core.dashboard.window import Window
 
-if TYPE_CHECKING:
-    from .server import ProxyServer
+from .metrics import ProxyMetrics
+from .registry import Registry
+from .scheduling import ClusterState
 
 RATE_S = 5.0
 SPAN_S = 60.0
@@ -34,10 +36,18 @@ SAMPLE_S = 1.0  # background sampling period (s)
 
 
 class ProxyDashboard:
-    """Page + data of one proxy; polled by any number of browsers (samples are throttled)."""
+    """Page + data of one proxy; polled by any number of browsers (samples are throttled). Built
+    from what it shows: the instances (registry), the scheduler's load (cluster), the metrics
+    (and how to refresh their load gauges), and the policy and hand-off names."""
 
-    def __init__(self, server: "ProxyServer") -> None:
-        self.server = server
+    def __init__(self, registry: Registry, cluster: ClusterState, metrics: ProxyMetrics,
+                 refresh_load_gauges: Callable[[], None], policy: str, handoff: str) -> None:
+        self._registry = registry
+        self._cluster = cluster
+        self._metrics = metrics
+        self._refresh = refresh_load_gauges
+        self.policy = policy
+        self.handoff = handoff
         self.window = Window(SPAN_S)
         self._sampler: asyncio.Task[None] | None = None
 
@@ -67,8 +77,8 @@ class ProxyDashboard:
 
     def sample(self) -> None:
         """One sample of the registry (the load gauges refreshed first) into the window."""
-        self.server.refresh_load_gauges()
-        self.window.add(sample_from_families(time.monotonic(), self.server.metrics.registry.collect()))
+        self._refresh()
+        self.window.add(sample_from_families(time.monotonic(), self._metrics.registry.collect()))
 
     async def _page(self, request: web.Request) -> web.Response:
         return web.Response(body=page_html("proxy"), content_type="text/html", charset="utf-8",
@@ -78,7 +88,6 @@ class ProxyDashboard:
         return web.json_response(self.data(), headers={"Cache-Control": "no-store"})
 
     def data(self) -> dict[str, Any]:
-        srv = self.server
         self.sample()
         w = self.window
         s = w.latest
@@ -86,25 +95,25 @@ class ProxyDashboard:
         by_prefill = w.rates_by("mooncake_proxy_scheduler_decisions_total", "prefill", over_s=RATE_S)
         by_decode = w.rates_by("mooncake_proxy_scheduler_decisions_total", "decode", over_s=RATE_S)
         instances = []
-        for inst in srv.registry.all():
+        for inst in self._registry.all():
             iid = inst.instance_id
             row: dict[str, Any] = {"id": iid, "role": inst.role, "url": inst.url, "health": inst.health.state.value,
                                    "in_flight": inst.in_flight, "last_error": inst.last_error or ""}
             if inst.role == "prefill":
                 where = {"instance": iid}
-                row["queued_tokens"] = srv.cluster.prefill_load(iid).queued_tokens
+                row["queued_tokens"] = self._cluster.prefill_load(iid).queued_tokens
                 row["prefix_hit_ratio"] = w.ratio("mooncake_proxy_prefill_cached_blocks_total",
                                                   ["mooncake_proxy_prefill_prompt_blocks_total"], where, SPAN_S)
                 row["req_rate"] = by_prefill.get(iid)
             else:
-                row["running"] = srv.cluster.decode_load(iid).running
+                row["running"] = self._cluster.decode_load(iid).running
                 row["req_rate"] = by_decode.get(iid)
             instances.append(row)
         completions = [r for r in s.label_values(REQ, "route") if r != "/v1/models"]
         return {
             "service": "proxy",
-            "policy": srv.cfg.policy,
-            "handoff": srv.cfg.handoff,
+            "policy": self.policy,
+            "handoff": self.handoff,
             "summary": {
                 "requests_total": sum(s.value(REQ, {"route": r}) for r in completions),
                 "req_rate": sum(w.rate(REQ, {"route": r}, RATE_S) or 0.0 for r in completions)
@@ -113,7 +122,7 @@ class ProxyDashboard:
                 "rejected_429": s.value("mooncake_proxy_rejections_total", {"reason": "slo"}),
                 "rejected_503": sum(v for k, v in s.by("mooncake_proxy_rejections_total", "reason").items()
                                     if k.startswith("no_healthy")),
-                "in_flight": sum(i.in_flight for i in srv.registry.all()),
+                "in_flight": sum(i.in_flight for i in self._registry.all()),
             },
             "instances": instances,
             "series": {

@@ -1,8 +1,14 @@
-"""Prometheus metrics of the proxy, one registry per server so tests can run several in-process."""
+"""Prometheus metrics of the proxy, one registry per server so tests can run several in-process.
+
+``ProxyMetrics`` also keeps the labelled children the request path touches (prometheus'
+``.labels()`` costs a lock and a dict lookup per call) and forgets an instance's series when the
+instance is removed, so no caller holds a cache of its own.
+"""
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Container, Mapping
 from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -142,5 +148,113 @@ class ProxyMetrics:
         self.kv_events = Counter("mooncake_proxy_kv_events", "vLLM KV cache events applied",
                                  ["instance", "type"], registry=r)
 
+        # cached children of the hot path, and the calibration series shown so far
+        self._req_counters: dict[tuple[str, int], Any] = {}
+        self._route_hist: dict[tuple[str, str], Any] = {}
+        self._decision_ctr: dict[tuple[str, str, str], Any] = {}
+        self._inflight_gauge: dict[str, Any] = {}
+        self._prefix_ctr: dict[str, tuple[Any, Any]] = {}
+        self._factor_gauge: dict[tuple[str, str], Any] = {}  # (side, instance) -> instance_cost_factor child
+        self._interference_shown: set[tuple[str, str]] = set()  # (decode, prefill) pairs with a gauge series
+        self._pairs_shown: set[tuple[str, str]] = set()  # (prefill, other instance) pairs with a gauge series
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    # ------------------------------------------------------------------ the request path
+    def count_request(self, route: str, status: int) -> None:
+        key = (route, status)
+        c = self._req_counters.get(key)
+        if c is None:
+            c = self._req_counters[key] = self.requests.labels(route, str(status))
+        c.inc()
+
+    def route_hist(self, which: str, route: str) -> Any:
+        """The ``ttft``/``e2e``/``tbt`` histogram child of ``route``."""
+        key = (which, route)
+        h = self._route_hist.get(key)
+        if h is None:
+            h = self._route_hist[key] = getattr(self, which).labels(route)
+        return h
+
+    def decided(self, policy: str, prefill: str, decode: str) -> None:
+        key = (policy, prefill, decode)
+        c = self._decision_ctr.get(key)
+        if c is None:
+            c = self._decision_ctr[key] = self.decisions.labels(*key)
+        c.inc()
+
+    def prompt_sent(self, instance: str, blocks: int, cached: int) -> None:
+        """A prompt of ``blocks`` full blocks went to prefill ``instance``, ``cached`` of them expected cached."""
+        pc = self._prefix_ctr.get(instance)
+        if pc is None:
+            pc = self._prefix_ctr[instance] = (self.prompt_blocks.labels(instance),
+                                               self.prompt_cached_blocks.labels(instance))
+        pc[0].inc(blocks)
+        if cached:
+            pc[1].inc(cached)
+
+    def set_in_flight(self, instance: str, role: str, n: int) -> None:
+        g = self._inflight_gauge.get(instance)
+        if g is None:
+            g = self._inflight_gauge[instance] = self.in_flight.labels(instance, role)
+        g.set(n)
+
+    # ------------------------------------------------------------------ instances
+    def instance_added(self, instance: str, role: str) -> None:
+        self.healthy.labels(instance, role).set(0)
+        self.in_flight.labels(instance, role).set(0)
+
+    def forget_instance(self, instance: str, role: str) -> None:
+        """Drop every series and cached child of a removed instance."""
+        self._inflight_gauge.pop(instance, None)
+        self._prefix_ctr.pop(instance, None)
+        self._decision_ctr = {k: v for k, v in self._decision_ctr.items() if instance not in k[1:]}
+        for side in ("prefill", "decode"):
+            self._factor_gauge.pop((side, instance), None)
+            _remove(self.instance_cost_factor, instance, side)
+        _remove(self.first_token_delay, instance)
+        for shown, gauge in ((self._interference_shown, self.decode_interference),
+                             (self._pairs_shown, self.prefill_interference)):
+            for pair in [pr for pr in shown if instance in pr]:
+                shown.discard(pair)
+                _remove(gauge, *pair)
+        for g in (self.healthy, self.in_flight):
+            _remove(g, instance, role)
+        for c in (self.prompt_blocks, self.prompt_cached_blocks):
+            _remove(c, instance)
+
+    # ------------------------------------------------------------------ online calibration
+    def show_calibration(self, side: str, factor: float, slope: float | None, exponents: Mapping[str, float],
+                         interference: Mapping[str, Mapping[str, float]],
+                         instance_factors: Mapping[tuple[str, str], float], live: Container[str]) -> None:
+        """Publish a recalibration of ``side``: its shared factor, and for the prefill side the
+        contention slope, the hardware groups' exponents and the prefill pairs, for the decode side
+        the decode/prefill pairs (``interference`` is the side's coefficients); every pair shown once
+        keeps a series, 0 once its coefficient is gone. Instances not ``live`` get no new series."""
+        self.cost_factor.labels(side).set(factor)
+        shown, gauge = ((self._pairs_shown, self.prefill_interference) if side == "prefill"
+                        else (self._interference_shown, self.decode_interference))
+        if side == "prefill":
+            self.contention_slope.labels(side).set(slope or 0.0)
+            for group, e in exponents.items():
+                self.hardware_share_exponent.labels(group).set(e)
+        for a, coef in interference.items():
+            shown.update((a, b) for b in coef)
+        for a, b in shown:
+            if a in live and b in live:
+                gauge.labels(a, b).set(interference.get(a, {}).get(b, 0.0))
+        for key, f in instance_factors.items():
+            g = self._factor_gauge.get(key)
+            if g is None:
+                if key[1] not in live:
+                    continue
+                g = self._factor_gauge[key] = self.instance_cost_factor.labels(key[1], key[0])
+            g.set(f)
+
+
+def _remove(metric: Any, *labels: str) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass

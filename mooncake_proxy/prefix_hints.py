@@ -6,14 +6,15 @@ first (``mooncake_core/pd/peer_prefix.py``, docs/kvcache-scheduling.md)."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from mooncake_core.pd.peer_prefix import PEER_KEY, export_prefix, export_request
+from mooncake_core.pd.store_hint import HINT_KEY, make_hint
 from mooncake_core.utils.log import get_logger
 
-from .relay import UpstreamError
-
-if TYPE_CHECKING:
-    from .server import ProxyServer
+from .metrics import ProxyMetrics
+from .registry import Registry
+from .relay import Relay, UpstreamError
 
 log = get_logger("mooncake_proxy.prefix_hints")
 
@@ -25,40 +26,47 @@ def with_store_hint(payload: dict[str, Any], decision: Any, block_size: int) -> 
     params = payload.get("kv_transfer_params")
     if not isinstance(params, dict):
         return payload
-    from mooncake_core.pd.store_hint import HINT_KEY, make_hint
-
     return {**payload, "kv_transfer_params": {**params, HINT_KEY: make_hint(decision.cached_blocks, block_size)}}
 
 
-async def with_peer_prefix(server: "ProxyServer", payload: dict[str, Any], body: dict[str, Any], decision: Any,
-                           token_ids: Any, headers: dict[str, str], rid: str) -> dict[str, Any]:
-    """The prefill payload with the peer prefix hint: the Conductor planned to read
-    ``decision.cached_blocks`` leading blocks from the instance ``decision.remote_source``. That
-    instance exports them (a one-token hand-off request of the prefix's token ids, bounded by
-    --peer-prefix-timeout) and its answer goes to the prefill. Any failure leaves the payload as
-    it was: the prefill then computes the prefix."""
-    from mooncake_core.pd.peer_prefix import PEER_KEY, export_prefix, export_request
+class PeerPrefixExporter:
+    """``--peer-prefix``: asks the instance holding a planned prefix to export it (narrow: the
+    registry to find it, the relay to ask it, the metrics to count the outcome)."""
 
-    cfg = server.cfg
-    params = payload.get("kv_transfer_params")
-    src = server.registry.get(decision.remote_source)
-    prefix = export_prefix(token_ids, decision.cached_blocks, cfg.block_size) if token_ids else []
-    if not isinstance(params, dict) or src is None or not prefix:
-        server.metrics.peer_prefix.labels("skipped").inc()
-        return payload
-    try:
-        answer = await asyncio.wait_for(server.relay.post_json(
-            src, "/v1/completions", export_request(str(body.get("model", "")), prefix), headers,
-            "peer prefix export"), cfg.peer_prefix_timeout)
-        kv = answer.get("kv_transfer_params")
-        if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
-            raise ValueError(f"no hand-off kv_transfer_params in the answer (got {kv!r:.120}); is "
-                             "MooncakeCoreConnector (kv_both) configured there?")
-    except (UpstreamError, asyncio.TimeoutError, ValueError) as e:
-        server.metrics.peer_prefix.labels("failed").inc()
-        log.warning("peer prefix export failed; the prefill computes the prefix", extra={
-            "request_id": rid, "instance": src.url, "blocks": decision.cached_blocks,
-            "error": str(e) or f"timed out after {cfg.peer_prefix_timeout} s"})
-        return payload
-    server.metrics.peer_prefix.labels("exported").inc()
-    return {**payload, "kv_transfer_params": {**params, PEER_KEY: kv}}
+    def __init__(self, registry: Registry, relay: Relay, metrics: ProxyMetrics, block_size: int,
+                 timeout_s: float) -> None:
+        self._registry = registry
+        self._relay = relay
+        self._metrics = metrics
+        self.block_size = block_size
+        self.timeout_s = timeout_s
+
+    async def with_peer_prefix(self, payload: dict[str, Any], body: dict[str, Any], decision: Any, token_ids: Any,
+                               headers: dict[str, str], rid: str) -> dict[str, Any]:
+        """The prefill payload with the peer prefix hint: the Conductor planned to read
+        ``decision.cached_blocks`` leading blocks from the instance ``decision.remote_source``. That
+        instance exports them (a one-token hand-off request of the prefix's token ids, bounded by
+        --peer-prefix-timeout) and its answer goes to the prefill. Any failure leaves the payload as
+        it was: the prefill then computes the prefix."""
+        params = payload.get("kv_transfer_params")
+        src = self._registry.get(decision.remote_source)
+        prefix = export_prefix(token_ids, decision.cached_blocks, self.block_size) if token_ids else []
+        if not isinstance(params, dict) or src is None or not prefix:
+            self._metrics.peer_prefix.labels("skipped").inc()
+            return payload
+        try:
+            answer = await asyncio.wait_for(self._relay.post_json(
+                src, "/v1/completions", export_request(str(body.get("model", "")), prefix), headers,
+                "peer prefix export"), self.timeout_s)
+            kv = answer.get("kv_transfer_params")
+            if not isinstance(kv, dict) or not kv.get("do_remote_prefill"):
+                raise ValueError(f"no hand-off kv_transfer_params in the answer (got {kv!r:.120}); is "
+                                 "MooncakeCoreConnector (kv_both) configured there?")
+        except (UpstreamError, asyncio.TimeoutError, ValueError) as e:
+            self._metrics.peer_prefix.labels("failed").inc()
+            log.warning("peer prefix export failed; the prefill computes the prefix", extra={
+                "request_id": rid, "instance": src.url, "blocks": decision.cached_blocks,
+                "error": str(e) or f"timed out after {self.timeout_s} s"})
+            return payload
+        self._metrics.peer_prefix.labels("exported").inc()
+        return {**payload, "kv_transfer_params": {**params, PEER_KEY: kv}}

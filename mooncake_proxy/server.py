@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -28,11 +28,12 @@ from mooncake_core import auth
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.tls import server_context
 
-from . import first_token as ftok
 from . import scheduling
 from .admin import AdminApi
 from .admission_log import admitted_fields
 from .bootstrap import BootstrapDirectory, BootstrapError
+from .calibration_loop import CalibrationLoop
+from .config import ProxyConfig
 from .dashboard import ProxyDashboard
 from .errors import error_response
 from .handoff import HandoffProtocol, make_handoff
@@ -40,98 +41,42 @@ from .handoff.mooncake import bootstrap_url
 from .health import HealthChecker
 from .health_state import HealthState, ProbePolicy
 from .metrics import ProxyMetrics
-from .prefix_hints import with_peer_prefix, with_store_hint
+from .pipeline import PairPipeline, PipelineSettings
+from .prefix_hints import PeerPrefixExporter, with_store_hint
 from .prompt import BadRequest, PromptHasher
 from .registry import Instance, Registry, normalize_url
-from .relay import Relay, RelayTimeouts, StreamTiming, UpstreamError, forward_headers
+from .relay import Relay, RelayTimeouts, UpstreamError
 
 log = get_logger("mooncake_proxy.server")
 
 _dec = msgspec.json.Decoder()
 
 COMPLETION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate")
-__all__ = ["COMPLETION_ROUTES", "ProxyConfig", "ProxyServer", "UpstreamError", "install_uvloop", "start_server"]
+__all__ = ["COMPLETION_ROUTES", "ProxyConfig", "ProxyServer", "UpstreamError", "install_uvloop", "start_server",
+           "with_store_hint"]
 
 
-@dataclass
-class ProxyConfig:
-    """Everything the server needs; ``cli.py`` fills it from flags."""
-
-    prefill_urls: list[str] = field(default_factory=list)
-    decode_urls: list[str] = field(default_factory=list)
-    prefill_bootstrap_ports: list[int | None] = field(default_factory=list)
-    policy: str = "load_balance"
-    handoff: str = "vllm"
-    #: --prefill-first-token: stream the prefill's first token at once (first_token.py)
-    prefill_first_token: bool = False
-    ttft_slo: float | None = None
-    tbt_slo: float | None = None
-    prediction_horizon: float | None = None
-    #: --rejection: where SLO-breaking requests get their 429 (scheduling/admission.py)
-    rejection: str = "early"
-    #: --calibrate: scale the cost model by observed / predicted latencies (scheduling/calibration.py)
-    calibrate: bool = False
-    #: --prefill-batch-tokens: the engines batch their queue in steps of this many tokens (0: one at a time)
-    prefill_batch_tokens: int = 0
-    #: --ttft-margin-quantile: the quantile of a pair's recent TTFT errors the check adds (ttft_error.py)
-    ttft_margin_quantile: float = 0.9
-    ttft_margin_queued: bool = True  # --[no-]ttft-margin-queued: requests admitted behind others as a class
-    ttft_queue_margin: float = 1.0  # --ttft-queue-margin: a queued request's margin >= this x its predicted wait
-    #: --recent-busy-tau: an idle prefill counts for its recent busy share (contention.RecentBusy); 0: off
-    recent_busy_tau: float = 0.0
-    #: --prefill-contention: with --calibrate, how prefills slowing each other is learned (contention.py):
-    #: "count" = one slope per busy neighbour, "pairs" = a coefficient per (prefill, other prefill or decode),
-    #: "groups" = processor sharing within the declared --hardware-group's (pairs for the other instances)
-    prefill_contention: str = "pairs"
-    #: --hardware-group: groups of instance URLs that share hardware (with prefill_contention "groups":
-    #: processor sharing within each, contention.HardwareGroups)
-    hardware_groups: list[list[str]] = field(default_factory=list)
-    retry_after: float = 1.0
-    health_interval: float = 5.0
-    health_timeout: float = 2.0
-    health_timeouts_to_down: int = 3
-    #: --upstream-keepalive: below the engines' idle timeout (uvicorn: 5 s), see cli.py
-    upstream_keepalive: float = 4.0
-    request_timeout: float = 300.0
-    connect_timeout: float = 5.0
-    profile: str | None = None
-    block_size: int = 512
-    cache_blocks: int = 0
-    decode_kv_blocks: int = 0
-    tokenizer: str | None = None
-    kv_events_config: str | None = None
-    admin_key: str | None = None
-    seed: int = 0
-    #: largest request body accepted (413 above, naming the limit)
-    max_request_bytes: int = 64 * 1024 * 1024
-    #: serve HTTPS with this PEM certificate and key (both or neither)
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    store_master: str | None = None
-    store_view: str = "events"
-    store_model_tag: str | None = None
-    #: --peer-prefix: the Conductor may plan a prefix load from another prefill instance
-    peer_prefix: bool = False
-    peer_prefix_timeout: float = 2.0
-
-
-def _mean_other_busy(cluster: Any, area_then: float, then: float, now: float) -> float | None:
-    """The mean number of busy prefill instances from ``then`` to ``now`` (``ClusterState.busy_area``
-    read at ``then``: ``area_then``) besides the sample's own; None when no time passed."""
-    if now <= then:
-        return None
-    return max(0.0, (cluster.busy_area(now) - area_then) / (now - then) - 1)
-
-
-def _busy_shares(cluster: Any, then_times: dict[str, float], then: float, now: float, *,
-                 decodes: bool = False) -> dict[str, float] | None:
-    """The share of the time from ``then`` to ``now`` each prefill instance (and with ``decodes``
-    each decode instance) was busy (``ClusterState.busy_times`` / ``decode_busy_times`` read at
-    ``then``: ``then_times``); None when no time passed."""
-    if now <= then:
-        return None
-    times = {**cluster.busy_times(now), **cluster.decode_busy_times(now)} if decodes else cluster.busy_times(now)
-    return {p: max(0.0, t - then_times.get(p, 0.0)) / (now - then) for p, t in times.items()}
+def _hardware_groups(cfg: ProxyConfig) -> "scheduling.HardwareGroups":
+    """--hardware-group: the instances (by URL) that share hardware, for the scheduler's and the
+    calibrator's processor sharing (contention.HardwareGroups). ValueError naming the URL or
+    the flag that is wrong."""
+    if cfg.prefill_contention == "groups" and not cfg.hardware_groups:
+        raise ValueError("--prefill-contention groups needs at least one --hardware-group (the instance URLs "
+                         "that share one piece of hardware)")
+    if cfg.hardware_groups and cfg.prefill_contention != "groups":
+        raise ValueError(f"--hardware-group needs --prefill-contention groups (got {cfg.prefill_contention!r})")
+    by_url = {normalize_url(u): Registry.make_id(role, u)
+              for role, urls in (("prefill", cfg.prefill_urls), ("decode", cfg.decode_urls)) for u in urls}
+    ids: list[list[str]] = []
+    for group in cfg.hardware_groups:
+        ids.append([])
+        for url in group:
+            iid = by_url.get(normalize_url(url))
+            if iid is None:
+                raise ValueError(f"--hardware-group: {url!r} is not a --prefill or --decode instance "
+                                 f"(known: {sorted(by_url)})")
+            ids[-1].append(iid)
+    return scheduling.HardwareGroups(ids)
 
 
 class ProxyServer:
@@ -155,13 +100,19 @@ class ProxyServer:
             cost = replace(cost, block_size=cfg.block_size)
         slo = sched.SloConfig(ttft_s=cfg.ttft_slo, tbt_s=cfg.tbt_slo, retry_after_s=cfg.retry_after,
                               prediction_horizon_s=cfg.prediction_horizon)
-        slo, self.decode_tbt_limit = sched.split_rejection(slo, cfg.rejection)
-        self.scheduler = sched.make_scheduler(cfg.policy, self.cluster, cost, slo, seed=cfg.seed)
-        self.scheduler.prefill_batch_tokens = cfg.prefill_batch_tokens
-        self.scheduler.queue_margin = cfg.ttft_queue_margin if cfg.calibrate else 0.0
-        if cfg.recent_busy_tau > 0:
-            self.scheduler.recent_busy = sched.RecentBusy(tau_s=cfg.recent_busy_tau)
-        self.calibrator = sched.LatencyCalibrator(cost) if cfg.calibrate else None
+        slo, decode_tbt_limit = sched.split_rejection(slo, cfg.rejection)
+        groups = _hardware_groups(cfg)
+        self.cluster.track_head_busy = bool(groups)  # how far a head is along (Scheduler.head_done)
+        self.metrics = ProxyMetrics()
+        self.calibration = (CalibrationLoop(cost, self.cluster, self.metrics, groups, cfg.prefill_contention)
+                            if cfg.calibrate else None)
+        settings = sched.SchedulerSettings(
+            prefill_batch_tokens=cfg.prefill_batch_tokens,
+            queue_margin=cfg.ttft_queue_margin if cfg.calibrate else 0.0,
+            recent_busy_tau=cfg.recent_busy_tau, hardware_groups=groups)
+        self.scheduler = sched.make_scheduler(
+            cfg.policy, self.cluster, cost, slo, seed=cfg.seed, settings=settings,
+            latency=self.calibration.board if self.calibration is not None else None)
         if cfg.calibrate:  # the TTFT check's per-pair margin from its own errors (ttft_error.py)
             self.cluster.ttft_errors = sched.TtftErrorQuantile(cfg.ttft_margin_quantile,
                                                                queued_class=cfg.ttft_margin_queued)
@@ -186,10 +137,6 @@ class ProxyServer:
         self.hasher = PromptHasher(hasher, tokenize, chat_tokenize)
         self.handoff: HandoffProtocol = make_handoff(cfg.handoff)
         self.registry = Registry()
-        self.metrics = ProxyMetrics()
-        if self.calibrator is not None:
-            for side in ("prefill", "decode"):
-                self.metrics.cost_factor.labels(side).set(1.0)
         self.session: aiohttp.ClientSession | None = None
         self.health: HealthChecker | None = None
         self.probe_policy = ProbePolicy(interval=max(0.0, cfg.health_interval),
@@ -197,7 +144,7 @@ class ProxyServer:
         self.bootstrap = BootstrapDirectory(lambda: self.session, cfg.health_timeout)
         self.relay = Relay(lambda: self.session, RelayTimeouts(cfg.request_timeout, cfg.connect_timeout),
                            self.metrics, lambda inst, why: self.set_healthy(inst, False, why),
-                           lambda route, s: self._hist("ttft", route).observe(s))
+                           lambda route, s: self.metrics.route_hist("ttft", route).observe(s))
         self.kv_events: Any = None
         if cfg.kv_events_config:  # parse now: a bad config fails before the port is bound
             from .kv_events import KvEventsSubscriber
@@ -205,47 +152,18 @@ class ProxyServer:
             self.kv_events = KvEventsSubscriber.from_config(
                 cfg.kv_events_config, registry=self.registry, cluster=self.cluster,
                 hasher=self.hasher.hasher, events=self.metrics.kv_events)
-        # prometheus ``.labels()`` costs a lock + dict lookup; cache the children (hot path).
-        self._req_counters: dict[tuple[str, int], Any] = {}
-        self._route_hist: dict[tuple[str, str], Any] = {}
-        self._decision_ctr: dict[tuple[str, str], Any] = {}
-        self._inflight_gauge: dict[str, Any] = {}
-        self._prefix_ctr: dict[str, tuple[Any, Any]] = {}
-        self._factor_gauge: dict[tuple[str, str], Any] = {}  # (side, instance) -> instance_cost_factor child
-        self._interference_shown: set[tuple[str, str]] = set()  # (decode, prefill) pairs with a gauge series
-        self._pairs_shown: set[tuple[str, str]] = set()  # (prefill, other instance) pairs with a gauge series
+        peer = (PeerPrefixExporter(self.registry, self.relay, self.metrics, cfg.block_size, cfg.peer_prefix_timeout)
+                if cfg.peer_prefix else None)
+        self.pipeline = PairPipeline(
+            PipelineSettings(cfg.block_size, cfg.retry_after, cfg.prefill_first_token, decode_tbt_limit),
+            self.cluster, self.scheduler, self.registry, self.handoff, self.relay, self.metrics, self.calibration,
+            peer, self._resolve_engine_id)
         self._seq = 0
         bports = list(cfg.prefill_bootstrap_ports)
         for i, url in enumerate(cfg.prefill_urls):
             self.add_instance("prefill", url, bports[i] if i < len(bports) else None)
         for url in cfg.decode_urls:
             self.add_instance("decode", url)
-        self._declare_hardware_groups(cfg)
-
-    def _declare_hardware_groups(self, cfg: ProxyConfig) -> None:
-        """--hardware-group: the instances (by URL) that share hardware, for the scheduler's and the
-        calibrator's processor sharing (contention.HardwareGroups). ValueError naming the URL or
-        the flag that is wrong."""
-        if cfg.prefill_contention == "groups" and not cfg.hardware_groups:
-            raise ValueError("--prefill-contention groups needs at least one --hardware-group (the instance URLs "
-                             "that share one piece of hardware)")
-        if cfg.hardware_groups and cfg.prefill_contention != "groups":
-            raise ValueError(f"--hardware-group needs --prefill-contention groups (got {cfg.prefill_contention!r})")
-        by_url = {inst.url: inst.instance_id for inst in self.registry.all()}
-        ids: list[list[str]] = []
-        for group in cfg.hardware_groups:
-            ids.append([])
-            for url in group:
-                iid = by_url.get(normalize_url(url))
-                if iid is None:
-                    raise ValueError(f"--hardware-group: {url!r} is not a --prefill or --decode instance "
-                                     f"(known: {sorted(by_url)})")
-                ids[-1].append(iid)
-        groups = self.sched_mod.HardwareGroups(ids)
-        self.scheduler.hardware_groups = groups
-        self.cluster.track_head_busy = bool(groups)  # how far a head is along (Scheduler.head_done)
-        if self.calibrator is not None:
-            self.calibrator.groups = groups
         if groups:
             log.info("hardware groups declared", extra={"groups": groups.groups()})
 
@@ -255,12 +173,11 @@ class ProxyServer:
         self.cluster.add_instance(self.sched_mod.InstanceInfo(
             instance_id=inst.instance_id, role=inst.role,
             cache_capacity_blocks=self.cfg.cache_blocks if role == "prefill" else self.cfg.decode_kv_blocks))
-        if role == "decode" and self.calibrator is not None:  # the hand-off as a queue (handoff_queue.py)
+        if role == "decode" and self.calibration is not None:  # the hand-off as a queue (handoff_queue.py)
             self.cluster.decode_load(inst.instance_id).handoff = self.sched_mod.HandoffQueue()
         # Not schedulable until its first answered /health (probed at once, see health.py).
         self.cluster.set_healthy(inst.instance_id, False)
-        self.metrics.healthy.labels(inst.instance_id, role).set(0)
-        self.metrics.in_flight.labels(inst.instance_id, role).set(0)
+        self.metrics.instance_added(inst.instance_id, role)
         log.info("instance added", extra={"instance": inst.instance_id})
         if self.health is not None:
             self.health.wake()
@@ -270,43 +187,10 @@ class ProxyServer:
         inst = self.registry.remove(instance_id)
         self.cluster.remove_instance(instance_id)
         self.scheduler.hardware_groups.forget(instance_id)
-        if self.calibrator is not None:
-            self.calibrator.forget(instance_id)
-            self.scheduler.instance_costs = self.calibrator.costs()
-            try:
-                self.metrics.first_token_delay.remove(instance_id)
-            except KeyError:
-                pass
-            for side in ("prefill", "decode"):
-                self._factor_gauge.pop((side, instance_id), None)
-                try:
-                    self.metrics.instance_cost_factor.remove(instance_id, side)
-                except KeyError:
-                    pass
-            for shown, gauge in ((self._interference_shown, self.metrics.decode_interference),
-                                 (self._pairs_shown, self.metrics.prefill_interference)):
-                for pair in [pr for pr in shown if instance_id in pr]:
-                    shown.discard(pair)
-                    try:
-                        gauge.remove(*pair)
-                    except KeyError:
-                        pass
-            self.scheduler.interference = self.calibrator.interference()
-            self.scheduler.prefill_interference = self.calibrator.prefill_interference()
+        if self.calibration is not None:
+            self.calibration.forget(instance_id)
         self._forget_bootstrap(inst)
-        self._inflight_gauge.pop(instance_id, None)
-        self._prefix_ctr.pop(instance_id, None)
-        self._decision_ctr = {k: v for k, v in self._decision_ctr.items() if instance_id not in k}
-        for g in (self.metrics.healthy, self.metrics.in_flight):
-            try:
-                g.remove(inst.instance_id, inst.role)
-            except KeyError:
-                pass
-        for c in (self.metrics.prompt_blocks, self.metrics.prompt_cached_blocks):
-            try:
-                c.remove(inst.instance_id)
-            except KeyError:
-                pass
+        self.metrics.forget_instance(instance_id, inst.role)
         log.info("instance removed", extra={"instance": instance_id})
         return inst
 
@@ -343,7 +227,8 @@ class ProxyServer:
         app.router.add_get("/healthcheck", self._healthcheck)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
-        ProxyDashboard(self).register(app)
+        ProxyDashboard(self.registry, self.cluster, self.metrics, self.refresh_load_gauges, self.cfg.policy,
+                       self.cfg.handoff).register(app)
         AdminApi(self.registry, self.add_instance, self.remove_instance, self._probe_now,
                  self.cfg.admin_key, self.prefix_view).register(app)
         app.on_startup.append(self._on_startup)
@@ -396,21 +281,6 @@ class ProxyServer:
         if self.session is not None:
             await self.session.close()
 
-    # ------------------------------------------------------------------ helpers
-    def _count(self, route: str, status: int) -> None:
-        key = (route, status)
-        c = self._req_counters.get(key)
-        if c is None:
-            c = self._req_counters[key] = self.metrics.requests.labels(route, str(status))
-        c.inc()
-
-    def _hist(self, which: str, route: str) -> Any:
-        key = (which, route)
-        h = self._route_hist.get(key)
-        if h is None:
-            h = self._route_hist[key] = getattr(self.metrics, which).labels(route)
-        return h
-
     # ------------------------------------------------------------------ routes
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "/v1/completions")
@@ -429,18 +299,18 @@ class ProxyServer:
         except asyncio.CancelledError:
             # Client went away: aiohttp cancelled us; leaving the `async with` blocks closed the
             # upstream connections, which is what cancels the work on the engines.
-            self._count(route, 499)
+            self.metrics.count_request(route, 499)
             log.info("client disconnected; upstream requests cancelled", extra={"request_id": rid})
             raise
         except ConnectionResetError:
-            self._count(route, 499)  # client vanished while we were writing to it
+            self.metrics.count_request(route, 499)  # client vanished while we were writing to it
             raise
         except Exception as e:  # a bug must not become an opaque 500 text or a hang
             log.exception("internal error", extra={"request_id": rid})
             resp = error_response(500, f"proxy internal error: {type(e).__name__}: {e}", "internal_error",
                                   request_id=rid)
-        self._count(route, resp.status)
-        self._hist("e2e", route).observe(time.perf_counter() - t0)
+        self.metrics.count_request(route, resp.status)
+        self.metrics.route_hist("e2e", route).observe(time.perf_counter() - t0)
         return resp
 
     async def _handle_inner(self, request: web.Request, route: str, rid: str, t0: float) -> web.StreamResponse:
@@ -497,10 +367,8 @@ class ProxyServer:
         req = self.sched_mod.RequestInfo(request_id=f"{rid}#{self._seq}", prompt_tokens=pinfo.prompt_tokens,
                                          block_hashes=pinfo.block_hashes,
                                          max_output_tokens=pinfo.max_output_tokens, arrival=now)
-        if self.calibrator is not None and self.calibrator.tick(now):
-            self._calibrated("prefill", True)
-            self._calibrated("decode", True)
-            self._sync_first_token()
+        if self.calibration is not None:
+            self.calibration.tick(now)
         decision = self.scheduler.schedule(req, now)
         if isinstance(decision, self.sched_mod.Rejection):
             self.metrics.rejections.labels("slo").inc()
@@ -512,269 +380,15 @@ class ProxyServer:
         if p_inst is None or d_inst is None:
             return error_response(503, "scheduler chose an instance that was just removed; retry",
                                   "service_unavailable", request_id=rid, retry_after=1)
-        key = (p_inst.instance_id, d_inst.instance_id)
-        ctr = self._decision_ctr.get(key)
-        if ctr is None:
-            ctr = self._decision_ctr[key] = self.metrics.decisions.labels(self.cfg.policy, *key)
-        ctr.inc()
+        self.metrics.decided(self.cfg.policy, p_inst.instance_id, d_inst.instance_id)
         if decision.cached_blocks:
             self.metrics.cached_blocks.inc(decision.cached_blocks)
         if req.block_hashes:
-            pc = self._prefix_ctr.get(p_inst.instance_id)
-            if pc is None:
-                pc = self._prefix_ctr[p_inst.instance_id] = (
-                    self.metrics.prompt_blocks.labels(p_inst.instance_id),
-                    self.metrics.prompt_cached_blocks.labels(p_inst.instance_id))
-            pc[0].inc(len(req.block_hashes))
-            if decision.cached_blocks:
-                pc[1].inc(decision.cached_blocks)
+            self.metrics.prompt_sent(p_inst.instance_id, len(req.block_hashes), decision.cached_blocks)
         if log.isEnabledFor(logging.DEBUG):  # predicted vs realized TTFT, request by request (the SLO bench)
             log.debug("admitted", extra={"request_id": rid, **admitted_fields(
                 self.cluster, decision, req, p_inst.instance_id, d_inst.instance_id, now)})
-        return await self._run_pair(request, route, rid, body, req, decision, p_inst, d_inst, t0, pinfo.token_ids)
-
-    def _inflight(self, inst: Instance, delta: int) -> None:
-        inst.in_flight += delta
-        if self.registry.get(inst.instance_id) is not inst:
-            return  # removed meanwhile: do not resurrect its metric series
-        g = self._inflight_gauge.get(inst.instance_id)
-        if g is None:
-            g = self._inflight_gauge[inst.instance_id] = self.metrics.in_flight.labels(inst.instance_id, inst.role)
-        g.set(inst.in_flight)
-
-    async def _run_pair(self, request: web.Request, route: str, rid: str, body: dict[str, Any],
-                        req: Any, decision: Any, p: Instance, d: Instance, t0: float,
-                        token_ids: Any = None) -> web.StreamResponse:
-        headers = forward_headers(request, rid)
-        ho = self.handoff
-        ctx = ho.new_context(rid)
-        cluster = self.cluster
-        now = time.monotonic
-        c_dec = self.scheduler.decode_contention(d.instance_id)  # as when est_tbt_s was made (before this prefill)
-        cluster.on_prefill_start(p.instance_id, req, now(), cached_blocks=decision.cached_blocks,
-                                 decode_id=d.instance_id)
-        # Record the prompt's blocks now, not when the prefill ends: requests sharing the prefix
-        # that arrive meanwhile should queue behind this one rather than recompute elsewhere.
-        cluster.record_blocks(p.instance_id, req.block_hashes)
-        self._inflight(p, 1)
-        prefill_open = True
-
-        def prefill_finished() -> None:
-            nonlocal prefill_open
-            if prefill_open:
-                prefill_open = False
-                self._inflight(p, -1)
-                cluster.on_prefill_done(p.instance_id, req, now())
-
-        ptask: asyncio.Task[dict[str, Any]] | None = None
-        cal = self.calibrator
-        # the scheduler's estimates were made with each instance's factors in force now: undo them
-        # for the sample
-        f_pre, f_dec = ((cal.factor("prefill", p.instance_id), cal.factor("decode", d.instance_id))
-                        if cal is not None else (1.0, 1.0))
-        t_sent = now()
-        busy_sent = cluster.busy_area(t_sent)  # the contention the prefill runs under (contention.py)
-        pairs = self.cfg.prefill_contention in ("pairs", "groups")  # groups: the others learn pairs
-        # which instances slow this prefill (contention.py): the other prefills and the decodes
-        busy_times_sent = ({**cluster.busy_times(t_sent), **cluster.decode_busy_times(t_sent)}
-                           if pairs and cal is not None else None)
-        t_answered: float | None = None  # perf_counter of the prefill's answer (sequential hand-off)
-        timing = StreamTiming() if cal is not None else None
-        try:
-            pheaders = headers
-            if ho.needs_engine_id:
-                await self._resolve_engine_id(p, ctx)
-                extra = ho.prefill_headers(ctx)
-                if extra:
-                    pheaders = {**headers, **extra}
-            ppayload = ho.prefill_payload(body, route, p.addr, ctx)
-            src = decision.remote_source
-            if src == self.sched_mod.STORE and decision.remote_blocks:
-                ppayload = with_store_hint(ppayload, decision, self.cfg.block_size)
-            elif src is not None and decision.remote_blocks and self.cfg.peer_prefix:
-                ppayload = await with_peer_prefix(self, ppayload, body, decision, token_ids, headers, rid)
-            prefix: bytes | None = None
-            rewrite: ftok.UsageShift | None = None
-            if not ho.is_concurrent(p.addr):
-                first = self._first_token_wanted(body, route, rid)
-                if first:
-                    ppayload = ftok.prefill_body(ppayload, body)
-                presp = await self.relay.post_json(p, route, ppayload, pheaders, "prefill")
-                t_done = now()
-                prefill_finished()
-                if cal is not None:
-                    t_answered = time.perf_counter()
-                    self._calibrated("prefill", cal.observe_prefill(
-                        decision.est_ttft_s / f_pre, t_done - t_sent, t_done, p.instance_id,
-                        None if pairs else _mean_other_busy(cluster, busy_sent, t_sent, t_done),
-                        _busy_shares(cluster, busy_times_sent, t_sent, t_done, decodes=True)
-                        if busy_times_sent is not None else None))
-                if log.isEnabledFor(logging.DEBUG):  # the prefill's side of the TTFT check's error
-                    usage = presp.get("usage") if isinstance(presp, dict) else None
-                    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
-                    log.debug("prefill answered", extra={
-                        "request_id": rid, "prefill": p.instance_id, "took_s": round(t_done - t_sent, 3),
-                        "est_prefill_s": round(decision.est_ttft_s, 3),
-                        "engine_cached_tokens": details.get("cached_tokens") if isinstance(details, dict) else None})
-                ho.on_prefill_answer(p.addr, presp)
-                ft = ftok.parse_first_token(presp) if first else None
-                if first and ft is None:
-                    self.metrics.first_token.labels("fallback").inc()
-                    log.warning("--prefill-first-token: the prefill's answer has no token ids (an engine "
-                                "without return_token_ids?); normal hand-off",
-                                extra={"request_id": rid, "instance": p.url})
-                if ft is not None and not ftok.needs_decode(body, ft):
-                    self.metrics.first_token.labels("prefill_only").inc()
-                    return await self.relay.send_sse(request, route, rid, t0, ftok.first_chunks(body, ft, final=True))
-                rejected = self._decode_stage_check(d, req)
-                if rejected is not None:
-                    return rejected
-                dbody = body
-                if ft is not None:
-                    self.metrics.first_token.labels("streamed").inc()
-                    prefix, rewrite = ftok.first_chunks(body, ft, final=False), ftok.UsageShift(ft)
-                    dbody = ftok.decode_body(body, ft)
-                dpayload = ho.decode_payload(dbody, route, p.addr, ctx, presp)
-            else:
-                ptask = asyncio.create_task(self.relay.post_json(p, route, ppayload, pheaders, "prefill"))
-
-                def prefill_answered(t: asyncio.Task[dict[str, Any]], addr: Any = p.addr) -> None:
-                    # The prefill's load ends when its answer comes, not when the decode stream does.
-                    prefill_finished()
-                    if not t.cancelled() and t.exception() is None:
-                        ho.on_prefill_answer(addr, t.result())
-
-                ptask.add_done_callback(prefill_answered)
-                # concurrent hand-off: the decode is sent with the prefill, so its stage check is now
-                rejected = self._decode_stage_check(d, req)
-                if rejected is not None:
-                    return rejected
-                dpayload = ho.decode_payload(body, route, p.addr, ctx, None)
-            t_decode = now()
-            cluster.on_decode_start(d.instance_id, req, t_decode)
-            busy_decode = cluster.busy_times(t_decode)  # which prefills slow this stream (contention.py)
-            self._inflight(d, 1)
-            hq = cluster.decode_load(d.instance_id).handoff if t_answered is not None else None
-            if hq is not None and timing is not None:
-                hq.handed_off(req.request_id, now(), p.instance_id)
-            errs = cluster.ttft_errors if decision.est_first_token_s >= 0 else None
-            if timing is not None and (hq is not None or errs is not None):
-
-                def first_token() -> None:
-                    service = hq.first_token(req.request_id, now()) if hq is not None else None
-                    ttft = time.perf_counter() - t0
-                    if errs is not None:  # the TTFT check's error on this pair (ttft_error.py)
-                        errs.observe(p.instance_id, d.instance_id, decision.est_first_token_s, ttft, now(),
-                                     queued=decision.waits_behind)
-                    if log.isEnabledFor(logging.DEBUG):
-                        log.debug("first token", extra={"request_id": rid, "ttft_s": round(ttft, 3),
-                                                        "handoff_service_s": service})
-
-                timing.on_first = first_token
-            try:
-                if ptask is None:
-                    return await self.relay.stream_decode(request, route, d, dpayload, headers, rid, t0, None,
-                                                          timing, prefix=prefix, rewrite=rewrite)
-                return await self.relay.race_decode(request, route, d, dpayload, headers, rid, t0, ptask, timing)
-            finally:
-                self._inflight(d, -1)
-                cluster.on_decode_done(d.instance_id, req, now())
-                if hq is not None:
-                    hq.dropped(req.request_id)  # no first token came (a no-op when one did)
-                if cal is not None and timing is not None:
-                    if t_answered is not None and timing.chunks:
-                        cal.observe_first_token(d.instance_id, timing.first - t_answered, now())
-                        self._sync_first_token()
-                    if (gap := timing.gap_quantile(0.9)) is not None:  # the TBT SLO is a p90 (relay.py)
-                        t_end = now()
-                        self._calibrated("decode", cal.observe_decode(
-                            decision.est_tbt_s / (f_dec * c_dec), gap, t_end, d.instance_id,
-                            _busy_shares(cluster, busy_decode, t_decode, t_end)))
-        finally:
-            if ptask is not None:
-                if not ptask.done():
-                    ptask.cancel()
-                    try:
-                        await ptask
-                    except BaseException:
-                        pass
-                elif not ptask.cancelled():
-                    ptask.exception()  # retrieved: no "never retrieved" warning
-            prefill_finished()
-
-    def _first_token_wanted(self, body: dict[str, Any], route: str, rid: str) -> bool:
-        """Whether this request takes the ``--prefill-first-token`` path (first_token.py)."""
-        if not self.cfg.prefill_first_token:
-            return False
-        why = ftok.ineligible(body, route)
-        if why is None:
-            return True
-        self.metrics.first_token.labels("ineligible").inc()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("--prefill-first-token: normal hand-off", extra={"request_id": rid, "reason": why})
-        return False
-
-    def _decode_stage_check(self, d: Instance, req: Any) -> web.StreamResponse | None:
-        """``--rejection decode`` / ``early+decode``: the paper's baseline check once the prefill is
-        done -- a 429 when decode ``d``'s current batch plus this request would break --tbt-slo.
-        The prefill's KV is then never pulled; the P2P connector's lease frees it."""
-        limit = self.decode_tbt_limit
-        if limit is None:
-            return None
-        rej = self.sched_mod.decode_stage_rejection(self.cluster, self.scheduler.cost_for(d.instance_id),
-                                                    d.instance_id, req, limit,
-                                                    self.cfg.retry_after,
-                                                    self.scheduler.decode_contention(d.instance_id))
-        if rej is None:
-            return None
-        self.metrics.rejections.labels("slo_decode").inc()
-        rid = req.request_id.rsplit("#", 1)[0]
-        return error_response(429, f"overloaded, request rejected after its prefill: {rej.reason}",
-                              "rate_limit_exceeded", request_id=rid, retry_after=rej.retry_after_s)
-
-    def _calibrated(self, side: str, changed: bool) -> None:
-        """Install the recalibrated cost models (shared and per instance) in the scheduler when a
-        factor moved."""
-        cal = self.calibrator
-        if changed and cal is not None:
-            self.scheduler.cost = cal.cost()
-            self.scheduler.instance_costs = cal.costs()
-            self.scheduler.contention_slope = cal.slope("prefill")
-            self.scheduler.interference = cal.interference()
-            self.scheduler.prefill_interference = cal.prefill_interference()
-            self.metrics.cost_factor.labels(side).set(cal.factor(side))
-            if side == "prefill":
-                self.metrics.contention_slope.labels(side).set(cal.slope(side))
-                for group, e in cal.groups.exponents().items():
-                    self.metrics.hardware_share_exponent.labels(group).set(e)
-                for pid, coef in self.scheduler.prefill_interference.items():
-                    self._pairs_shown.update((pid, other) for other in coef)
-                for pid, other in self._pairs_shown:
-                    if pid in self.cluster and other in self.cluster:
-                        self.metrics.prefill_interference.labels(pid, other).set(
-                            self.scheduler.prefill_interference.get(pid, {}).get(other, 0.0))
-            else:  # every pair shown once keeps a series: 0 once its coefficient is gone
-                coefs = self.scheduler.interference
-                for did, coef in coefs.items():
-                    self._interference_shown.update((did, pid) for pid in coef)
-                for did, pid in self._interference_shown:
-                    if did in self.cluster and pid in self.cluster:
-                        self.metrics.decode_interference.labels(did, pid).set(coefs.get(did, {}).get(pid, 0.0))
-            for key, f in cal.instance_factors().items():
-                g = self._factor_gauge.get(key)
-                if g is None:
-                    if key[1] not in self.cluster:
-                        continue
-                    g = self._factor_gauge[key] = self.metrics.instance_cost_factor.labels(key[1], key[0])
-                g.set(f)
-
-    def _sync_first_token(self) -> None:
-        """Copy the calibrator's first-token delays into the decode loads the TTFT check reads."""
-        assert self.calibrator is not None
-        for iid, s in self.calibrator.first_token_all().items():
-            if iid in self.cluster:
-                self.cluster.decode_load(iid).first_token_s = s
-                self.metrics.first_token_delay.labels(iid).set(s)
+        return await self.pipeline.run(request, route, rid, body, req, decision, p_inst, d_inst, t0, pinfo.token_ids)
 
     async def _resolve_engine_id(self, p: Instance, ctx: dict[str, Any]) -> None:
         """Fill ``dp_rank``/``remote_engine_id`` from the prefill's bootstrap server (cached)."""
@@ -811,7 +425,7 @@ class ProxyServer:
             for m in lst:
                 if isinstance(m, dict) and "id" in m:
                     seen.setdefault(str(m["id"]), m)
-        self._count("/v1/models", 200)
+        self.metrics.count_request("/v1/models", 200)
         return web.json_response({"object": "list", "data": list(seen.values())})
 
     async def _healthcheck(self, request: web.Request) -> web.Response:

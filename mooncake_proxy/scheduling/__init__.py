@@ -26,6 +26,7 @@ from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
 from .handoff_queue import HandoffQueue
 from .hashing import BlockHasher
+from .latency import LatencyBoard, LatencyModel, SchedulerSettings
 from .lru import LruBlockCache
 from .ttft_error import TtftErrorQuantile
 from .policies import POLICIES, PrefillPlan, Scheduler, make_scheduler, policy_names
@@ -35,5 +36,6 @@ __all__ = [
     "CostModel", "SloConfig", "make_scheduler", "policy_names", "POLICIES", "Scheduler", "PrefillPlan",
     "LruBlockCache", "STORE", "PrefillEntry", "DecodeEntry", "PrefillLoad", "DecodeLoad",
     "REJECTION_MODES", "split_rejection", "decode_stage_rejection", "LatencyCalibrator",
-    "HandoffQueue", "TtftErrorQuantile", "RecentBusy", "HardwareGroups",
+    "HandoffQueue", "TtftErrorQuantile", "RecentBusy", "HardwareGroups", "LatencyBoard", "LatencyModel",
+    "SchedulerSettings",
 ]

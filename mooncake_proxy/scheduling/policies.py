@@ -27,13 +27,14 @@ import math
 import random
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar, Iterable, Iterator, Sequence
+from typing import ClassVar, Iterable, Iterator, Mapping, Sequence
 
 from .batched_queue import finish_offsets
 from .cluster import STORE, ClusterState, DecodeLoad, PrefillEntry, kv_footprint
 from .contention import HardwareGroups, RecentBusy, expected_busy_neighbours
 from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
+from .latency import LatencyBoard, LatencyModel, SchedulerSettings
 
 __all__ = ["BUILTIN_SCHEDULERS", "POLICIES", "Scheduler", "make_scheduler", "policy_names", "RandomScheduler",
            "RoundRobinScheduler", "LoadBalanceScheduler", "CacheAwareScheduler", "ConductorScheduler"]
@@ -64,43 +65,58 @@ class Scheduler(abc.ABC):
     options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cluster: ClusterState, cost: CostModel | None = None,
-                 slo: SloConfig | None = None, seed: int = 0) -> None:
+                 slo: SloConfig | None = None, seed: int = 0, *, settings: SchedulerSettings | None = None,
+                 latency: LatencyBoard | None = None) -> None:
+        """``latency``: where the latency model is published (the live proxy's calibration loop);
+        None: a board of its own holding ``cost`` (the profile, or the default one)."""
         self.cluster = cluster
-        self.cost = cost if cost is not None else CostModel.default()
-        #: instance -> its own cost model (the live proxy's per-instance calibration,
-        #: calibration.py); instances not in it are estimated with ``cost``
-        self.instance_costs: dict[str, CostModel] = {}
-        #: log-slowdown of a prefill per busy neighbouring prefill instance (the live proxy's
-        #: --calibrate learns it, contention.py); 0: instances do not slow each other
-        self.contention_slope = 0.0
-        #: decode -> {prefill: log-slowdown of its steps while that prefill computes} (the live proxy's
-        #: --calibrate learns it, contention.Interference); absent: prefills do not slow decodes
-        self.interference: dict[str, dict[str, float]] = {}
-        #: prefill -> {other prefill: log-slowdown of its work while that one is busy} (the live proxy's
-        #: --calibrate --prefill-contention pairs learns it, contention.Interference); absent: see the slope
-        self.prefill_interference: dict[str, dict[str, float]] = {}
-        #: instances declared to share hardware (the live proxy's --hardware-group): a prefill of one
-        #: is slowed by its busy mates by processor sharing (contention.HardwareGroups), and neither the
-        #: slope nor the pairs count for it; empty: every instance on hardware of its own
-        self.hardware_groups = HardwareGroups()
+        self.latency = latency if latency is not None else LatencyBoard(
+            LatencyModel(cost if cost is not None else CostModel.default()))
+        self.settings = settings if settings is not None else SchedulerSettings()
         #: each prefill's share of the last seconds it was busy (contention.RecentBusy), read by
         #: :meth:`decode_contention` and :meth:`prefill_contention` with a prediction horizon; advanced
-        #: by :meth:`schedule` while a contention slope or interference is known. None (the default,
-        #: the live proxy's --recent-busy-tau 0): only the prefills busy now count
-        self.recent_busy: RecentBusy | None = None
-        #: the prefill engines' token budget per forward step (vLLM's --max-num-batched-tokens): they
-        #: batch their queue, so a request admitted behind others can delay them (batched_queue.py)
-        #: and the TTFT check also keeps those within the SLO (:meth:`queue_harm`); 0: one at a time
-        self.prefill_batch_tokens = 0
-        #: with a TTFT SLO, a request that would wait behind others is held to a margin of at least this
-        #: times its predicted wait (the live proxy's --ttft-queue-margin); 0: only the learned margins.
-        #: Why: in a burst on shared cores queued requests came 2-5x their estimate before any of them
-        #: answered, while the 1x warm-up's queued requests had shown 0.6-1.5x (BENCHMARKS.md)
-        self.queue_margin = 0.0
+        #: by :meth:`schedule` while a contention slope or interference is known. None (the default):
+        #: only the prefills busy now count
+        self.recent_busy: RecentBusy | None = (RecentBusy(tau_s=self.settings.recent_busy_tau)
+                                               if self.settings.recent_busy_tau > 0 else None)
         self.slo = slo if slo is not None else SloConfig()
         self.rng = random.Random(seed)
         self._rot = 0   # rotating tie-break / round-robin cursor for prefill
         self._rot_d = 0  # same for decode
+
+    # ------------------------------------------------------------------ what it is built from (read-only)
+    @property
+    def cost(self) -> CostModel:
+        """The shared cost model (instances without their own, ``instance_costs``)."""
+        return self.latency.model.cost
+
+    @property
+    def instance_costs(self) -> Mapping[str, CostModel]:
+        return self.latency.model.instance_costs
+
+    @property
+    def contention_slope(self) -> float:
+        return self.latency.model.contention_slope
+
+    @property
+    def interference(self) -> Mapping[str, Mapping[str, float]]:
+        return self.latency.model.interference
+
+    @property
+    def prefill_interference(self) -> Mapping[str, Mapping[str, float]]:
+        return self.latency.model.prefill_interference
+
+    @property
+    def hardware_groups(self) -> HardwareGroups:
+        return self.settings.hardware_groups
+
+    @property
+    def prefill_batch_tokens(self) -> int:
+        return self.settings.prefill_batch_tokens
+
+    @property
+    def queue_margin(self) -> float:
+        return self.settings.queue_margin
 
     # ------------------------------------------------------------------ entry point
     def schedule(self, req: RequestInfo, now: float) -> Decision | Rejection:
@@ -726,9 +742,9 @@ class ConductorScheduler(Scheduler):
     options = ("replicate_hot", "hot_threshold", "hot_window")
 
     def __init__(self, cluster: ClusterState, cost: CostModel | None = None, slo: SloConfig | None = None,
-                 seed: int = 0, *, replicate_hot: bool = False, hot_threshold: int = 4,
-                 hot_window: int = 100_000) -> None:
-        super().__init__(cluster, cost, slo, seed)
+                 seed: int = 0, *, settings: SchedulerSettings | None = None, latency: LatencyBoard | None = None,
+                 replicate_hot: bool = False, hot_threshold: int = 4, hot_window: int = 100_000) -> None:
+        super().__init__(cluster, cost, slo, seed, settings=settings, latency=latency)
         self.replicate_hot = replicate_hot
         self.hot_threshold = hot_threshold
         self._hot_window = hot_window
@@ -813,9 +829,12 @@ def policy_names() -> tuple[str, ...]:
 
 
 def make_scheduler(policy: str, cluster: ClusterState, cost: CostModel | None = None,
-                   slo: SloConfig | None = None, seed: int = 0, **options: object) -> Scheduler:
+                   slo: SloConfig | None = None, seed: int = 0, *, settings: SchedulerSettings | None = None,
+                   latency: LatencyBoard | None = None, **options: object) -> Scheduler:
     """Build the scheduler for ``policy`` (a built-in of :data:`POLICIES` or a plugin's).
-    ``options`` go to the policy class (``conductor``: ``replicate_hot``, ``hot_threshold``)."""
+    ``options`` go to the policy class (``conductor``: ``replicate_hot``, ``hot_threshold``);
+    ``settings`` and ``latency`` (``Scheduler.__init__``) too, when given -- a plugin's factory
+    that takes neither still builds schedulers with the defaults."""
     from mooncake_proxy.plugins import policies
 
     table = policies()
@@ -827,7 +846,8 @@ def make_scheduler(policy: str, cluster: ClusterState, cost: CostModel | None = 
     if bad:
         raise ValueError(f"policy {policy!r} takes no options {bad}"
                          + (f" (it takes: {', '.join(allowed)})" if allowed else ""))
-    sched = f.factory(cluster, cost, slo, seed, **options)
+    given = {k: v for k, v in (("settings", settings), ("latency", latency)) if v is not None}
+    sched = f.factory(cluster, cost, slo, seed, **given, **options)
     if not isinstance(sched, Scheduler):
         raise TypeError(f"scheduling plugin {policy!r} built a {type(sched).__name__}, not a Scheduler")
     return sched

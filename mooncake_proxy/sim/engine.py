@@ -145,9 +145,9 @@ class Simulator:
             self.cluster.add_instance(InstanceInfo(p, "prefill", cache_capacity_blocks=c.cache_blocks))
         for d in self.decode_ids:
             self.cluster.add_instance(InstanceInfo(d, "decode"))
-        opts = {"replicate_hot": True} if c.replicate_hot else {}
         slo, self.decode_tbt_limit = split_rejection(c.slo, c.rejection)
-        self.scheduler = make_scheduler(c.policy, self.cluster, self.cost, slo, c.seed, **opts)
+        self.scheduler = (make_scheduler(c.policy, self.cluster, self.cost, slo, c.seed, replicate_hot=True)
+                          if c.replicate_hot else make_scheduler(c.policy, self.cluster, self.cost, slo, c.seed))
 
     def run(self, records: Sequence[TraceRecord], progress: Callable[[int], None] | None = None) -> SimResult:
         import time as _time

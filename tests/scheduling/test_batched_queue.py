@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from mooncake_proxy.scheduling import SchedulerSettings
 from mooncake_proxy.scheduling import (ClusterState, CostModel, Decision, InstanceInfo, Rejection, RequestInfo,
                                        SloConfig, make_scheduler)
 from mooncake_proxy.scheduling.batched_queue import delays_by, finish_offsets
@@ -70,8 +71,8 @@ def test_a_request_that_would_push_a_queued_one_past_the_slo_goes_elsewhere(budg
     # p1 is busier (1.2 s queued), so load_balance and the TTFT check alone prefer p0.
     _queue_one(cl, "p0", tokens=1000, waited=0.9)
     cl.on_prefill_start("p1", RequestInfo("old-p1", 1200, arrival=0.0), 0.0, cached_blocks=0, decode_id="d0")
-    s = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=2.0))
-    s.prefill_batch_tokens = budget
+    s = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=2.0),
+                       settings=SchedulerSettings(prefill_batch_tokens=budget))
     out = s.schedule(RequestInfo("new", prompt_tokens=500), 0.0)
     assert isinstance(out, Decision)
     # batched: on p0 it would join the running request's last step (1000 + 500 <= 2048) and delay
@@ -84,14 +85,13 @@ def test_when_every_instance_would_push_a_queued_request_past_the_slo_the_429_sa
     cl = _cluster()
     _queue_one(cl, "p0", tokens=1000, waited=0.9)
     _queue_one(cl, "p1", tokens=1000, waited=0.9)
-    s = make_scheduler("conductor", cl, COST, SloConfig(ttft_s=2.0))
-    s.prefill_batch_tokens = 2048
+    s = make_scheduler("conductor", cl, COST, SloConfig(ttft_s=2.0), settings=SchedulerSettings(prefill_batch_tokens=2048))
     out = s.schedule(RequestInfo("new", prompt_tokens=500), 0.0)
     assert isinstance(out, Rejection)
     assert "would share the last forward step of request 'old-p" in out.reason
     assert "2.400s > 2.000s" in out.reason and "steps of 2048 tokens" in out.reason
     # the new request alone would make it (1.5 s): without the budget it is admitted
-    s.prefill_batch_tokens = 0
+    s = make_scheduler("conductor", cl, COST, SloConfig(ttft_s=2.0))
     assert isinstance(s.schedule(RequestInfo("new", prompt_tokens=500), 0.0), Decision)
 
 
@@ -99,8 +99,7 @@ def test_a_queued_request_already_past_the_slo_does_not_block_later_ones() -> No
     cl = _cluster()
     _queue_one(cl, "p0", tokens=1000, waited=1.5)  # TTFT 2.5 s whatever happens next
     _queue_one(cl, "p1", tokens=1000, waited=1.5)
-    s = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=2.0))
-    s.prefill_batch_tokens = 2048
+    s = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=2.0), settings=SchedulerSettings(prefill_batch_tokens=2048))
     assert isinstance(s.schedule(RequestInfo("new", prompt_tokens=500), 0.0), Decision)
 
 
@@ -110,14 +109,13 @@ def test_a_request_that_does_not_reach_a_queued_ones_last_step_is_no_harm() -> N
     # the next step and delays no one; its own TTFT is 2.058 s of a 2.06 s SLO
     for p in ("p0", "p1"):
         cl.on_prefill_start(p, RequestInfo(f"full-{p}", 2048), 0.0, cached_blocks=0, decode_id="d0")
-    s = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=2.06))
-    s.prefill_batch_tokens = 2048
+    s = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=2.06), settings=SchedulerSettings(prefill_batch_tokens=2048))
     assert isinstance(s.schedule(RequestInfo("new", prompt_tokens=10), 0.0), Decision)
     # 2040 tokens that waited 15 ms (TTFT 2.055 s): the new one's first 8 tokens join its step (+8 ms)
     cl2 = _cluster()
     for p in ("p0", "p1"):
         _queue_one(cl2, p, tokens=2040, waited=0.015)
-    s2 = make_scheduler("load_balance", cl2, COST, SloConfig(ttft_s=2.06))
-    s2.prefill_batch_tokens = 2048
+    s2 = make_scheduler("load_balance", cl2, COST, SloConfig(ttft_s=2.06),
+                        settings=SchedulerSettings(prefill_batch_tokens=2048))
     out = s2.schedule(RequestInfo("new", prompt_tokens=10), 0.0)
     assert isinstance(out, Rejection) and "2.063s > 2.060s" in out.reason

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from mooncake_proxy.scheduling import LatencyBoard, LatencyModel
 from mooncake_proxy.scheduling import (ClusterState, CostModel, Decision, InstanceInfo, LatencyCalibrator, Rejection,
                                        RequestInfo, SloConfig, make_scheduler)
 
@@ -200,9 +201,10 @@ def test_the_scheduler_routes_around_a_frozen_prefill_instead_of_rejecting() -> 
     _steady(cal, "p1", 17.0, 40)
     r = RequestInfo("r", 100, [1, 2], max_output_tokens=4)  # 0.1 s at 1x, 1.7 s at 17x
     shared = dataclasses.replace(cost, c1=cost.c1 * cal.factor("prefill"))  # the old global factor
-    s = make_scheduler("conductor", cl, shared, SloConfig(ttft_s=0.5))
+    board = LatencyBoard(LatencyModel(shared))
+    s = make_scheduler("conductor", cl, shared, SloConfig(ttft_s=0.5), latency=board)
     assert isinstance(s.schedule(r, 0.0), Rejection)  # the global factor (> 10x) alone
-    s.instance_costs = cal.costs()
+    board.publish(LatencyModel(shared, instance_costs=cal.costs()))
     d = s.schedule(r, 0.0)
     assert isinstance(d, Decision) and d.prefill_id == "p0" and d.est_ttft_s == pytest.approx(0.1)
     assert s.cost_for("p1").prefill_time(100) == pytest.approx(1.7, rel=1e-3)

@@ -5,10 +5,12 @@ groups (``--hardware-group``): processor sharing in the calibrator, the TTFT che
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
+from mooncake_proxy.scheduling import Scheduler, SchedulerSettings
 from mooncake_proxy.scheduling import (ClusterState, CostModel, Decision, InstanceInfo, LatencyCalibrator, Rejection,
                                        RequestInfo, SloConfig, make_scheduler)
 from mooncake_proxy.scheduling.contention import (ContentionSlope, HardwareGroups, Interference, RecentBusy,
@@ -125,6 +127,11 @@ def test_the_cluster_integrates_the_busy_prefill_count() -> None:
     assert cl.busy_prefills() == 0 and cl.busy_area(9.0) == cl.busy_area(4.0)
 
 
+def _publish(sched: Scheduler, **changes: object) -> None:
+    """Publish a new latency model on the scheduler's board, as the proxy's calibration loop does."""
+    sched.latency.publish(dataclasses.replace(sched.latency.model, **changes))
+
+
 def _cluster(n: int) -> ClusterState:
     cl = ClusterState(block_size=4)
     for i in range(n):
@@ -145,7 +152,7 @@ def test_the_ttft_check_expects_the_busy_neighbours_to_slow_the_request(slope: f
     # queues and the check admits only while exp(slope * busy) * 0.2 s fits.
     cl = _cluster(4)
     sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.35))
-    sched.contention_slope = slope
+    _publish(sched, contention_slope=slope)
     out = []
     for i in range(4):
         d = sched.schedule(_req(i), 0.0)
@@ -165,7 +172,7 @@ def test_a_late_head_and_the_contention_are_not_counted_twice() -> None:
     # the head is 2x its estimate late, the contention predicts 2x: the check multiplies by 2, not 4
     cl = _cluster(2)
     sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=100.0))
-    sched.contention_slope = math.log(2.0)
+    _publish(sched, contention_slope=math.log(2.0))
     head = _req(0)
     d0 = sched.schedule(head, 0.0)
     assert isinstance(d0, Decision)
@@ -182,7 +189,7 @@ def test_the_tbt_check_expects_the_busy_prefills_that_interfere_to_slow_the_deco
     cl = _cluster(3)
     sched = make_scheduler("load_balance", cl, BASE, SloConfig(tbt_s=0.03))
     assert isinstance(sched.schedule(_req(0), 0.0), Decision)  # 20 ms step
-    sched.interference = {"d0": {"p0": 1.0}}  # p0 shares the decode's core, p1 and p2 do not
+    _publish(sched, interference={"d0": {"p0": 1.0}})  # p0 shares the decode's core, p1 and p2 do not
     cl.on_prefill_start("p1", _req(10), 0.0, est_s=1.0)
     cl.on_prefill_start("p2", _req(11), 0.0, est_s=1.0)
     assert isinstance(sched.schedule(_req(1), 0.0), Decision)  # busy, but not interfering
@@ -196,13 +203,13 @@ def test_a_prefill_that_would_slow_the_running_decodes_goes_elsewhere_or_gets_a_
     sched = make_scheduler("conductor", cl, BASE, SloConfig(tbt_s=0.05))
     running = _req(0)
     cl.on_decode_start("d0", running, 0.0)  # one request decoding: 20 ms steps
-    sched.interference = {"d0": {"p0": 1.5}}  # a prefill on p0 makes them 90 ms
+    _publish(sched, interference={"d0": {"p0": 1.5}})  # a prefill on p0 makes them 90 ms
     assert sched.tbt_harm("p0", "d0") == pytest.approx(0.02 * math.exp(1.5), rel=0.05)
     assert sched.tbt_harm("p1", "d0") == pytest.approx(0.02, rel=0.05)
     for i in range(1, 5):
         d = sched.schedule(_req(i), 0.0)
         assert isinstance(d, Decision) and d.prefill_id == "p1", d  # the rotation would give p0 half
-    sched.interference = {"d0": {"p0": 1.5, "p1": 1.5}}
+    _publish(sched, interference={"d0": {"p0": 1.5, "p1": 1.5}})
     r = sched.schedule(_req(9), 0.0)
     assert isinstance(r, Rejection) and "would slow decode 'd0'" in r.reason
     cl.on_decode_done("d0", running, 1.0)  # nothing decoding: nothing to harm
@@ -274,9 +281,9 @@ def test_the_tbt_check_counts_a_prefill_busy_most_of_the_recent_past_though_idle
     for i in ("p0", "p1"):
         cl.add_instance(InstanceInfo(i, "prefill"))
     cl.add_instance(InstanceInfo("d0", "decode"))
-    s = make_scheduler("load_balance", cl, BASE, SloConfig(tbt_s=0.05, prediction_horizon_s=5.0))
-    s.recent_busy = RecentBusy(tau_s=2.0)
-    s.interference = {"d0": {"p1": math.log(3.0)}}  # p1 triples the decode's steps (20 ms -> 60 ms)
+    s = make_scheduler("load_balance", cl, BASE, SloConfig(tbt_s=0.05, prediction_horizon_s=5.0),
+                       settings=SchedulerSettings(recent_busy_tau=2.0))
+    _publish(s, interference={"d0": {"p1": math.log(3.0)}})  # p1 triples the decode's steps (20 ms -> 60 ms)
     # p1 computed back to back for 10 s and went idle a moment ago
     t = 0.0
     for k in range(20):
@@ -287,7 +294,7 @@ def test_the_tbt_check_counts_a_prefill_busy_most_of_the_recent_past_though_idle
         cl.on_prefill_done("p1", r, t)
     assert not cl.is_prefill_busy("p1")
     off = make_scheduler("load_balance", cl, BASE, SloConfig(tbt_s=0.05, prediction_horizon_s=5.0))
-    off.interference = s.interference  # without a RecentBusy only the prefills busy now count
+    _publish(off, interference=s.interference)  # without a RecentBusy only the prefills busy now count
     assert isinstance(off.schedule(RequestInfo("new", 4), t), Decision)
     out = s.schedule(RequestInfo("new", 4), t)
     assert isinstance(out, Rejection) and "TBT SLO" in out.reason  # ~57 ms predicted
@@ -304,9 +311,9 @@ def test_projected_prefill_contention_counts_neighbours_busy_in_the_recent_past(
     for i in ("p0", "p1", "p2"):
         cl.add_instance(InstanceInfo(i, "prefill"))
     cl.add_instance(InstanceInfo("d0", "decode"))
-    s = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0, prediction_horizon_s=5.0))
-    s.recent_busy = RecentBusy(tau_s=2.0)
-    s.contention_slope = 0.5
+    s = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0, prediction_horizon_s=5.0),
+                       settings=SchedulerSettings(recent_busy_tau=2.0))
+    _publish(s, contention_slope=0.5)
     t = 0.0
     for k in range(20):  # p1 and p2 busy back to back for 10 s, idle just now
         rs = [RequestInfo(f"r{k}-{p}", 100) for p in ("p1", "p2")]
@@ -350,14 +357,14 @@ def test_the_ttft_check_counts_only_the_busy_neighbours_that_share_hardware() ->
     # p0 shares hardware with p2 (2x), not with p1. Each request takes 0.2 s alone; SLO 0.35 s.
     cl = _cluster(3)
     sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.35))
-    sched.prefill_interference = {"p0": {"p2": math.log(2.0)}, "p2": {"p0": math.log(2.0)}}
+    _publish(sched, prefill_interference={"p0": {"p2": math.log(2.0)}, "p2": {"p0": math.log(2.0)}})
     cl.on_prefill_start("p1", _req(1), 0.0, est_s=10.0)  # busy, on other hardware
     assert sched.prefill_contention("p0", 0.0, 0.2) == 1.0
     cl.on_prefill_start("p2", _req(2), 0.0, est_s=0.1)  # busy for half the request's time
     assert sched.prefill_contention("p0", 0.0, 0.2) == pytest.approx(math.sqrt(2.0), rel=1e-6)
-    sched.contention_slope = 0.1  # both models: the slope for every busy neighbour, the pair on top
+    _publish(sched, contention_slope=0.1)  # both models: the slope for every busy neighbour, the pair on top
     assert sched.prefill_contention("p0", 0.0, 0.2) == pytest.approx(math.exp(0.1 * 1.5 + 0.5 * math.log(2.0)), rel=1e-6)
-    sched.contention_slope = 0.0
+    _publish(sched, contention_slope=0.0)
     cl.on_prefill_done("p1", _req(1), 0.0)
     cl.on_prefill_done("p2", _req(2), 0.0)
     cl.on_prefill_start("p2", _req(3), 0.0, est_s=10.0)  # p0's neighbour busy throughout: 0.4 s > SLO
@@ -365,7 +372,7 @@ def test_the_ttft_check_counts_only_the_busy_neighbours_that_share_hardware() ->
     assert isinstance(d, Decision) and d.prefill_id == "p1", d  # p0 would miss; p1 shares with no one busy
     cl.on_scheduled(d, _req(4), 0.0)
     cl.on_prefill_done("p1", _req(4), 0.0)
-    sched.prefill_interference["p1"] = {"p2": math.log(2.0)}
+    _publish(sched, prefill_interference={**sched.prefill_interference, "p1": {"p2": math.log(2.0)}})
     r = sched.schedule(_req(5), 0.0)
     assert isinstance(r, Rejection) and "TTFT SLO" in r.reason, r
 
@@ -378,12 +385,13 @@ def test_a_request_that_would_slow_one_queued_on_its_core_mate_past_the_slo_goes
     # past the 0.45 s SLO -- 2x while both compute as a learned pair (log 2), or, declared as a hardware
     # group, by processor sharing (0.3 + 0.2 = 0.5 s). p1 shares with no one.
     cl = _cluster(3)
-    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.45))
+    groups = HardwareGroups([["p0", "p2"]]) if known == "groups" else HardwareGroups()
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.45),
+                           settings=SchedulerSettings(hardware_groups=groups))
     if known == "pairs":
-        sched.prefill_interference = {"p0": {"p2": math.log(2.0)}, "p2": {"p0": math.log(2.0)}}
+        _publish(sched, prefill_interference={"p0": {"p2": math.log(2.0)}, "p2": {"p0": math.log(2.0)}})
         expected = 0.3 * 2 ** (0.2 / 0.3)
     else:
-        sched.hardware_groups = HardwareGroups([["p0", "p2"]])
         expected = 0.5
     r0 = _req(0)
     cl.on_prefill_start("p2", r0, 0.0, est_s=0.3)
@@ -398,8 +406,7 @@ def test_a_request_that_would_slow_one_queued_on_its_core_mate_past_the_slo_goes
     cl.on_prefill_start("p1", _req(2), 0.0, est_s=5.0)  # p1 now queued far past the SLO
     r = sched.schedule(_req(3), 0.0)
     assert isinstance(r, Rejection) and "would slow request 'r0' queued on 'p2'" in r.reason, r
-    sched.prefill_interference = {}  # nothing known: p0 is idle and the request fits
-    sched.hardware_groups = HardwareGroups()
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.45))  # nothing known: p0 is idle and fits
     d = sched.schedule(_req(3), 0.0)
     assert isinstance(d, Decision) and d.prefill_id == "p0", d
 
@@ -427,7 +434,7 @@ def test_a_streaming_decode_counts_as_a_neighbour_of_the_prefills_it_slows() -> 
     assert pairs["p1"]["d0"] == pytest.approx(math.log(1.8), abs=0.1) and "d0" not in pairs, pairs
     assert pairs.get("p0", {}).get("d0", 0.0) < 0.1, pairs
     sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0))
-    sched.prefill_interference = pairs
+    _publish(sched, prefill_interference=pairs)
     assert sched.prefill_contention("p1", 9.0, 0.2) == 1.0  # the decode is idle
     cl.on_decode_start("d0", _req(2), 9.0)
     assert sched.prefill_contention("p1", 9.0, 0.2) == pytest.approx(math.exp(pairs["p1"]["d0"]), rel=1e-6)
@@ -473,8 +480,8 @@ def test_the_calibrator_divides_out_the_processor_sharing_of_a_grouped_prefill()
 def test_the_ttft_check_runs_a_grouped_prefill_at_its_share_of_the_hardware() -> None:
     # p0 and p1 share a core, p2 has its own. Each request is 0.2 s alone; the SLO 0.35 s.
     cl = _cluster(3)
-    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.35))
-    sched.hardware_groups = HardwareGroups([["p0", "p1", "d0"]])
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=0.35),
+                           settings=SchedulerSettings(hardware_groups=HardwareGroups([["p0", "p1", "d0"]])))
     assert sched.prefill_contention("p0", 0.0, 0.2) == 1.0
     cl.on_prefill_start("p2", _req(2), 0.0, est_s=10.0)  # busy, on other hardware
     assert sched.prefill_contention("p0", 0.0, 0.2) == 1.0
@@ -505,8 +512,8 @@ def test_processor_sharing_predicts_a_burst_on_one_core() -> None:
     # one more request, on any instance, would end past it (or push one already admitted past it).
     # Undeclared (each instance on its own core) it admits all eight.
     cl = _cluster(4)
-    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=1.0))
-    sched.hardware_groups = HardwareGroups([["p0", "p1", "p2", "p3"]])
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=1.0),
+                           settings=SchedulerSettings(hardware_groups=HardwareGroups([["p0", "p1", "p2", "p3"]])))
     totals: dict[str, float] = {}
     for i in range(8):
         d = sched.schedule(_req(i), 0.0)
@@ -533,8 +540,8 @@ def test_a_head_that_shared_its_core_is_only_that_far_along() -> None:
     # speed), which errs towards a longer queue.
     cl = _cluster(3)
     cl.track_head_busy = True
-    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0))
-    sched.hardware_groups = HardwareGroups([["p0", "p1"]])
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0),
+                           settings=SchedulerSettings(hardware_groups=HardwareGroups([["p0", "p1"]])))
     cl.on_prefill_start("p0", _req(0), 0.0, est_s=1.0)
     cl.on_prefill_start("p0", _req(1), 0.0, est_s=0.4)
     cl.on_prefill_start("p1", _req(2), 0.5, est_s=10.0)
@@ -550,8 +557,8 @@ def test_a_head_that_shared_its_core_is_only_that_far_along() -> None:
     # p2 has its own core: wall time is work
     cl.on_prefill_start("p2", _req(3), 0.0, est_s=1.0)
     assert sched.head_done("p2", 0.75) == 0.75 and sched.queue_time("p2", 0.75) == pytest.approx(0.25)
-    sched.hardware_groups = HardwareGroups()
-    assert sched.head_done("p0", 4.5) == pytest.approx(1.0)  # undeclared: wall time
+    plain = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0))
+    assert plain.head_done("p0", 4.5) == pytest.approx(1.0)  # undeclared: wall time
 
 
 def test_the_exponent_of_sharing_is_learned_per_group_beside_each_instances_speed() -> None:
@@ -567,8 +574,8 @@ def test_the_exponent_of_sharing_is_learned_per_group_beside_each_instances_spee
     assert groups.exponent("p2") == 1.0 and groups.exponents() == {"p0,p1": pytest.approx(1.5, rel=0.05)}
     assert cal.factor("prefill", "p0") == pytest.approx(1.3, rel=0.05)
     cl = _cluster(2)
-    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0))
-    sched.hardware_groups = groups
+    sched = make_scheduler("load_balance", cl, BASE, SloConfig(ttft_s=10.0),
+                           settings=SchedulerSettings(hardware_groups=groups))
     cl.on_prefill_start("p1", _req(1), 0.0, est_s=5.0)
     assert sched.prefill_contention("p0", 0.0, 0.2) == pytest.approx(2 ** groups.exponent("p0"))
     # a sample that ran nearly alone says nothing about sharing

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 
+from mooncake_proxy.scheduling import SchedulerSettings
 from mooncake_proxy.scheduling import (POLICIES, ClusterState, CostModel, Decision, HandoffQueue, InstanceInfo,
                                        PrefillPlan, Rejection, RequestInfo, SloConfig, TtftErrorQuantile,
                                        make_scheduler)
@@ -522,13 +523,12 @@ def test_a_queue_margin_holds_a_queued_request_to_its_predicted_wait_again() -> 
     s.queue_time("p0", 0.0)
     plan = s.local_plan("p0", req("x"), 0.0)
     assert plan.est_queue_s == pytest.approx(0.3) and s._first_token(plan, "d0", 0.0)[1] == 0.0
-    s.queue_margin = 1.0
-    assert s._first_token(plan, "d0", 0.0)[1] == pytest.approx(0.3)
-    assert s._first_token(s.local_plan("p1", req("y"), 0.0), "d0", 0.0)[1] == 0.0  # not queued: no margin
-    picks = [s.schedule(req(f"r{i}"), now=0.0) for i in range(2)]
+    m = make_scheduler("load_balance", cl, COST, SloConfig(ttft_s=0.5), settings=SchedulerSettings(queue_margin=1.0))
+    assert m._first_token(plan, "d0", 0.0)[1] == pytest.approx(0.3)
+    assert m._first_token(m.local_plan("p1", req("y"), 0.0), "d0", 0.0)[1] == 0.0  # not queued: no margin
+    picks = [m.schedule(req(f"r{i}"), now=0.0) for i in range(2)]
     assert all(isinstance(d, Decision) and d.prefill_id == "p1" for d in picks)  # never behind p0's head
     busy(cl, "p1", 0.3, now=0.0)
-    r = s.schedule(req("z"), now=0.0)
+    r = m.schedule(req("z"), now=0.0)
     assert isinstance(r, Rejection) and "margin 0.300s" in r.reason
-    s.queue_margin = 0.0
-    assert isinstance(s.schedule(req("z2"), now=0.0), Decision)
+    assert isinstance(s.schedule(req("z2"), now=0.0), Decision)  # no queue margin
