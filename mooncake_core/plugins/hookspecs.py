@@ -51,8 +51,9 @@ def mooncake_handoff_protocols() -> "list[NamedFactory]":
 @hookspec
 def mooncake_scheduler_policies() -> "list[NamedFactory]":
     """Scheduling policies of the PD proxy and simulator (``--policy NAME``); the factory is
-    called as ``factory(cluster, cost, slo, seed, **options)`` and returns a
-    ``mooncake_proxy.scheduling.Scheduler``."""
+    called as ``factory(cluster, cost, slo, seed, **options)`` -- plus ``settings=`` and
+    ``latency=`` (``Scheduler.__init__``) when the proxy has non-default ones, which a subclass of
+    ``Scheduler`` accepts -- and returns a ``mooncake_proxy.scheduling.Scheduler``."""
     return []
 
 

@@ -39,6 +39,10 @@ class SchedulerSettings:
     #: is shared with the calibrator and forgets removed instances.
     hardware_groups: HardwareGroups = field(default_factory=HardwareGroups)
 
+    def is_default(self) -> bool:
+        return (self.prefill_batch_tokens == 0 and self.queue_margin == 0 and self.recent_busy_tau == 0
+                and not self.hardware_groups)
+
 
 @dataclass(frozen=True)
 class LatencyModel:

@@ -23,6 +23,7 @@ only round-robin cursors, the random generator and hotness counters advance.
 from __future__ import annotations
 
 import abc
+import inspect
 import math
 import random
 from collections import Counter
@@ -846,8 +847,27 @@ def make_scheduler(policy: str, cluster: ClusterState, cost: CostModel | None = 
     if bad:
         raise ValueError(f"policy {policy!r} takes no options {bad}"
                          + (f" (it takes: {', '.join(allowed)})" if allowed else ""))
-    given = {k: v for k, v in (("settings", settings), ("latency", latency)) if v is not None}
+    given: dict[str, object] = {}
+    if settings is not None and not settings.is_default():
+        given["settings"] = settings
+    if latency is not None:
+        given["latency"] = latency
+    if given and not _takes(f.factory, given):
+        raise ValueError(f"policy {policy!r}: its factory takes no {' / '.join(given)} keyword (the proxy's "
+                         f"scheduler settings, --calibrate's latency model); accept them and pass them on to "
+                         f"Scheduler.__init__")
     sched = f.factory(cluster, cost, slo, seed, **given, **options)
     if not isinstance(sched, Scheduler):
         raise TypeError(f"scheduling plugin {policy!r} built a {type(sched).__name__}, not a Scheduler")
     return sched
+
+
+def _takes(factory: object, keywords: Iterable[str]) -> bool:
+    """Whether ``factory`` accepts every one of ``keywords`` (by name, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(factory).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return True  # not introspectable: let the call say
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True
+    return all(k in params for k in keywords)

@@ -117,3 +117,33 @@ def test_plugin_building_the_wrong_type_is_refused(register) -> None:
     register(Bad(), "bad")
     with pytest.raises(TypeError, match="not a HandoffProtocol"):
         make_handoff("bad")
+
+
+def test_policy_plugins_get_the_proxys_scheduler_settings_when_they_take_them(register) -> None:
+    """A Scheduler subclass gets non-default settings and the calibration's latency board; a
+    factory that takes neither still builds with the defaults, and is refused -- naming the
+    keywords -- when the proxy needs them."""
+    from mooncake_proxy.scheduling import CostModel, HardwareGroups, LatencyBoard, LatencyModel, SchedulerSettings
+
+    class Fair(RoundRobinScheduler):
+        policy = "fair"
+
+    def plain(cluster, cost, slo, seed):  # an older plugin's factory
+        return RoundRobinScheduler(cluster, cost, slo, seed)
+
+    class Policies:
+        @hookimpl
+        def mooncake_scheduler_policies(self) -> list[NamedFactory]:
+            return [NamedFactory("fair", Fair), NamedFactory("plain", plain)]
+
+    register(Policies(), "policies")
+    cl = ClusterState(block_size=16)
+    board = LatencyBoard(LatencyModel(CostModel.default(), contention_slope=0.5))
+    s = make_scheduler("fair", cl, settings=SchedulerSettings(prefill_batch_tokens=64), latency=board)
+    assert s.prefill_batch_tokens == 64 and s.contention_slope == 0.5
+    board.publish(LatencyModel(CostModel.default(), contention_slope=0.25))
+    assert s.contention_slope == 0.25  # the scheduler reads what is published
+    assert isinstance(make_scheduler("plain", cl, settings=SchedulerSettings()), RoundRobinScheduler)
+    with pytest.raises(ValueError, match="'plain'.*settings / latency"):
+        make_scheduler("plain", cl, settings=SchedulerSettings(hardware_groups=HardwareGroups([["p0", "p1"]])),
+                       latency=board)
