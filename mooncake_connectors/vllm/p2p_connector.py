@@ -9,7 +9,7 @@ How a request flows (pull model, like vLLM's NixlConnector, on our Transfer Engi
    ``kv_transfer_params={"do_remote_decode": true}``. When it finishes, the prefill's
    scheduler-side ``request_finished`` keeps the request's KV blocks alive (returns True) and
    returns ``kv_transfer_params``: the prefill worker's Transfer Engine segment, the block ids,
-   a fresh ``mooncake_transfer_id`` and a lease expiry (``params.RemotePrefill``).
+   a fresh ``mooncake_transfer_id`` and a lease expiry (``mooncake_core.pd.params.RemotePrefill``).
 2. The proxy sends the original request plus those params to the **decode** instance. Its
    scheduler-side ``get_num_new_matched_tokens`` reports the prompt tokens it lacks as loadable
    asynchronously; ``update_state_after_alloc`` records which fresh local blocks receive them;
@@ -27,7 +27,7 @@ How a request flows (pull model, like vLLM's NixlConnector, on our Transfer Engi
 
 Concurrent hand-off (``mooncake_proxy --handoff mooncake-core``): the proxy sends both requests
 at once with a transfer id it chose; the prefill's params carry that id, the decode's carry it
-and the prefill's segment (``params.concurrent_*_params``). The decode allocates its blocks at
+and the prefill's segment (``mooncake_core.pd.params.concurrent_*_params``). The decode allocates its blocks at
 once and its worker sends the prefill a ``want`` notification (its own segment); the prefill
 worker answers with ``ready`` (the ``RemotePrefill`` params) as soon as the request finished --
 whichever of the two comes second triggers it (``leases.Rendezvous``) -- and the decode reads
