@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +120,7 @@ class FakeEngine:
         if self.record:
             self.records.append(rec)
         b = self.behaviour
+        answer_id = _answer_id(request.path, rec.request_id)
         try:
             if b.hang:
                 await asyncio.sleep(3600)
@@ -137,7 +139,7 @@ class FakeEngine:
                             await asyncio.sleep(b.prefill_delay)
                     finally:
                         b._prefills_running -= 1
-                out: dict[str, Any] = {"id": rec.request_id or "cmpl-fake", "object": "text_completion",
+                out: dict[str, Any] = {"id": answer_id, "object": "text_completion",
                                        "model": b.model, "served_by": self.name,
                                        "choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}
                 if params.get("do_remote_decode"):
@@ -161,7 +163,7 @@ class FakeEngine:
                     other = b.shares_core_with
                     slow = b.shared_core_slowdown if other is not None and other._prefills_running else 1.0
                     await asyncio.sleep(b.chunk_delay * slow)
-                chunk = {"id": rec.request_id, "served_by": self.name, "seq": i,
+                chunk = {"id": answer_id, "served_by": self.name, "seq": i,
                          "t": time.time(), "choices": [{"index": 0, "text": f"tok{i} "}]}
                 await resp.write(b"data: " + _enc.encode(chunk) + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
@@ -172,6 +174,13 @@ class FakeEngine:
         except asyncio.CancelledError:
             rec.cancelled = True
             raise
+
+
+def _answer_id(path: str, request_id: str | None) -> str:
+    """The ``id`` vLLM's OpenAI server gives an answer: its route's prefix on the caller's
+    ``X-Request-Id`` (a random one without it), so ids look as a client behind the proxy sees them."""
+    prefix = "chatcmpl-" if path.endswith("/chat/completions") else "cmpl-"
+    return prefix + (request_id or uuid.uuid4().hex)
 
 
 async def _shared_core_prefill(b: Behaviour) -> None:

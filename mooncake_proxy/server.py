@@ -293,7 +293,8 @@ class ProxyServer:
 
     async def _handle(self, request: web.Request, route: str) -> web.StreamResponse:
         t0 = time.perf_counter()
-        rid = request.headers.get("X-Request-Id") or f"cmpl-{uuid.uuid4().hex}"
+        # bare hex: engines prefix it themselves (vLLM answers with id "cmpl-" + X-Request-Id)
+        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         try:
             resp = await self._handle_inner(request, route, rid, t0)
         except asyncio.CancelledError:

@@ -74,6 +74,23 @@ async def test_vllm_handoff_chat_sets_max_completion_tokens(make_env) -> None:
     assert data["served_by"] == "decode0" and data["choices"][0]["text"] == "x"
 
 
+async def test_answer_ids_carry_one_prefix(make_env) -> None:
+    """The engine prefixes the proxy's X-Request-Id (``cmpl-``, ``chatcmpl-``, as vLLM does), so
+    the id the proxy makes up must not carry that prefix itself: ``cmpl-<hex>``, never ``cmpl-cmpl-``."""
+    import re
+
+    env = await make_env()
+    for route, body, prefix in (("/v1/completions", {"prompt": "hi", "max_tokens": 3}, "cmpl-"),
+                                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                          "max_tokens": 3}, "chatcmpl-")):
+        for stream in (False, True):
+            async with env.session.post(env.url + route, json={**body, "model": "m", "stream": stream}) as r:
+                assert r.status == 200, await r.text()
+                ids = ([json.loads(p)["id"] for p in sse_payloads(await r.read())[:-1]] if stream
+                       else [(await r.json())["id"]])
+            assert ids and all(re.fullmatch(re.escape(prefix) + "[0-9a-f]{32}", i) for i in ids), (route, ids)
+
+
 async def test_mooncake_handoff_concurrent_transfer_id(make_env) -> None:
     env = await make_env(handoff="mooncake", bootstrap_self=True,
                          prefill_behaviour=Behaviour(dp_size=2, engine_id="eng-p"))
