@@ -20,6 +20,9 @@ upstream integer codes (0 / negative). Bad argument *types* and bad config value
 
 from __future__ import annotations
 
+import atexit
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from mooncake_core.store.codes import EXIST_ERROR
@@ -49,6 +52,7 @@ class MooncakeDistributedStore:
         self._tensors = TensorApi(self._core, self._objects)
         self._parallel = ParallelApi(self._objects, self._tensors)
         self._ranges = RangeApi(self._core)
+        self._at_exit: Callable[[], None] | None = None
 
     # ================================================================== setup / teardown
     def setup(self, local_hostname: Any = None, metadata_server: Any = None,
@@ -82,10 +86,30 @@ class MooncakeDistributedStore:
                 tenant_id=tenant_id, enable_client_http_server=enable_client_http_server,
                 client_http_port=client_http_port,
             )
-        return self._core.start(cfg, engine)
+        rc = self._core.start(cfg, engine)
+        if rc == OK:
+            self._close_at_exit()
+        return rc
+
+    def _close_at_exit(self) -> None:
+        """A script that ends without ``close()`` is closed quietly at exit, before the
+        Transfer Engine it set up (atexit runs last-registered first; the engine registered its
+        own hook during setup): torn down after its engine, the store would log the failed
+        unregistration of memory the closed engine no longer has."""
+        ref = weakref.ref(self)
+
+        def close_quietly() -> None:
+            store = ref()
+            if store is not None and store._core.ready:
+                store._core.teardown(quiet=True)
+        self._at_exit = close_quietly
+        atexit.register(close_quietly)
 
     def close(self) -> int:
         """Stop the heartbeat, unmount our segment (its objects leave the pool), free memory."""
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
         return self._core.close()
 
     def __enter__(self) -> MooncakeDistributedStore:

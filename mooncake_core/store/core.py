@@ -96,6 +96,7 @@ class StoreCore:
         self.registered: dict[int, int] = {}
         self.offload: OffloadFiles | None = None
         self.master_epoch = 0  # epoch of the master our segment is mounted at (0 = not yet)
+        self.mounted = False  # a master accepted our segment: close() unmounts it (else nothing to undo)
         self.maintenance = Maintenance(self)
         self._metrics: dict[str, Any] | None = None
         self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}  # see count()
@@ -141,7 +142,7 @@ class StoreCore:
             except MooncakeError as e:
                 # name the setting to fix: frameworks (LMCache) often log nothing else
                 hint = (f" (check master_server_address={cfg.master_server_addr!r})"
-                        if e.code == RPC_FAIL else "")
+                        if e.code == RPC_FAIL and "master_server_address" not in str(e) else "")
                 log.error("store setup failed: %s%s", e, hint, extra={"master": cfg.master_server_addr})
                 self.teardown(quiet=True)
                 return e.code
@@ -178,6 +179,8 @@ class StoreCore:
         self.host = host_of(self.segment_name)
         # 2. master connection
         self._master = MasterClient(cfg.master_server_addr, timeout=cfg.rpc_timeout)
+        # first contact: no master there fails in milliseconds, not after the RPC deadline
+        info = self._master.ping(refused_is_final=True)
         # 3. contribute memory
         if cfg.global_segment_size > 0:
             seg = StoreSegment(cfg.global_segment_size)
@@ -187,8 +190,7 @@ class StoreCore:
                 raise MooncakeError(INTERNAL, f"register_memory of the {seg.size}-byte segment failed: {rc}")
             self.mount()
         else:
-            # no segment to mount: still check the master is there, and learn its SSD-tier dir
-            info = self._master.ping()
+            # no segment to mount: learn the master's SSD-tier dir from the ping
             if info.enable_offload and info.root_fs_dir and not cfg.ssd_offload_path:
                 self._use_offload_dir(info.root_fs_dir)
         if cfg.enable_ssd_offload or cfg.ssd_offload_path:
@@ -214,6 +216,7 @@ class StoreCore:
         assert seg is not None
         reply = self.master.mount_segment(self.client_id, self.segment_name, seg.addr, seg.size, self.master_epoch)
         self.master_epoch = reply.epoch  # a reservation of another epoch is not used (single_put)
+        self.mounted = True
         if reply.root_fs_dir and reply.enable_offload and self.offload is None:
             self._use_offload_dir(reply.root_fs_dir)
 
@@ -262,7 +265,7 @@ class StoreCore:
             self.ready = False
         self.maintenance.stop()
         drained = self._wait_drained(30.0)
-        if self._master is not None and self.segment is not None:
+        if self._master is not None and self.segment is not None and self.mounted:
             try:
                 self._master.unmount_segment(self.client_id, self.segment_name)
             except Exception as e:  # noqa: BLE001 - best effort on the way out
@@ -288,6 +291,7 @@ class StoreCore:
             else:  # a call is still running against it: leak the mapping rather than crash
                 log.warning("close(): data-path calls still running after 30 s; segment memory kept mapped")
         self.segment = None
+        self.mounted = False
         self._engine = None
         self._master = None
         self.owned.clear()

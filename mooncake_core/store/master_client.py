@@ -52,6 +52,13 @@ RECV_BUFFER = 65536
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets, drops unsent bytes
 
 
+def refused_message(addr: str) -> str:
+    """What a refused first contact says: which address, what is wrong, how to fix it."""
+    return (f"master {addr}: connection refused (no mooncake_master listens there): start one "
+            f"(mooncake_master --port {addr.rsplit(':', 1)[-1]}) or set master_server_address to the "
+            f"host:port it listens on")
+
+
 class _Conn:
     """A pooled connection and the kernel send/receive timeout currently set on it."""
 
@@ -265,12 +272,19 @@ class MasterClient:
                 return code, payload, not rest
             buf = rest or sock.recv(65536)  # reply to a request given up on earlier: drop it
 
-    def _attempt(self, addr: str, req: Any, body: bytes, deadline: float) -> tuple[bool, Any]:
+    def _attempt(self, addr: str, req: Any, body: bytes, deadline: float,
+                 refused_is_final: bool = False) -> tuple[bool, Any]:
         """One try against ``addr``. Returns (reached, result); raises MooncakeError for a
         master-side error. reached=False: cannot connect, connection lost, no reply before
-        the deadline, or refused by a former HA leader -- the caller may retry."""
+        the deadline, or refused by a former HA leader -- the caller may retry.
+        ``refused_is_final``: a refused connection raises at once (see ``ping``)."""
         try:
             c = self._borrow(addr, deadline)
+        except ConnectionRefusedError as e:
+            if refused_is_final and self._etcd is None:
+                raise MooncakeError(ErrorCode.RPC_FAIL, refused_message(addr)) from e
+            log.debug("cannot connect to master", extra={"addr": addr, "error": str(e)})
+            return False, None
         except OSError as e:
             log.debug("cannot connect to master", extra={"addr": addr, "error": str(e)})
             return False, None
@@ -305,10 +319,10 @@ class MasterClient:
             return False, None
         raise MooncakeError(code, bytes(payload).decode("utf-8", "replace"))
 
-    def _call(self, req: Any, timeout: float | None = None) -> Any:
+    def _call(self, req: Any, timeout: float | None = None, refused_is_final: bool = False) -> Any:
         body = P.request_encoder.encode(req)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        if timeout is None and self._pool:
+        if timeout is None and self._pool and not refused_is_final:
             # fast path: a pooled connection to the current master, kernel timeouts already set
             try:
                 addr, c = self._pool.pop()
@@ -334,13 +348,14 @@ class MasterClient:
                             c.abort()
                 else:
                     c.sock.close()
-        return self._call_slow(req, body, timeout, deadline)
+        return self._call_slow(req, body, timeout, deadline, refused_is_final)
 
-    def _call_slow(self, req: Any, body: bytes, timeout: float | None, deadline: float) -> Any:
+    def _call_slow(self, req: Any, body: bytes, timeout: float | None, deadline: float,
+                   refused_is_final: bool = False) -> Any:
         tried: list[str] = []
         while True:
             addr = self._addr if self._addr is not None else self._resolve(deadline)
-            reached, result = self._attempt(addr, req, body, deadline)
+            reached, result = self._attempt(addr, req, body, deadline, refused_is_final)
             if reached:
                 return result
             if addr in tried:  # second miss on the same address: do not spin
@@ -377,8 +392,12 @@ class MasterClient:
         self.close()
 
     # ------------------------------------------------------------------ API
-    def ping(self, timeout: float | None = None) -> MasterInfo:
-        return self._call(P.PingReq(), timeout)
+    def ping(self, timeout: float | None = None, *, refused_is_final: bool = False) -> MasterInfo:
+        """The master's info. ``refused_is_final``: a refused connection raises at once
+        instead of being retried until the deadline -- for a first contact, where it means no
+        master runs there (later, it means one is restarting, and waiting is right). Not in
+        HA mode, where a refusing address may be a leader being replaced."""
+        return self._call(P.PingReq(), timeout, refused_is_final)
 
     def mount_segment(self, client_id: str, segment_name: str, base: int, size: int,
                       prev_epoch: int = 0) -> MountReply:

@@ -6,6 +6,7 @@ taken, etcd unreachable...), 3 lost HA leadership (restart it: it re-joins as a 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import signal
@@ -52,6 +53,26 @@ def config_from_flags(v: dict) -> MasterConfig:
         recovery_hold_s=v["recovery_hold_ms"] / 1000.0,
         regex_budget_s=v["remove_by_regex_budget_ms"] / 1000.0,
     )
+
+
+def loopback_advertise_warning(bind_host: str, advertised: str) -> str | None:
+    """The warning for a master bound beyond loopback that advertises a loopback address
+    (this host's name resolves to 127.x, as on many VMs and containers): clients elsewhere, and
+    the HA record in etcd, would be handed an address that only works on this host. None when
+    the advertised address is reachable as far as the bind is."""
+    if bind_host not in ("0.0.0.0", "::", ""):
+        return None
+    host = advertised.rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        return None
+    return (f"the master RPC listens on {bind_host or '0.0.0.0'} but advertises {advertised}: this host's "
+            f"name resolves to a loopback address, so clients on other hosts cannot use it; pass "
+            f"--rpc_address=<an address of this host they reach> (clients then set master_server_address "
+            f"to it, and each client host its own MOONCAKE_LOCAL_HOSTNAME)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,6 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         advertise = (f"[{advertise_host}]:{server.port}" if ":" in advertise_host
                      else f"{advertise_host}:{server.port}")
         server.advertise_address = advertise
+        warn = loopback_advertise_warning(host, advertise)
+        if warn:
+            log.warning(warn, extra={"address": f"{host}:{server.port}", "advertised": advertise})
         if v["enable_metric_reporting"]:
             from mooncake_core.store.master_dashboard import MasterDashboard, routes
             from mooncake_core.utils.metrics import start_metrics_server
