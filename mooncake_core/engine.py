@@ -117,7 +117,8 @@ class TransferEngine:
         """Every failure of the API ends here: ``last_error``, one log line, the integer code
         (the API contract is an int, never an exception)."""
         self.last_error = str(e)
-        getattr(log, level)(f"{what} failed", extra={**extra, "error": str(e)})
+        # the reason in the message itself: a script that configured no logging sees only that
+        getattr(log, level)("%s failed: %s", what, e, extra=extra)
         return rc
 
     def _ready(self) -> tuple[PeerTable, DataPath]:
@@ -357,7 +358,7 @@ class TransferEngine:
             peers, data = self._ready()
             peer = peers.get(target)
         except Exception as e:
-            return self._fail("cannot open segment", e, open_fail, target=target)
+            return self._fail("open_segment", e, open_fail, target=target)
         try:
             plan = data.plan(peer, opcode, buffers, remotes, lengths, hint)
         except Exception as e:

@@ -27,6 +27,8 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from mooncake_core.utils.proc import quiet_ctrl_c
+
 from .trace_prompts import PromptBuilder, TraceRequest, parse_trace_lines
 
 
@@ -338,12 +340,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _reachable(url: str, timeout: float = 5.0) -> str | None:
+    """None when something accepts TCP connections at ``url``'s host and port, else why not:
+    a replay against nothing would otherwise report every request as a connector error."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return f"expected an http(s)://host:port URL, got {url!r}"
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout).close()
+    except OSError as e:
+        return f"nothing answers at {url} ({e.strerror or e}): start mooncake_proxy (or an engine) there, or fix --url"
+    return None
+
+
+@quiet_ctrl_c("mooncake_replay")
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    ap = build_parser()
+    a = ap.parse_args(argv)
     if a.speed <= 0:
-        raise SystemExit(f"--speed must be > 0, got {a.speed}")
+        ap.error(f"--speed must be > 0, got {a.speed}")
     if a.block_tokens <= 0:
-        raise SystemExit(f"--block-tokens must be > 0, got {a.block_tokens}")
+        ap.error(f"--block-tokens must be > 0, got {a.block_tokens}")
     try:
         with open(a.trace) as f:
             reqs: list[Any] = []
@@ -354,11 +374,14 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 reqs.append(r)
     except OSError as e:
-        raise SystemExit(f"--trace {a.trace}: {e.strerror}") from None
+        ap.error(f"--trace {a.trace}: {e.strerror}")
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        ap.error(str(e))
     if not reqs:
-        raise SystemExit(f"--trace {a.trace}: no requests selected")
+        ap.error(f"--trace {a.trace}: no requests selected (check --start / --limit)")
+    why = _reachable(a.url)
+    if why:
+        ap.error(f"--url: {why}")
     cfg = ReplayConfig(url=a.url, speed=a.speed, model=a.model, block_tokens=a.block_tokens,
                        max_tokens_cap=a.max_tokens_cap, concurrency_cap=a.concurrency_cap,
                        timeout=a.timeout, endpoint=a.endpoint, seed=a.seed)

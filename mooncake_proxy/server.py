@@ -494,7 +494,11 @@ async def start_server(cfg: ProxyConfig | ProxyServer, host: str,
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True, ssl_context=ssl_context)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()  # the app started (health checks, HTTP session): stop it again
+        raise
     bound = port
     for s in runner.addresses:
         bound = s[1]

@@ -17,7 +17,11 @@
 #   SGLANG_REQS        requirements file (default: the list embedded in this script)
 #   SGLANG_WITH_NIXL=1 also install NIXL (UCX, ~210 MB) for bench/bench_sglang_handoff.py's reference
 set -euo pipefail
-case "${1:-}" in -h|--help) sed -n '2,18p' "$0"; exit 0 ;; esac
+case "${1:-}" in
+  -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+  "") ;;
+  *) echo "install_sglang.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+esac
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VER="${SGLANG_VERSION:-0.5.23}"
 . "$REPO/scripts/_venv.sh"

@@ -7,7 +7,11 @@
 #                              connectors' layout, stats, tp
 # --help prints this text.
 set -euo pipefail
-case "${1:-}" in -h|--help) sed -n '2,8p' "$0"; exit 0 ;; esac
+case "${1:-}" in
+  -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+  "") ;;
+  *) echo "lint.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 STRICT=(mooncake_core/store/master_state.py mooncake_core/store/master_records.py mooncake_core/store/master_absence.py

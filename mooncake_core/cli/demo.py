@@ -25,7 +25,7 @@ import numpy as np
 
 from mooncake_core.utils.log import get_logger, setup_logging
 from mooncake_core.utils.net import free_port
-from mooncake_core.utils.proc import close_piped, readline_timeout
+from mooncake_core.utils.proc import close_piped, quiet_ctrl_c, readline_timeout
 from mooncake_core.utils.rounds import Rounds
 from mooncake_core.utils.sizes import format_size, parse_size
 
@@ -206,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@quiet_ctrl_c("mooncake_demo")
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     setup_logging(a.log_level)
@@ -215,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mooncake_demo: {e}", file=sys.stderr)
         return 2
     if a._target:
-        return _target_main(a.metadata, size)
+        try:
+            return _target_main(a.metadata, size)
+        except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent reports it
+            return 130
     if size <= 0 or a.batch <= 0 or size < a.batch:
         print("mooncake_demo: --size must be >= --batch > 0", file=sys.stderr)
         return 2

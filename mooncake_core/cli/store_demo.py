@@ -20,6 +20,7 @@ import numpy as np
 from typing import Callable, TypeVar
 
 from mooncake_core.utils.net import free_port, wait_for_port
+from mooncake_core.utils.proc import quiet_ctrl_c
 from mooncake_core.utils.proc import stop_process
 from mooncake_core.utils.rounds import Rounds
 from mooncake_core.utils.sizes import format_size, parse_size
@@ -56,7 +57,7 @@ def _timed_round(put: Callable[[], int], get: Callable[[], T], check: Callable[[
     return rc == 0 and check(got), t1 - t0, t2 - t1
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mooncake_store_demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--segment-size", default="512MB",
@@ -69,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5,
                     help="timed rounds of each put/get step, on fresh keys; the median of the warm rounds is "
                          "printed, the first (cold: page faults of fresh memory) beside it (default %(default)s)")
+    return ap
+
+
+@quiet_ctrl_c("mooncake_store_demo")
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
@@ -114,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_port("127.0.0.1", int(metadata.rsplit(":", 1)[1].split("/")[0]), 30.0, master_proc)
         rc = store.setup("127.0.0.1", metadata, seg, 0, "tcp", "", master_addr)
         if rc != 0:
-            print(f"store setup failed with {rc}")
+            print(f"mooncake_store_demo: error: store setup failed with {rc} (why: the lines above); check that "
+                  f"the master ({master_addr}) and the metadata server ({metadata}) run", file=sys.stderr)
             return 1
         print(f"client {store.get_hostname()} contributes {format_size(seg)} to the pool")
         rng = np.random.default_rng(int(time.time()))

@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from mooncake_core.utils.log import setup_logging
+from mooncake_core.utils.proc import quiet_ctrl_c
 from mooncake_core.utils.sizes import format_size, parse_size
 
 
@@ -119,6 +120,7 @@ def _initiator(a, eng, buf, block: int) -> int:
     return 0
 
 
+@quiet_ctrl_c("transfer_engine_bench")
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     setup_logging(a.log_level)

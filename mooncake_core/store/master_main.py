@@ -173,8 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "offload": cfg.enable_offload, "lease_ttl_ms": cfg.default_kv_lease_ttl_ms,
             "client_ttl_s": cfg.client_ttl_s})
     except (OSError, ValueError, ImportError) as e:
-        log.error("startup failed: %s", e)
-        sys.stderr.write(f"mooncake_master: error: {e}\n")
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e  # without "[Errno 98]"
+        sys.stderr.write(f"mooncake_master: error: {why}\n")
         server.stop()
         if http_meta is not None:
             http_meta.stop()

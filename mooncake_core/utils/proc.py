@@ -3,9 +3,31 @@ without ever hanging the caller or leaving zombies."""
 
 from __future__ import annotations
 
+import functools
 import re
 import signal
 import subprocess
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+_Main = TypeVar("_Main", bound=Callable[..., int])
+
+
+def quiet_ctrl_c(prog: str) -> Callable[[_Main], _Main]:
+    """Decorate a command's ``main``: Ctrl-C ends it with one line and exit code 130 instead of
+    a traceback (a user stopping a long run made no mistake). The ``finally`` blocks on the way
+    out still stop whatever the command started."""
+    def wrap(main: _Main) -> _Main:
+        @functools.wraps(main)
+        def run(*args: object, **kwargs: object) -> int:
+            try:
+                return main(*args, **kwargs)
+            except KeyboardInterrupt:
+                print(f"\n{prog}: interrupted", file=sys.stderr, flush=True)  # off a progress bar's line
+                return 130
+        return run  # type: ignore[return-value]
+    return wrap
 
 
 def close_piped(proc: subprocess.Popen, command: str = "exit", timeout: float = 10.0) -> int | None:

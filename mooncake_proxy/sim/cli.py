@@ -16,6 +16,7 @@ from typing import Any, Callable
 from pathlib import Path
 
 from mooncake_core.utils.log import get_logger, setup_logging
+from mooncake_core.utils.proc import quiet_ctrl_c
 from mooncake_proxy.scheduling import CostModel, SloConfig, policy_names
 
 from .cache_only import hit_ratio_curve, prefix_hit_ratio
@@ -138,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@quiet_ctrl_c("mooncake_sim")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()

@@ -124,3 +124,20 @@ def test_idle_upstream_connections_are_closed_after_upstream_keepalive(spawn, ke
     assert (left >= 1) if kept else (left == 0), f"{left} idle connection(s) to the decode after the wait"
     r = httpx.post(url + "/v1/completions", json=BODY, timeout=30)  # and the next request still works
     assert r.status_code == 200, r.text
+
+
+def test_a_taken_port_is_one_clear_line(python_exe) -> None:
+    """A user mistake (the port is in use): one line naming it and the fix, exit 1, and no
+    asyncio noise about the HTTP session the health checks had opened."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([python_exe, "-m", "mooncake_proxy.cli", "--host", "127.0.0.1", "--port", str(port),
+                            "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2"],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "choose another --port" in r.stderr, r.stderr
+    assert "Unclosed" not in r.stderr and "Traceback" not in r.stderr, r.stderr

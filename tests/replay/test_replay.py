@@ -130,6 +130,12 @@ def test_replay_help_and_bad_trace(tmp_path) -> None:
     out = subprocess.run([sys.executable, "-m", "mooncake_proxy.replay", "--trace", str(bad), "--url",
                           "http://127.0.0.1:1"], capture_output=True, text=True, timeout=30)
     assert out.returncode != 0 and "bad.jsonl:1" in out.stderr
+    # a good trace and nothing at --url: said at once, not 60 connector errors
+    trace = pathlib.Path(__file__).with_name("conversation_head60.jsonl")
+    out = subprocess.run([sys.executable, "-m", "mooncake_proxy.replay", "--trace", str(trace), "--url",
+                          "http://127.0.0.1:1"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "--url: nothing answers at http://127.0.0.1:1" in out.stderr, out.stderr
+    assert "start mooncake_proxy" in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.integration

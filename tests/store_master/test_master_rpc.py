@@ -267,6 +267,9 @@ def test_port_in_use_is_a_clear_startup_error(start_master) -> None:
                         "--rpc_address=127.0.0.1", "--metrics_port=0"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 1
     assert f"cannot bind 127.0.0.1:{m.port}" in p.stderr
+    # said once, as the command's error, without the errno prefix
+    assert p.stderr.count("cannot bind") == 1 and p.stderr.startswith("mooncake_master: error: "), p.stderr
+    assert "[Errno" not in p.stderr
 
 
 def test_bad_flag_exits_2() -> None:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mooncake_core.utils.net import free_port, wait_for_port
-from mooncake_core.utils.proc import close_piped, stop_process
+from mooncake_core.utils.proc import close_piped, quiet_ctrl_c, stop_process
 
 
 def test_wait_for_port_returns_once_listening() -> None:
@@ -121,3 +121,15 @@ def test_spawn_until_matches_and_bounds_the_wait():
         spawn_until([sys.executable, "-c", "import time; time.sleep(30)"], "never", 0.5, what="silent")
     with pytest.raises(RuntimeError, match="exited with code 3"):
         spawn_until([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], "never", 10, what="dies")
+
+
+def test_quiet_ctrl_c_is_one_line_and_130(capsys) -> None:
+    @quiet_ctrl_c("mytool")
+    def main(n: int) -> int:
+        if n:
+            raise KeyboardInterrupt
+        return 0
+
+    assert main(0) == 0
+    assert main(1) == 130
+    assert capsys.readouterr().err == "\nmytool: interrupted\n"
