@@ -129,13 +129,18 @@ def bench_echo(seconds: float) -> float:
     return n / dt
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=3.0, help="duration of each row (default 3)")
     ap.add_argument("--threads", type=int, default=4, help="threads for the multi-thread row (default 4)")
     ap.add_argument("--ref-venv", default="/work/venvs/mooncake-ref",
                     help="venv with the original Mooncake (PyPI mooncake-transfer-engine-non-cuda); "
                          "its master is measured through store.is_exist when present")
+    return ap
+
+
+def main() -> None:
+    ap = build_parser()
     args = ap.parse_args()
     sec = args.seconds
 

@@ -116,7 +116,7 @@ def memcpy_gbps(nbytes: int) -> float:
     return nbytes / best / 1e9
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=32, help="model layers (2 KV buffers each); default 32")
     p.add_argument("--pages", type=int, default=512, help="pages per buffer, all moved; default 512")
@@ -130,6 +130,11 @@ def main(argv=None) -> int:
     p.add_argument("--deadline", type=float, default=300, help="seconds allowed per variant")
     p.add_argument("--quick", action="store_true", help="8 layers x 128 pages, 2 rounds (smoke run)")
     p.add_argument("--json", default="", help="also write the results here")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     if a.quick:
         a.layers, a.pages, a.rounds = 8, 128, 2

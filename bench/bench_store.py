@@ -44,7 +44,7 @@ def run_impl(impl: str, python: str, master_cmd: list[str], args, logdir: str) -
                         timeout=args.timeout)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref-venv", default="/work/venvs/mooncake-ref",
                     help="venv with the original Mooncake (skipped when absent)")
@@ -58,6 +58,11 @@ def main() -> int:
     ap.add_argument("--force-tcp", action="store_true",
                     help="run ours with MC_FORCE_TCP=1 (no same-host shortcut), like the original's tcp")
     ap.add_argument("--json", help="also write the results to this file")
+    return ap
+
+
+def main() -> int:
+    ap = build_parser()
     args = ap.parse_args()
     if args.quick:
         args.reps, args.thread_ops, args.qps_seconds = 1, 40, 1.0

@@ -174,8 +174,7 @@ def run_tree(tree: str, argv: list[str]) -> dict:
     return json.loads(lines[-1])
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--blocks", type=int, default=16384, help="blocks per batch (default 16384)")
     p.add_argument("--block-kib", type=int, default=16, help="KiB per block (default 16)")
@@ -187,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="tcp mode: force tcp, time write and read, compare with a raw socket stream")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--raw-sink", type=int, default=0, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = build_parser()
     a = p.parse_args(argv)
     if a.raw_sink:
         return _raw_sink(a.raw_sink)

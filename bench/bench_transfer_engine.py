@@ -138,7 +138,7 @@ class RawPeer:
 
 
 # ----------------------------------------------------------------------------- main
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     ap.add_argument("--ref-python", default=DEFAULT_REF,
@@ -152,6 +152,11 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE", help="also write all results as JSON to FILE")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--raw-serve", nargs=2, metavar=("PORT", "MODE"), help=argparse.SUPPRESS)
+    return ap
+
+
+def main() -> int:
+    ap = build_parser()
     a = ap.parse_args()
     if a.serve:
         return serve_engine()
