@@ -267,7 +267,7 @@ class StoreCore:
         drained = self._wait_drained(30.0)
         if self._master is not None and self.segment is not None and self.mounted:
             try:
-                self._master.unmount_segment(self.client_id, self.segment_name)
+                self._master.unmount_segment(self.client_id, self.segment_name, refused_is_final=True)
             except Exception as e:  # noqa: BLE001 - best effort on the way out
                 if not quiet:
                     log.warning("unmount_segment at close failed: %s", e)

@@ -277,12 +277,16 @@ class MasterClient:
         """One try against ``addr``. Returns (reached, result); raises MooncakeError for a
         master-side error. reached=False: cannot connect, connection lost, no reply before
         the deadline, or refused by a former HA leader -- the caller may retry.
-        ``refused_is_final``: a refused connection raises at once (see ``ping``)."""
+        ``refused_is_final``: a refused connection (or a host name that does not resolve)
+        raises at once (see ``ping``)."""
         try:
             c = self._borrow(addr, deadline)
-        except ConnectionRefusedError as e:
+        except (ConnectionRefusedError, socket.gaierror) as e:
             if refused_is_final and self._etcd is None:
-                raise MooncakeError(ErrorCode.RPC_FAIL, refused_message(addr)) from e
+                why = (refused_message(addr) if isinstance(e, ConnectionRefusedError) else
+                       f"master {addr}: cannot resolve its host name ({e.strerror or e}): set "
+                       f"master_server_address to a host:port this machine can resolve")
+                raise MooncakeError(ErrorCode.RPC_FAIL, why) from e
             log.debug("cannot connect to master", extra={"addr": addr, "error": str(e)})
             return False, None
         except OSError as e:
@@ -403,8 +407,10 @@ class MasterClient:
                       prev_epoch: int = 0) -> MountReply:
         return self._call(P.MountSegmentReq(client_id, segment_name, base, size, prev_epoch))
 
-    def unmount_segment(self, client_id: str, segment_name: str) -> None:
-        self._call(P.UnmountSegmentReq(client_id, segment_name))
+    def unmount_segment(self, client_id: str, segment_name: str, *, refused_is_final: bool = False) -> None:
+        """``refused_is_final`` (see ``ping``): at close, a master that refuses connections is
+        gone, and waiting out the deadline for it would only delay the caller's exit."""
+        self._call(P.UnmountSegmentReq(client_id, segment_name), None, refused_is_final)
 
     def heartbeat(self, client_id: str) -> HeartbeatReply:
         return self._call(P.HeartbeatReq(client_id))

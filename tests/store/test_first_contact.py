@@ -76,3 +76,41 @@ def test_master_that_accepts_and_stays_silent_is_no_reply() -> None:
     assert "no reply within 1.0s" in r.stderr and f"127.0.0.1:{port}" in r.stderr, r.stderr
     assert "connection refused" not in r.stderr
     assert wall < 10, f"setup against a silent master took {wall:.1f}s in all (rpc timeout 1 s)"
+
+
+def test_a_script_whose_master_is_gone_exits_promptly_and_silently(master_factory) -> None:
+    """The master stopped first (the user's Ctrl-C went to it, say): the script's exit closes
+    the store, and a refused unmount is not retried for an RPC timeout."""
+    m = master_factory(http=False)
+    script = SETUP.format(meta="P2PHANDSHAKE", seg=16 << 20, master=m.addr) + """
+    import sys
+    assert s.put("k", b"v") == 0
+    print("ready", flush=True)
+    sys.stdin.readline()
+    """
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while (line := p.stdout.readline()) and not line.startswith("ready"):
+            pass
+        assert line.startswith("ready"), p.stderr.read()
+        m.stop()
+        t0 = time.monotonic()
+        out, err = p.communicate("\n", timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0 and err == "", err
+    assert took < 2.5, f"exit took {took:.1f}s with the master gone (an RPC timeout is 5 s)"
+
+
+def test_a_master_host_that_does_not_resolve_is_named() -> None:
+    from mooncake_core.errors import MooncakeError
+    from mooncake_core.store.master_client import MasterClient
+
+    with MasterClient("no-such-host.invalid:50051", timeout=5.0) as c:  # RFC 2606: never resolves
+        t0 = time.monotonic()
+        with pytest.raises(MooncakeError, match="cannot resolve its host name"):
+            c.ping(refused_is_final=True)
+    assert time.monotonic() - t0 < 5.0, "waited out the RPC deadline for a name that cannot resolve"
