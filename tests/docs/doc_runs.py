@@ -185,6 +185,9 @@ def run_install_and_demo(block: DocBlock, ctx: Ctx) -> None:
     the environment, the console script on PATH); then ``mooncake_demo`` runs as written."""
     assert "scripts/install.sh" in ci_script(), ".ci/run no longer runs scripts/install.sh"
     assert shutil.which("mooncake_demo", path=ctx.env["PATH"]), "scripts/install.sh did not put mooncake_demo on PATH"
+    if os.environ.get("CI"):  # what it installs with apt, for the suite's services
+        missing = [b for b in ("etcd", "redis-server") if not shutil.which(b, path=ctx.env["PATH"])]
+        assert not missing, f"scripts/install.sh ran in CI but {missing} are not on PATH"
     script = substitute(block, block.text, [("scripts/install.sh && ", "")])
     out = run_bash(block, script, ctx, 300, "demo")
     assert "transfer engine demo PASSED" in out and "all checks passed" in out, out[-3000:]
