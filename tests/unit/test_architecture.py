@@ -1,6 +1,7 @@
 """Structure rules of the code base (docs/architecture.md): no import cycle between modules of
-mooncake_core, mooncake_proxy and mooncake_connectors, no module over ~900 lines, and the proxy
-imports no connector module.
+mooncake_core, mooncake_proxy and mooncake_connectors, and the proxy imports no connector
+module. (There is no size limit per module any more: it pushed cohesive parts to be cut into
+files that import each other; cohesion is the goal, not size.)
 
 The import graph is read from the source (module-level imports only: an import inside a
 function or under ``if TYPE_CHECKING:`` runs late or never, so it cannot make a cycle at
@@ -14,7 +15,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"mooncake_core": ROOT / "mooncake_core", "mooncake_proxy": ROOT / "mooncake_proxy",
             "mooncake_connectors": ROOT / "mooncake_connectors"}
-MAX_LINES = 900
 
 
 def _modules() -> dict[str, Path]:
@@ -117,12 +117,6 @@ def test_no_import_cycles() -> None:
 
 def test_cycle_detector_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
-def test_no_module_is_too_big() -> None:
-    big = {str(p.relative_to(ROOT)): n for p in _modules().values()
-           if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not big, f"modules over {MAX_LINES} lines (split them by job): {big}"
 
 
 def _all_imports(path: Path) -> set[str]:
