@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mooncake_core.errors import MooncakeError
-from mooncake_core.store.codes import EXISTS, INTERNAL, INVALID, LEASE_EXPIRED, NOT_FOUND, OK, TRANSFER_FAIL
+from mooncake_core.store.codes import EXISTS, INTERNAL, INVALID, LEASE_EXPIRED, NO_HANDLE, NOT_FOUND, OK, TRANSFER_FAIL
 from mooncake_core.store.memory import PREFAULT_MIN, fingerprints, memmove
 from mooncake_core.store.packing import expand_gets, expand_placements
 from mooncake_core.store.protocol import BatchGetReply, Placements, ReplicaDesc
+from mooncake_core.store.space_wait import SpaceWait
 from mooncake_core.utils.log import get_logger
 
 if TYPE_CHECKING:
@@ -130,18 +131,21 @@ def _put_flat(core: StoreCore, keys: list[str], src_addrs: list[int] | None, siz
     publishing, and put it in ``keep[0]``."""
     n = len(keys)
     master = core.master
+    release = core.batch.unused() if keep is not None else None
     try:
-        pl = master.batch_put_start_packed(core.client_id, keys, sizes, msg, upsert=upsert)
+        pl = master.batch_put_start_packed(core.client_id, keys, sizes, msg, upsert=upsert, release=release)
     except MooncakeError as e:
         return [e.code] * n
-    got = _arrays(pl, n)
+    got = None if pl.retry_after_ms else _arrays(pl, n)
     if got is None:
         if parts is not None:
             srcs = parts[0]
         else:
             assert src_addrs is not None
             srcs = [[(a, s)] for a, s in zip(src_addrs, sizes)]
-        return core.finish_puts(keys, srcs, sizes, expand_placements(pl, sizes), upsert=upsert, op=op, t0=t0)
+        allocs = _wait_for_space(core, keys, sizes, msg, upsert, pl) if pl.retry_after_ms \
+            else expand_placements(pl, sizes)
+        return core.finish_puts(keys, srcs, sizes, allocs, upsert=upsert, op=op, t0=t0)
     codes, seg, dst = got
     results = [OK] * n
     if len(dst) < n:
@@ -188,6 +192,30 @@ def _put_flat(core: StoreCore, keys: list[str], src_addrs: list[int] | None, siz
     total = int(ln[ok].sum()) if len(ln) else 0
     core.count(op, min(results), total, t0)
     return results
+
+
+def _wait_for_space(core: StoreCore, keys: list[str], sizes: list[int], msg: ReplicateConfigMsg, upsert: bool,
+                    pl: Placements) -> list[list[ReplicaDesc] | int]:
+    """The placements of ``pl``, with the keys the master answered -200 for while it takes
+    back reservations and quarantine (``pl.retry_after_ms``) asked for again after that wait,
+    within one ``SpaceWait`` (see space_wait)."""
+    allocs = expand_placements(pl, sizes)
+    patience = SpaceWait()
+    wait_ms = pl.retry_after_ms
+    while True:
+        again = [i for i, a in enumerate(allocs) if isinstance(a, int) and a == NO_HANDLE]
+        if not again or not patience.pause(wait_ms / 1000):
+            return allocs
+        ks, ss = [keys[i] for i in again], [sizes[i] for i in again]
+        try:
+            sub = core.master.batch_put_start_packed(core.client_id, ks, ss, msg, upsert=upsert)
+        except MooncakeError as e:
+            for i in again:
+                allocs[i] = e.code
+            return allocs
+        for i, a in zip(again, expand_placements(sub, ss)):
+            allocs[i] = a
+        wait_ms = sub.retry_after_ms
 
 
 def _vectored_write(core: StoreCore, name: str, s: np.ndarray, d: np.ndarray, m: np.ndarray, dead: set[str]) -> bool:
@@ -379,6 +407,11 @@ class BatchReservation:
         self.msg = msg
         self.t = t
         self.epoch = epoch
+
+    @property
+    def addr(self) -> int:
+        """Where its range starts: how the master is told which one we let go of."""
+        return int(self.addrs[0])
 
 
 def _blob(sizes: list[int]) -> bytes:

@@ -42,6 +42,7 @@ from mooncake_core.transfer import device_memory
 from mooncake_core.store.owned import OwnedIndex
 from mooncake_core.store.protocol import GetReply, ReplicaDesc, ReplicateConfigMsg
 from mooncake_core.store.segment import StoreSegment
+from mooncake_core.store.space_wait import start_put
 from mooncake_core.store.types import ReplicateConfig
 from mooncake_core.store.validate import has_port, host_of
 from mooncake_core.utils.log import get_logger
@@ -235,6 +236,12 @@ class StoreCore:
             from prometheus_client import start_http_server
 
             self._http_server = start_http_server(cfg.client_http_port, registry=reg)
+
+    def stale_reservations(self) -> list[int]:
+        """Addresses of our reservations held unused past their age, dropped here: the
+        heartbeat lets the master free them (``ReservationSlot.release_stale``)."""
+        now = time.monotonic()
+        return self.single.release_stale(now) + self.batch.release_stale(now)
 
     def count(self, op: str, rc: int, nbytes: int = 0, t0: float | None = None) -> None:
         m = self._metrics
@@ -444,8 +451,8 @@ class StoreCore:
         try:
             if n == 1:
                 try:
-                    allocs = [master.upsert_start(self.client_id, keys[0], sizes[0], msg) if upsert
-                              else master.put_start(self.client_id, keys[0], sizes[0], msg)]
+                    allocs = [start_put(lambda: master.upsert_start(self.client_id, keys[0], sizes[0], msg) if upsert
+                                        else master.put_start(self.client_id, keys[0], sizes[0], msg))]
                 except MooncakeError as e:
                     allocs = [e.code]
             elif upsert:

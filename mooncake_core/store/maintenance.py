@@ -90,7 +90,7 @@ class Maintenance:
             except MooncakeError:
                 return  # closed
             try:
-                reply = master.heartbeat(self.core.client_id)
+                reply = master.heartbeat(self.core.client_id, self.core.stale_reservations())
             except MooncakeError as e:
                 failures += 1
                 if failures == 1 or failures % 30 == 0:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.master_records import (BATCH_RESERVATION_SUFFIX, RESERVATION_PREFIX, ObjectMeta, PendingPut,
                                                  Rep, Segment, check_key, err)
+from mooncake_core.store.master_space import SpaceReclaiming
 from mooncake_core.store.packing import I32, I64, U8, U32, U64, Packer, pack
 from mooncake_core.store.protocol import BatchGetReply, BatchPutCommitReply, Placements, ReplicaDesc, ReplicateConfigMsg
 
@@ -53,12 +54,15 @@ def put_starts(st: MasterState, client_id: str, keys: list[str], sizes: list[int
     one = st._put_start_one
     last: Segment | None = None
     last_ix = 0
+    wait = 0.0
     for k, size in zip(keys, sizes):
         try:
             if k.__class__ is not str or not k:
                 check_key(k)
             reps = one(client_id, k, size, cfg, soft_ttl, now, upsert, direct)
         except MooncakeError as e:
+            if isinstance(e, SpaceReclaiming):
+                wait = max(wait, e.wait_s)
             codes.append(e.code)
             counts.append(0)
             continue
@@ -69,7 +73,11 @@ def put_starts(st: MasterState, client_id: str, keys: list[str], sizes: list[int
                 last, last_ix = seg, pk.segment(seg.name)
             seg_ix.append(last_ix)
             addrs.append(seg.base + off)
-    return Placements(*pk.blobs())
+    return Placements(*pk.blobs(), retry_after_ms=_ms(wait))
+
+
+def _ms(wait_s: float) -> int:
+    return int(wait_s * 1000) + 1 if wait_s > 0 else 0
 
 
 def _put_starts_direct(st: MasterState, client_id: str, keys: list[str], sizes: list[int], cfg: ReplicateConfigMsg,
@@ -86,6 +94,7 @@ def _put_starts_direct(st: MasterState, client_id: str, keys: list[str], sizes: 
     alloc, cap, base = direct.alloc.allocate, direct.size, direct.base
     hard = bool(cfg.with_hard_pin)
     one = st._put_start_one
+    wait = 0.0
     for i, (k, size) in enumerate(zip(keys, sizes)):
         if (k.__class__ is str and k and size.__class__ is int and 0 < size <= cap and objects_get(k) is None
                 and k not in inflight):
@@ -100,6 +109,8 @@ def _put_starts_direct(st: MasterState, client_id: str, keys: list[str], sizes: 
                 check_key(k)
             reps = one(client_id, k, size, cfg, soft_ttl, now, upsert, direct)
         except MooncakeError as e:
+            if isinstance(e, SpaceReclaiming):
+                wait = max(wait, e.wait_s)
             codes[i] = e.code
             counts[i] = 0
             continue
@@ -109,7 +120,7 @@ def _put_starts_direct(st: MasterState, client_id: str, keys: list[str], sizes: 
     pk.codes, pk.counts = codes, counts
     if len(addrs):
         pk.seg = array(U32, [pk.segment(direct.name)]) * len(addrs)
-    return Placements(*pk.blobs())
+    return Placements(*pk.blobs(), retry_after_ms=_ms(wait))
 
 
 def put_ends(st: MasterState, client_id: str, keys: list[str]) -> bytes:

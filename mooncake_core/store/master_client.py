@@ -412,8 +412,9 @@ class MasterClient:
         gone, and waiting out the deadline for it would only delay the caller's exit."""
         self._call(P.UnmountSegmentReq(client_id, segment_name), None, refused_is_final)
 
-    def heartbeat(self, client_id: str) -> HeartbeatReply:
-        return self._call(P.HeartbeatReq(client_id))
+    def heartbeat(self, client_id: str, release: list[int] | None = None) -> HeartbeatReply:
+        """``release``: addresses of our reservations we let go of (unused past their age)."""
+        return self._call(P.HeartbeatReq(client_id, release or []))
 
     def report_objects(self, client_id: str, objects: list[tuple[str, ReplicaDesc]],
                        versions: list[int] | None = None) -> int:
@@ -422,8 +423,9 @@ class MasterClient:
         return self._call(P.ReportObjectsReq(client_id, [(k, r) for k, r in objects], list(versions or [])))
 
     def put_start(self, client_id: str, key: str, size: int,
-                  cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
-        return self._call(P.PutStartReq(client_id, key, size, cfg or ReplicateConfigMsg()))
+                  cfg: ReplicateConfigMsg | None = None, *, release: list[int] | None = None) -> list[ReplicaDesc]:
+        """``release``: the address of our reservation this put does not use (freed first)."""
+        return self._call(P.PutStartReq(client_id, key, size, cfg or ReplicateConfigMsg(), release or []))
 
     def upsert_start(self, client_id: str, key: str, size: int,
                      cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
@@ -452,12 +454,15 @@ class MasterClient:
         return expand_placements(self.batch_put_start_packed(client_id, keys, sizes, cfg, upsert=True), sizes)
 
     def batch_put_start_packed(self, client_id: str, keys: list[str], sizes: list[int] | bytes,
-                               cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> P.Placements:
-        """One round trip for the whole batch; ``sizes`` as ints or already packed (``u64``)."""
+                               cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False,
+                               release: list[int] | None = None) -> P.Placements:
+        """One round trip for the whole batch; ``sizes`` as ints or already packed (``u64``);
+        ``release`` (put, not upsert): as put_start's, for our batch reservation."""
         blob = sizes if isinstance(sizes, bytes) else pack(U64, sizes)
-        req = P.BatchUpsertStartReq if upsert else P.BatchPutStartReq
-        return self._call(req(client_id, keys if isinstance(keys, list) else list(keys), blob,
-                              cfg or ReplicateConfigMsg()))
+        ks = keys if isinstance(keys, list) else list(keys)
+        if upsert:
+            return self._call(P.BatchUpsertStartReq(client_id, ks, blob, cfg or ReplicateConfigMsg()))
+        return self._call(P.BatchPutStartReq(client_id, ks, blob, cfg or ReplicateConfigMsg(), release or []))
 
     def batch_put_end(self, client_id: str, keys: list[str]) -> list[int]:
         """Per key the version (> 0), 0 (nothing published) or a code."""

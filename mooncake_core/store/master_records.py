@@ -40,6 +40,10 @@ class MasterConfig:
     alignment: int = 64
     regex_budget_s: float = 1.0                    # --remove_by_regex_budget_ms: longest a pattern
                                                    # may take to match every key (ReDoS bound)
+    #: a client's reservation (``MasterState.put_commit``) is taken back without its holder's
+    #: word once this old and a put needs the space: the holder starts no write into it after
+    #: RESERVATION_MAX_AGE_S, and this leaves a started write time to finish (see _reclaim)
+    reservation_reclaim_s: float = 2.0
 
 
 class Segment:
@@ -144,6 +148,11 @@ class ObjectMeta:
         self.extra.disk = d
 
 
+#: a client starts a write into a reservation only this long after it asked for it (counted
+#: from before the request, so the master's grant is later): the contract that lets the
+#: master take back a reservation its holder no longer uses (``MasterConfig.reservation_reclaim_s``)
+RESERVATION_MAX_AGE_S = 0.5
+
 #: in-flight name of a client's reservation (``RESERVATION_PREFIX`` + client id; a batch
 #: reservation adds ``BATCH_RESERVATION_SUFFIX``): never a valid user key's put in progress
 RESERVATION_PREFIX = "\x00reservation:"
@@ -170,13 +179,15 @@ MAX_REMOVED_NOTICES = 65536
 
 
 class ClientInfo:
-    __slots__ = ("beats", "client_id", "last_seen", "missed", "missed_all_before", "pending_remount", "quarantine",
-                 "removed", "removed_all_before", "segments", "tasks")
+    __slots__ = ("beat_at", "beats", "client_id", "last_seen", "missed", "missed_all_before", "pending_remount",
+                 "quarantine", "removed", "removed_all_before", "segments", "tasks")
 
     def __init__(self, client_id: str, now: float):
         self.client_id = client_id
         self.last_seen = now
         self.beats = 0  # heartbeats received
+        #: when the last two heartbeats came (master clock): (the one before, the last)
+        self.beat_at = (-1.0, -1.0)
         #: ranges of this client's segment a failed put was writing into: (beats at which to
         #: free, segment, offset, size) -- see MasterState._quarantine
         self.quarantine: list[tuple[int, Segment, int, int]] = []
@@ -193,9 +204,14 @@ class ClientInfo:
         self.missed: list[tuple[str, int]] = []
         self.missed_all_before = 0
 
-    def beat(self) -> list[tuple[Segment, int, int]]:
+    def beats_since(self, t: float) -> int:
+        """How many of the last two heartbeats came after ``t`` (0, 1 or 2)."""
+        return (self.beat_at[0] > t) + (self.beat_at[1] > t)
+
+    def beat(self, now: float) -> list[tuple[Segment, int, int]]:
         """Count a heartbeat; the parked ranges (segment, offset, size) now due to be freed."""
         self.beats += 1
+        self.beat_at = (self.beat_at[1], now)
         if not self.quarantine:
             return []
         due = [(seg, off, size) for at, seg, off, size in self.quarantine if at <= self.beats]
@@ -205,12 +221,13 @@ class ClientInfo:
 
 class Stats:
     __slots__ = ("hits", "misses", "evictions", "lease_refusals", "offloads", "puts",
-                 "put_conflicts", "no_space", "disk_evictions", "expired_clients", "takeovers")
+                 "put_conflicts", "no_space", "disk_evictions", "expired_clients", "takeovers", "reclaim_waits")
 
     def __init__(self) -> None:
         self.hits = self.misses = self.evictions = self.lease_refusals = self.offloads = 0
         self.puts = self.put_conflicts = self.no_space = self.disk_evictions = 0
         self.expired_clients = self.takeovers = 0
+        self.reclaim_waits = 0  # puts asked to wait for reservations/quarantine to be taken back
 
 
 def err(code: ErrorCode, msg: str) -> MooncakeError:

@@ -50,14 +50,14 @@ def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, C
         P.PingReq: lambda r: info(),
         P.MountSegmentReq: lambda r: st.mount_segment(r.client_id, r.segment_name, r.base, r.size, r.prev_epoch),
         P.UnmountSegmentReq: lambda r: st.unmount_segment(r.client_id, r.segment_name),
-        P.HeartbeatReq: lambda r: st.heartbeat(r.client_id),
+        P.HeartbeatReq: lambda r: st.heartbeat(r.client_id, r.release),
         P.ReportObjectsReq: lambda r: st.report_objects(r.client_id, r.objects, r.versions),
-        P.PutStartReq: lambda r: st.put_start(r.client_id, r.key, r.size, r.cfg),
+        P.PutStartReq: lambda r: st.put_start(r.client_id, r.key, r.size, r.cfg, release=r.release),
         P.UpsertStartReq: lambda r: st.put_start(r.client_id, r.key, r.size, r.cfg, upsert=True),
         P.PutEndReq: lambda r: st.put_end(r.client_id, r.key),
         P.PutRevokeReq: lambda r: st.put_revoke(r.client_id, r.key),
         P.PutCommitReq: lambda r: st.put_commit(r.client_id, r.key, r.size, r.cfg, r.reserved, r.next_size),
-        P.BatchPutStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg),
+        P.BatchPutStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg, release=r.release),
         P.BatchUpsertStartReq: lambda r: st.batch_put_start(r.client_id, r.keys, _sizes(r), r.cfg, upsert=True),
         P.BatchPutEndReq: lambda r: st.batch_put_end(r.client_id, r.keys),
         P.BatchPutCommitReq: lambda r: st.batch_put_commit(r.client_id, r.keys, r.sizes, r.cfg, r.reserved,
@@ -161,7 +161,8 @@ class _StateCollector:
                            ("no_space", "PutStarts refused for lack of space (-200)"),
                            ("disk_evictions", "Objects dropped from the SSD tier (quota)"),
                            ("expired_clients", "Clients dropped after client_ttl without heartbeat"),
-                           ("takeovers", "Puts taken over after put_start_discard_timeout")):
+                           ("takeovers", "Puts taken over after put_start_discard_timeout"),
+                           ("reclaim_waits", "Puts asked to wait while reservations/quarantine are taken back")):
             c = CounterMetricFamily(f"mooncake_master_{key}", help_)
             c.add_metric([], stats[key])
             yield c

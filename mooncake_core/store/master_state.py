@@ -52,6 +52,7 @@ from mooncake_core.store.master_absence import Absences
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE,
                                                  RESERVATION_PREFIX, ClientInfo, Extra, MasterConfig, ObjectMeta,
                                                  PendingPut, Rep, Segment, Stats, check_key, err)
+from mooncake_core.store.master_space import SpaceReclaiming, holdings, no_space_message
 from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 
@@ -151,10 +152,16 @@ class MasterState:
 
     def _quarantine(self, writer: str, reps: Iterable[Rep], size: int) -> None:
         """Free the ranges of a put that failed or was abandoned -- once the owner of each
-        segment has sent two more heartbeats. A writer that gave up (timeout) may still have a
-        request queued in a *stopped* owner's socket: the owner applies it when it resumes, and
-        the range must not belong to another object by then (found by bench/chaos.py).
-        Ranges in the writer's own segment (memcpy, nothing in flight) are freed at once."""
+        segment has sent two more heartbeats.
+
+        The one reason to wait: bytes of a write into a range must not land after the range
+        was given to another object. A write into another client's segment is a request to
+        that owner; a writer that gave up (timeout) may leave it queued in a *stopped* owner's
+        socket, and the owner applies it when it resumes (found by bench/chaos.py). Two
+        heartbeats from the owner after the writer let go show it ran a heartbeat interval
+        since, its transfer server having taken what was queued. A write into the writer's own
+        segment is a memcpy that has ended when the writer tells us (revoke, commit): those
+        ranges, and ranges whose owner is gone, are freed at once."""
         for seg, off in reps:
             owner = self.clients.get(seg.client_id)
             if owner is None or seg.client_id == writer or not self._mounted(seg):
@@ -170,6 +177,95 @@ class MasterState:
                 heapq.heappush(self.graveyard, (not_before, self._seq, seg, off, size))
             else:
                 self._free((seg, off), size)
+
+    def release_reservations(self, client_id: str, addrs: Iterable[int]) -> int:
+        """Free at once the reservations (single and batch) of ``client_id`` whose first range
+        starts at one of ``addrs``: its holder tells us none of its writes into them can still
+        land (it never wrote, or its writes returned), so nothing waits. Named by address, so
+        a release that crosses a newer reservation on the way frees nothing. Returns the bytes
+        freed; reservations of other clients, or unknown addresses, are ignored."""
+        want = {a for a in addrs if a.__class__ is int}
+        if not want:
+            return 0
+        freed = 0
+        for rk in (RESERVATION_PREFIX + client_id, master_batch.batch_reservation_key(client_id)):
+            p = self.inflight.get(rk)
+            if p is None or p.client_id != client_id or not p.reps:
+                continue
+            seg, off = p.reps[0]
+            if seg.base + off in want:
+                del self.inflight[rk]
+                for r in p.reps:
+                    self._free(r, p.size)
+                    freed += p.size
+        return freed
+
+    def _reclaim(self, now: float) -> int:
+        """Take back what a put may use without evicting anyone's object: ranges kept for
+        readers whose leases have ended, and reservations older than
+        ``reservation_reclaim_s`` -- their holders write into them only within
+        ``RESERVATION_MAX_AGE_S``; from then on a range is free once its owner has sent two
+        heartbeats (the quarantine rule: a write that was late may be queued at the owner), or
+        parked for the beats still missing. Returns the bytes freed now. On the failure path
+        only: O(puts in flight)."""
+        freed = 0
+        while self.graveyard and self.graveyard[0][0] <= now:
+            _, _, seg, off, size = heapq.heappop(self.graveyard)
+            self._free((seg, off), size)
+            freed += size
+        limit = self.cfg.reservation_reclaim_s
+        for key, p in list(self.inflight.items()):
+            if not key.startswith(RESERVATION_PREFIX) or now - p.start < limit:
+                continue
+            del self.inflight[key]
+            since = p.start + limit
+            for seg, off in p.reps:
+                if not self._mounted(seg):
+                    continue
+                owner = self.clients.get(seg.client_id)
+                n = 2 if owner is None else owner.beats_since(since)
+                if n >= 2:
+                    self._free((seg, off), p.size)
+                    freed += p.size
+                else:
+                    assert owner is not None
+                    owner.quarantine.append((owner.beats + 2 - n, seg, off, p.size))
+        return freed
+
+    def reclaimable(self) -> dict[Segment, int]:
+        """Bytes per segment held by reservations and quarantined ranges: space that becomes
+        free without evicting anyone's object (after ``_reclaim``, at the owners' next
+        heartbeats or when the holders let go). O(puts in flight + quarantined ranges)."""
+        out: dict[Segment, int] = {}
+        for key, p in self.inflight.items():
+            if key.startswith(RESERVATION_PREFIX):
+                for seg, _ in p.reps:
+                    out[seg] = out.get(seg, 0) + p.size
+        for c in self.clients.values():
+            for _, seg, _, size in c.quarantine:
+                out[seg] = out.get(seg, 0) + size
+        return out
+
+    def _reclaim_wait(self, size: int, want: int, segs: dict[str, Segment], now: float) -> tuple[int, float] | None:
+        """(bytes held, the wait to suggest) when reservations and quarantined ranges could
+        serve a put of ``want`` replicas of ``size`` bytes once taken back -- the put then
+        waits instead of evicting or failing -- else None. Counted in free bytes (a segment
+        whose free ranges are scattered may still not fit it: the client then finds -200
+        again and, out of patience, gets it)."""
+        held = self.reclaimable()
+        if not held:
+            return None
+        fits = [s for s in segs.values() if s.alloc.free_bytes + held.get(s, 0) >= size]
+        if len(fits) < want or not any(held.get(s, 0) for s in fits):
+            return None
+        soonest = self.cfg.reservation_reclaim_s
+        for key, p in self.inflight.items():
+            if key.startswith(RESERVATION_PREFIX):
+                soonest = min(soonest, max(0.0, p.start + self.cfg.reservation_reclaim_s - now))
+        for c in self.clients.values():
+            if c.quarantine:
+                soonest = min(soonest, max(0.05, c.beat_at[1] - c.beat_at[0]) if c.beat_at[0] >= 0 else 0.5)
+        return sum(held.get(s, 0) for s in fits), min(max(soonest, 0.05), 0.5)
 
     def _drop_disk(self, key: str, meta: ObjectMeta, not_before: float) -> None:
         d = meta.disk
@@ -340,11 +436,16 @@ class MasterState:
         log.info("segment unmounted", extra={"segment": seg.name, "client": seg.client_id, "objects_lost": lost})
         return lost
 
-    def heartbeat(self, client_id: str) -> HeartbeatReply:
+    def heartbeat(self, client_id: str, release: Iterable[int] = ()) -> HeartbeatReply:
+        """A client's sign of life; ``release``: reservations it lets go of (by address: see
+        ``release_reservations``), those it held unused past their age."""
         if not isinstance(client_id, str) or not client_id:
             raise err(ErrorCode.INVALID_PARAMS, f"heartbeat: client_id must be a non-empty string, got {client_id!r}")
-        client, new = self._touch_client(client_id, self.clock())
-        for seg, off, size in client.beat():  # parked ranges of failed puts, now safe
+        now = self.clock()
+        client, new = self._touch_client(client_id, now)
+        if release:
+            self.release_reservations(client_id, release)
+        for seg, off, size in client.beat(now):  # parked ranges of failed puts, now safe
             self._free((seg, off), size)
         tasks, client.tasks = client.tasks, []
         removed, client.removed = client.removed, []
@@ -380,10 +481,14 @@ class MasterState:
 
     # ================================================================ puts
     def put_start(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg | None = None,
-                  *, upsert: bool = False) -> list[ReplicaDesc]:
+                  *, upsert: bool = False, release: Iterable[int] = ()) -> list[ReplicaDesc]:
+        """Allocate the replicas of a put (recorded in flight). ``release``: the client's
+        reservations it does not use for this put, freed first (``release_reservations``)."""
         check_key(key)
         cfg = cfg or ReplicateConfigMsg()
         self._check_cfg(cfg, key)
+        if release:
+            self.release_reservations(client_id, release)
         now = self.clock()
         reps = self._put_start_one(client_id, key, size, cfg, self._soft_ttl(cfg), now, upsert,
                                    self._direct_target(cfg, now))
@@ -483,15 +588,27 @@ class MasterState:
             raise err(ErrorCode.INVALID_PARAMS, f"put {key!r}: object of {size} bytes is larger than "
                        f"any mounted segment (largest {largest} bytes)")
         want = min(cfg.replica_num, len(segs))
+        # reservations and quarantine are an optimisation: what they hold goes back first, and
+        # while it could serve this put nobody's object is evicted for it (the put waits)
+        reps = self._place(size, want, cfg.preferred_segments, segs)
+        if reps is None and self._reclaim(now):
+            reps = self._place(size, want, cfg.preferred_segments, segs)
+        if reps is not None:
+            return reps
+        pending = self._reclaim_wait(size, want, segs, now)
+        if pending is not None:
+            self.stats.reclaim_waits += 1
+            raise SpaceReclaiming(key, want, size, *pending)
         for _ in range(64):
+            if self._evict(size * want, now) == 0:
+                break
             reps = self._place(size, want, cfg.preferred_segments, segs)
             if reps is not None:
                 return reps
-            if self._evict(size * want, now) == 0:
-                break
         self.stats.no_space += 1
-        raise err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no space for {want} replica(s) of "
-                   f"{size} bytes (used {self.used} of {self.capacity}; nothing evictable)")
+        raise err(ErrorCode.NO_AVAILABLE_HANDLE, no_space_message(
+            key, want, size, self.used, self.capacity,
+            holdings(self.segments.values(), self.objects, self.inflight, self.clients.values(), self.graveyard, now)))
 
     def _place(self, size: int, want: int, preferred: list[str], segs: dict[str, Segment]) -> list[Rep] | None:
         if want == 1 and not preferred and len(segs) == 1:
@@ -634,6 +751,11 @@ class MasterState:
                 n: s for n, s in self.segments.items() if s.hold_until <= now}
             if segs:
                 reps = self._place(size, min(cfg.replica_num, len(segs)), cfg.preferred_segments, segs)
+        if reps and any(seg.alloc.free_bytes < size for seg, _ in reps):
+            # a reservation never takes a segment's last room: others' puts come first
+            for r in reps:
+                self._free(r, size)
+            reps = None
         if not reps:
             return []
         self.inflight[rk] = PendingPut(client_id, self._intern_size(size), reps, now, False, False,
@@ -663,8 +785,11 @@ class MasterState:
         return out
 
     def batch_put_start(self, client_id: str, keys: list[str], sizes: list[int],
-                        cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False) -> Placements:
-        """put_start of every key, packed (master_batch.put_starts)."""
+                        cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False,
+                        release: Iterable[int] = ()) -> Placements:
+        """put_start of every key, packed (master_batch.put_starts); ``release`` as put_start's."""
+        if release:
+            self.release_reservations(client_id, release)
         return master_batch.put_starts(self, client_id, keys, sizes, cfg, upsert)
 
     def batch_put_end(self, client_id: str, keys: list[str]) -> bytes:
@@ -836,7 +961,8 @@ class MasterState:
             if now - t > self.cfg.offload_timeout_s:
                 del self.offloading[key]
         cap = self.capacity
-        if cap and self.used - self.offloading_bytes() >= self.cfg.eviction_high_watermark_ratio * cap:
+        if cap and self.used - self.offloading_bytes() - sum(self.reclaimable().values()) \
+                >= self.cfg.eviction_high_watermark_ratio * cap:  # space reclaimable is not pressure
             self._evict(0, now)
         self._enforce_disk_quota(now)
 

@@ -163,6 +163,9 @@ class Placements(msgspec.Struct, array_like=True):
     segments: list[str]
     seg: bytes
     addrs: bytes
+    #: > 0: keys answered -200 may be asked for again after this many ms -- the space is held
+    #: by reservations or quarantined ranges being taken back (``master_space.SpaceReclaiming``)
+    retry_after_ms: int = 0
 
 
 class BatchGetReply(msgspec.Struct, array_like=True):
@@ -271,7 +274,12 @@ class UnmountSegmentReq(_Req, tag="unmount_segment"):
 
 
 class HeartbeatReq(_Req, tag="heartbeat"):
+    """``release``: addresses of reservations the client lets go of (held unused past their
+    age; ``MasterState.release_reservations``). A trailing field with a default: a master
+    or client without it reads the others' messages unchanged."""
+
     client_id: str
+    release: list[int] = msgspec.field(default_factory=list)
 
 
 class ReportObjectsReq(_Req, tag="report_objects"):
@@ -281,10 +289,13 @@ class ReportObjectsReq(_Req, tag="report_objects"):
 
 
 class PutStartReq(_Req, tag="put_start"):
+    """``release``: as HeartbeatReq's -- the reservation this put does not use, freed first."""
+
     client_id: str
     key: str
     size: int
     cfg: ReplicateConfigMsg
+    release: list[int] = msgspec.field(default_factory=list)
 
 
 class UpsertStartReq(_Req, tag="upsert_start"):
@@ -319,12 +330,14 @@ class PutRevokeReq(_Req, tag="put_revoke"):
 
 
 class BatchPutStartReq(_Req, tag="batch_put_start"):
-    """``sizes``: one ``u64`` per key (packed, see ``packing``). Answer: ``Placements``."""
+    """``sizes``: one ``u64`` per key (packed, see ``packing``); ``release``: as PutStartReq's.
+    Answer: ``Placements``."""
 
     client_id: str
     keys: list[str]
     sizes: bytes
     cfg: ReplicateConfigMsg
+    release: list[int] = msgspec.field(default_factory=list)
 
 
 class BatchUpsertStartReq(_Req, tag="batch_upsert_start"):

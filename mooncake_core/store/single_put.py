@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 from mooncake_core.errors import MooncakeError
 from mooncake_core.store.codes import EXISTS, INVALID, NOT_FOUND, OK, TRANSFER_FAIL
 from mooncake_core.store.internals import Parts
+from mooncake_core.store.master_records import RESERVATION_MAX_AGE_S
 from mooncake_core.store.protocol import ReplicaDesc, ReplicateConfigMsg
+from mooncake_core.store.space_wait import start_put
 from mooncake_core.utils.log import get_logger
 
 if TYPE_CHECKING:
@@ -40,9 +42,9 @@ __all__ = ["RESERVATION_MAX_AGE_S", "Reservation", "ReservationSlot", "put"]
 
 log = get_logger("mooncake.store.client")
 
-#: a reservation older than this is not written into (see the module docstring): well within
-#: the master's recovery hold (1 s by default)
-RESERVATION_MAX_AGE_S = 0.5
+# RESERVATION_MAX_AGE_S (master_records): a reservation older than this is not written into
+# (see the module docstring); well within the master's recovery hold (1 s by default), and
+# the contract that lets the master take an unused one back (MasterConfig.reservation_reclaim_s)
 
 
 class Reservation:
@@ -58,6 +60,11 @@ class Reservation:
         self.t = t
         self.epoch = epoch
 
+    @property
+    def addr(self) -> int:
+        """Where its first range starts: how the master is told which one we let go of."""
+        return self.reps[0].addr
+
 
 class ReservationSlot:
     """The one reservation of a client and who uses it (thread-safe). ``take`` hands it to
@@ -67,6 +74,8 @@ class ReservationSlot:
         self._lock = threading.Lock()
         self.current: Reservation | None = None
         self._busy = False
+        #: the reservation the slot's owner took and did not use (see ``unused``)
+        self._dropped: Any = None
         #: False once the master turned ``put_commit`` down (an older master): two round trips
         self.enabled = True
 
@@ -82,10 +91,30 @@ class ReservationSlot:
                 return None, False  # another thread's put holds it
             self._busy = True
             r, self.current = self.current, None
+            self._dropped = None
         if r is not None and r.size == size and r.msg is msg and now - r.t < RESERVATION_MAX_AGE_S \
                 and epoch in (0, r.epoch):
             return r, True
+        self._dropped = r
         return None, True
+
+    def unused(self) -> list[int]:
+        """For the slot's owner (after ``take``): the address of the reservation it dropped
+        unused, [] if none. No write of ours into it can land (a reservation a write failed
+        into is not kept), so the master frees it at once (``release`` of put_start). A
+        master that does not hold it under that address for us (it changed) ignores it."""
+        r, self._dropped = self._dropped, None
+        return [r.addr] if r is not None else []
+
+    def release_stale(self, now: float) -> list[int]:
+        """For the heartbeat: the address of the reservation held unused past its age, if the
+        slot is idle (dropped here: no put writes into it any more); [] otherwise."""
+        with self._lock:
+            r = self.current
+            if self._busy or r is None or now - r.t < RESERVATION_MAX_AGE_S:
+                return []
+            self.current = None
+        return [r.addr]
 
     def give(self, r: Any) -> None:
         with self._lock:
@@ -151,8 +180,9 @@ def _put_started(core: StoreCore, key: str, parts: Parts, size: int, msg: Replic
                  want_next: bool) -> tuple[int, Reservation | None]:
     """put_start, write, put_commit (put_revoke when the write failed)."""
     master = core.master
+    release = core.single.unused() if want_next else []
     try:
-        reps = master.put_start(core.client_id, key, size, msg)
+        reps = start_put(lambda: master.put_start(core.client_id, key, size, msg, release=release))
     except MooncakeError as e:
         if e.code != EXISTS:
             log.warning("%s", e)
