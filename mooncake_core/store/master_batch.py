@@ -133,7 +133,7 @@ def put_ends(st: MasterState, client_id: str, keys: list[str]) -> bytes:
     out = array(I64)
     inflight, objects = st.inflight, st.objects
     published: list[str] = []
-    st._last_version = max(st.version_clock(), st._last_version + 1) - 1
+    st.versions.begin_run()
     for k in keys:
         p = inflight.get(k) if k.__class__ is str else None
         if (p is not None and p.client_id == client_id and not p.hard and p.soft_ttl is None
@@ -143,8 +143,7 @@ def put_ends(st: MasterState, client_id: str, keys: list[str]) -> bytes:
             if st.reported:
                 st.reported.pop(k, None)
             published.append(k)
-            st._last_version += 1
-            out.append(st._last_version)
+            out.append(st.versions.following())
             continue
         try:
             if k.__class__ is not str or not k:
@@ -281,7 +280,7 @@ def _commit_reserved(st: MasterState, client_id: str, keys: list[str], p: BatchR
     offs = seg.alloc.split(off, sizes)
     out = array(I64)
     inflight, objects, reported = st.inflight, st.objects, st.reported
-    st._last_version = max(st.version_clock(), st._last_version + 1) - 1
+    st.versions.begin_run()
     plain = not p.hard and p.soft_ttl is None
     new = ObjectMeta.__new__
     published: list[str] = []
@@ -293,8 +292,7 @@ def _commit_reserved(st: MasterState, client_id: str, keys: list[str], p: BatchR
             if reported:
                 reported.pop(k, None)
             published.append(k)
-            st._last_version += 1
-            out.append(st._last_version)
+            out.append(st.versions.following())
             continue
         try:
             check_key(k)

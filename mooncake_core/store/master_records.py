@@ -8,6 +8,7 @@ ints, allocators that do not duplicate the offset->size map, no lease float unti
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from dataclasses import dataclass
 
@@ -176,6 +177,41 @@ class PendingPut:
 
 #: removals queued for one client's next heartbeat before they collapse into "all before"
 MAX_REMOVED_NOTICES = 65536
+
+
+class VersionClock:
+    """The versions that order the writes of one key across master terms: wall-clock
+    nanoseconds (``clock``), kept increasing. A successor master starts seconds later, so its
+    versions are higher than any of ours; a report of a higher one (a predecessor whose clock
+    ran ahead) is ``observe``d so that ours stay above it."""
+
+    __slots__ = ("_clock", "last")
+
+    def __init__(self, clock: Callable[[], int]):
+        self._clock = clock
+        self.last = 0
+
+    def next(self) -> int:
+        """A version for a write published now."""
+        v = self._clock()
+        if v <= self.last:
+            v = self.last + 1
+        self.last = v
+        return v
+
+    def begin_run(self) -> None:
+        """Start a run of versions from one clock reading (a batch): ``following`` then counts
+        up from it without reading the clock per key; ``next`` may be mixed in."""
+        self.last = max(self._clock(), self.last + 1) - 1
+
+    def following(self) -> int:
+        """The version after the last one handed out (within a run)."""
+        self.last += 1
+        return self.last
+
+    def observe(self, version: int) -> None:
+        if version > self.last:
+            self.last = version
 
 
 class ClientInfo:

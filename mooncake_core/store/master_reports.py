@@ -42,8 +42,7 @@ def report_objects(st: MasterState, client_id: str, objects: list[tuple[str, Rep
             continue
         if not isinstance(version, int) or version < 0:
             continue
-        if version > st._last_version:  # a predecessor's clock ran ahead of ours: stay above it
-            st._last_version = version
+        st.versions.observe(version)  # a predecessor's clock ran ahead of ours: stay above it
         tomb = st.absent.stamp(key)
         if tomb and version <= tomb:
             # removed here after another owner's report and before this one: the bytes are

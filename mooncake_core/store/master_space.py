@@ -18,7 +18,8 @@ from typing import Iterable
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.master_records import RESERVATION_PREFIX, ClientInfo, ObjectMeta, PendingPut, Segment
 
-__all__ = ["Holdings", "SpaceReclaiming", "holdings", "no_space_message", "reclaim_wait"]
+__all__ = ["Holdings", "SpaceReclaiming", "holdings", "no_space_message", "reclaim_pending", "reclaim_wait",
+           "reclaimable"]
 
 #: a refused put's account walks the objects only up to this many (the walk is on the failure
 #: path, but a full pool may refuse every put: it must stay cheap there)
@@ -90,6 +91,45 @@ def holdings(segments: Iterable[Segment], objects: dict[str, ObjectMeta], inflig
         if hg is not None:
             hg.readers += size
     return out, complete
+
+
+def reclaimable(inflight: dict[str, PendingPut], clients: Iterable[ClientInfo]) -> dict[Segment, int]:
+    """Bytes per segment held by reservations and quarantined ranges: space that becomes
+    free without evicting anyone's object (``MasterState._reclaim``, the owners' next
+    heartbeats, or the holders letting go). O(puts in flight + quarantined ranges)."""
+    out: dict[Segment, int] = {}
+    for key, p in inflight.items():
+        if key.startswith(RESERVATION_PREFIX):
+            for seg, _ in p.reps:
+                out[seg] = out.get(seg, 0) + p.size
+    for c in clients:
+        for _, seg, _, size in c.quarantine:
+            out[seg] = out.get(seg, 0) + size
+    return out
+
+
+def reclaim_pending(inflight: dict[str, PendingPut], clients: Iterable[ClientInfo], segs: dict[str, Segment],
+                    size: int, want: int, now: float, reclaim_s: float) -> tuple[int, float] | None:
+    """(bytes held, the wait to suggest) when reservations and quarantined ranges could serve
+    a put of ``want`` replicas of ``size`` bytes once taken back -- the put then waits
+    instead of evicting or failing -- else None. Counted in free bytes (a segment whose free
+    ranges are scattered may still not fit it: the client then finds -200 again and, out of
+    patience, reports it)."""
+    clients = list(clients)
+    held = reclaimable(inflight, clients)
+    if not held:
+        return None
+    fits = [s for s in segs.values() if s.alloc.free_bytes + held.get(s, 0) >= size]
+    if len(fits) < want or not any(held.get(s, 0) for s in fits):
+        return None
+    soonest = reclaim_s  # a reservation is taken back then; a quarantine at its owner's next beat
+    for key, p in inflight.items():
+        if key.startswith(RESERVATION_PREFIX):
+            soonest = min(soonest, max(0.0, p.start + reclaim_s - now))
+    for c in clients:
+        if c.quarantine:
+            soonest = min(soonest, max(0.05, c.beat_at[1] - c.beat_at[0]) if c.beat_at[0] >= 0 else 0.5)
+    return sum(held.get(s, 0) for s in fits), min(max(soonest, 0.05), 0.5)
 
 
 def no_space_message(key: str, want: int, size: int, used: int, capacity: int,

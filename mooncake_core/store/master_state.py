@@ -51,8 +51,9 @@ from mooncake_core.store import master_batch, master_reports, master_tier
 from mooncake_core.store.master_absence import Absences
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE,
                                                  RESERVATION_PREFIX, ClientInfo, Extra, MasterConfig, ObjectMeta,
-                                                 PendingPut, Rep, Segment, Stats, check_key, err)
-from mooncake_core.store.master_space import SpaceReclaiming, holdings, no_space_message
+                                                 PendingPut, Rep, Segment, Stats, VersionClock, check_key, err)
+from mooncake_core.store.master_space import (SpaceReclaiming, holdings, no_space_message, reclaim_pending,
+                                               reclaimable)
 from mooncake_core.utils import bounded_regex
 from mooncake_core.utils.log import get_logger
 
@@ -72,7 +73,8 @@ class MasterState:
         injected so tests drive time and versions without sleeping."""
         self.cfg = config or MasterConfig()
         self.clock = clock
-        self.version_clock = version_clock
+        #: versions order the writes of one key across master terms (see put_end/report_objects)
+        self.versions = VersionClock(version_clock)
         self.objects: dict[str, ObjectMeta] = {}
         self.inflight: dict[str, PendingPut] = {}
         self.segments: dict[str, Segment] = {}
@@ -93,8 +95,6 @@ class MasterState:
         #: Leases are only honoured within the epoch that granted them (see mount_segment).
         self.epoch = secrets.randbits(62) + 1
         self._holds_until = 0.0  # max hold_until of any segment (fast path: no hold active)
-        #: versions order the writes of one key across master terms (see put_end/report_objects)
-        self._last_version = 0
         #: key -> version, for objects rebuilt from re-reports (not written through this master);
         #: forgotten 2 x client_ttl after the last report, when late reports cannot matter
         self.reported: dict[str, int] = {}
@@ -233,39 +233,8 @@ class MasterState:
         return freed
 
     def reclaimable(self) -> dict[Segment, int]:
-        """Bytes per segment held by reservations and quarantined ranges: space that becomes
-        free without evicting anyone's object (after ``_reclaim``, at the owners' next
-        heartbeats or when the holders let go). O(puts in flight + quarantined ranges)."""
-        out: dict[Segment, int] = {}
-        for key, p in self.inflight.items():
-            if key.startswith(RESERVATION_PREFIX):
-                for seg, _ in p.reps:
-                    out[seg] = out.get(seg, 0) + p.size
-        for c in self.clients.values():
-            for _, seg, _, size in c.quarantine:
-                out[seg] = out.get(seg, 0) + size
-        return out
-
-    def _reclaim_wait(self, size: int, want: int, segs: dict[str, Segment], now: float) -> tuple[int, float] | None:
-        """(bytes held, the wait to suggest) when reservations and quarantined ranges could
-        serve a put of ``want`` replicas of ``size`` bytes once taken back -- the put then
-        waits instead of evicting or failing -- else None. Counted in free bytes (a segment
-        whose free ranges are scattered may still not fit it: the client then finds -200
-        again and, out of patience, gets it)."""
-        held = self.reclaimable()
-        if not held:
-            return None
-        fits = [s for s in segs.values() if s.alloc.free_bytes + held.get(s, 0) >= size]
-        if len(fits) < want or not any(held.get(s, 0) for s in fits):
-            return None
-        soonest = self.cfg.reservation_reclaim_s
-        for key, p in self.inflight.items():
-            if key.startswith(RESERVATION_PREFIX):
-                soonest = min(soonest, max(0.0, p.start + self.cfg.reservation_reclaim_s - now))
-        for c in self.clients.values():
-            if c.quarantine:
-                soonest = min(soonest, max(0.05, c.beat_at[1] - c.beat_at[0]) if c.beat_at[0] >= 0 else 0.5)
-        return sum(held.get(s, 0) for s in fits), min(max(soonest, 0.05), 0.5)
+        """Bytes per segment held by reservations and quarantined ranges (``master_space``)."""
+        return reclaimable(self.inflight, self.clients.values())
 
     def _drop_disk(self, key: str, meta: ObjectMeta, not_before: float) -> None:
         d = meta.disk
@@ -595,7 +564,8 @@ class MasterState:
             reps = self._place(size, want, cfg.preferred_segments, segs)
         if reps is not None:
             return reps
-        pending = self._reclaim_wait(size, want, segs, now)
+        pending = reclaim_pending(self.inflight, self.clients.values(), segs, size, want, now,
+                                  self.cfg.reservation_reclaim_s)
         if pending is not None:
             self.stats.reclaim_waits += 1
             raise SpaceReclaiming(key, want, size, *pending)
@@ -639,11 +609,8 @@ class MasterState:
         return None
 
     def _new_version(self) -> int:
-        """A version for a write published now: wall-clock nanoseconds, kept increasing. A
-        successor master starts seconds later, so its versions are higher than any of ours."""
-        v = max(self.version_clock(), self._last_version + 1)
-        self._last_version = v
-        return v
+        """A version for a write published now (``VersionClock.next``)."""
+        return self.versions.next()
 
     def put_end(self, client_id: str, key: str) -> int:
         """Publish a put. Returns the object's version (> 0) -- the writer keeps it to

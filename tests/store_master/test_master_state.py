@@ -750,7 +750,7 @@ def test_a_key_removed_while_its_owner_was_expired_stays_removed_when_it_comes_b
     st, clock = make(client_ttl_s=2.0)
     st.heartbeat("c0")
     old = put(st, "k", 100, Cfg(preferred_segments=["seg0"]))[0]
-    v_old = st._last_version
+    v_old = st.versions.last
     clock.advance(2.5)
     st.heartbeat("c1")
     st.tick()  # c0 expired
