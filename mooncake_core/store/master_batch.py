@@ -41,17 +41,17 @@ def put_starts(st: MasterState, client_id: str, keys: list[str], sizes: list[int
     pk = Packer()
     codes, counts, seg_ix, addrs = pk.codes, pk.counts, pk.seg, pk.addrs
     try:
-        st._check_cfg(cfg, keys[0] if keys else "")
+        st.check_cfg(cfg, keys[0] if keys else "")
     except MooncakeError as e:
         codes.extend([e.code] * len(keys))
         counts.extend(bytes(len(keys)))
         return Placements(*pk.blobs())
-    soft_ttl = st._soft_ttl(cfg)
+    soft_ttl = st.soft_ttl(cfg)
     now = st.clock()
-    direct = st._direct_target(cfg, now)
+    direct = st.direct_target(cfg, now)
     if direct is not None:
         return _put_starts_direct(st, client_id, keys, sizes, cfg, soft_ttl, now, upsert, direct, pk)
-    one = st._put_start_one
+    one = st.put_start_one
     last: Segment | None = None
     last_ix = 0
     wait = 0.0
@@ -82,25 +82,25 @@ def _ms(wait_s: float) -> int:
 
 def _put_starts_direct(st: MasterState, client_id: str, keys: list[str], sizes: list[int], cfg: ReplicateConfigMsg,
                        soft_ttl: float | None, now: float, upsert: bool, direct: Segment, pk: Packer) -> Placements:
-    """``put_starts`` when one segment takes every replica (``MasterState._direct_target``):
-    a fresh key is placed inline (the checks of ``_put_start_one`` in the same order, for
-    a key that is neither stored nor in flight), anything else by ``_put_start_one``. Every
+    """``put_starts`` when one segment takes every replica (``MasterState.direct_target``):
+    a fresh key is placed inline (the checks of ``put_start_one`` in the same order, for
+    a key that is neither stored nor in flight), anything else by ``put_start_one``. Every
     replica is on ``direct``, so the segment indices are one value repeated."""
     n = len(keys)
     codes = array(I32, bytes(4 * n))
     counts = array(U8, b"\x01" * n)
     addrs = pk.addrs
-    objects_get, inflight, interned = st.objects.get, st.inflight, st._sizes.get
+    objects_get, inflight, interned = st.objects.get, st.inflight, st.intern_size
     alloc, cap, base = direct.alloc.allocate, direct.size, direct.base
     hard = bool(cfg.with_hard_pin)
-    one = st._put_start_one
+    one = st.put_start_one
     wait = 0.0
     for i, (k, size) in enumerate(zip(keys, sizes)):
         if (k.__class__ is str and k and size.__class__ is int and 0 < size <= cap and objects_get(k) is None
                 and k not in inflight):
             off = alloc(size)
             if off is not None:
-                inflight[k] = PendingPut(client_id, interned(size) or st._intern_size(size), [(direct, off)], now,
+                inflight[k] = PendingPut(client_id, interned(size), [(direct, off)], now,
                                          upsert, False, hard, soft_ttl)
                 addrs.append(base + off)
                 continue
@@ -126,24 +126,19 @@ def _put_starts_direct(st: MasterState, client_id: str, keys: list[str], sizes: 
 def put_ends(st: MasterState, client_id: str, keys: list[str]) -> bytes:
     """put_end of every key: ``i64`` per key, the version (> 0), 0 or a code. A plain put of
     a fresh key (no pin, nothing stored under it) is published inline -- what
-    ``_put_end_one`` does for it -- with versions counted up from one clock reading per
-    batch; anything else goes through ``_put_end_one``."""
+    ``put_end_one`` does for it -- with versions counted up from one clock reading per
+    batch; anything else goes through ``put_end_one``."""
     now = st.clock()
-    one = st._put_end_one
+    one, publish = st.put_end_one, st.publish
     out = array(I64)
     inflight, objects = st.inflight, st.objects
-    published: list[str] = []
-    st.versions.begin_run()
+    run = st.begin_run()
     for k in keys:
         p = inflight.get(k) if k.__class__ is str else None
         if (p is not None and p.client_id == client_id and not p.hard and p.soft_ttl is None
                 and k not in objects):
             del inflight[k]
-            objects[k] = ObjectMeta(p.size, p.reps)
-            if st.reported:
-                st.reported.pop(k, None)
-            published.append(k)
-            out.append(st.versions.following())
+            out.append(publish(k, ObjectMeta(p.size, p.reps), run))
             continue
         try:
             if k.__class__ is not str or not k:
@@ -151,8 +146,7 @@ def put_ends(st: MasterState, client_id: str, keys: list[str]) -> bytes:
             out.append(one(client_id, k, now))
         except MooncakeError as e:
             out.append(e.code)
-    st.stats.puts += len(published)
-    st.key_events.publish_many("put", published)
+    st.end_run(run)
     return pack(I64, out)
 
 
@@ -217,7 +211,7 @@ def get_replica_lists(st: MasterState, keys: list[str]) -> BatchGetReply:
         if d is not None:
             disk.append((i, ReplicaDesc(d.segment_name, 0, d.size, "disk", d.path, "complete")))
     c, n, segments, sx, ad = pk.blobs()
-    return BatchGetReply(c, pack(U64, sizes), n, segments, sx, ad, disk, ttl_ms, st.epoch, st._confirm_after_ms)
+    return BatchGetReply(c, pack(U64, sizes), n, segments, sx, ad, disk, ttl_ms, st.epoch, st.confirm_after_ms)
 
 
 
@@ -249,21 +243,21 @@ def put_commits(st: MasterState, client_id: str, keys: list[str], sizes: bytes, 
     large share of the batch. With ``reserved`` the client wrote object i into the i-th
     range of the reservation it held (no put_start); each key is published from there: a
     fresh key (nothing stored, nothing in flight) inline, anything else through the
-    single-put rules (``_claim``, then ``_put_end_one``: -705 when it exists or is in
+    single-put rules (``claim``, then ``put_end_one``: -705 when it exists or is in
     flight, takeover of an abandoned put) -- a key that is not published has its range
     freed. Codes of the whole call: -704 when the client holds no batch reservation, -600
     when it was for other sizes (the reservation stays) or ``sizes`` is malformed."""
     cfg = cfg or ReplicateConfigMsg()
-    st._check_cfg(cfg, keys[0] if keys else "")
+    st.check_cfg(cfg, keys[0] if keys else "")
     now = st.clock()
     rk = batch_reservation_key(client_id)
     if reserved:
         p = st.inflight.get(rk)
-        if not isinstance(p, BatchReservation) or p.client_id != client_id or not st._mounted(p.reps[0][0]):
+        if not isinstance(p, BatchReservation) or p.client_id != client_id or not st.is_mounted(p.reps[0][0]):
             raise err(ErrorCode.OBJECT_NOT_FOUND, f"batch_put_commit of {len(keys)} keys: client {client_id!r} holds "
                        f"no batch reservation (released, or the master changed)")
         if p.sizes != sizes or len(sizes) != 8 * len(keys) or p.hard != bool(cfg.with_hard_pin) \
-                or p.soft_ttl != st._soft_ttl(cfg):
+                or p.soft_ttl != st.soft_ttl(cfg):
             raise err(ErrorCode.INVALID_PARAMS, f"batch_put_commit of {len(keys)} keys: the batch reservation "
                        f"does not fit them (other sizes, or other pinning)")
         del st.inflight[rk]
@@ -276,34 +270,28 @@ def put_commits(st: MasterState, client_id: str, keys: list[str], sizes: bytes, 
 
 def _commit_reserved(st: MasterState, client_id: str, keys: list[str], p: BatchReservation, now: float) -> bytes:
     seg, off = p.reps[0]
-    sizes = [st._sizes.get(n) or st._intern_size(n) for n in array(U64, p.sizes).tolist()]
+    sizes = [st.intern_size(n) for n in array(U64, p.sizes).tolist()]
     offs = seg.alloc.split(off, sizes)
     out = array(I64)
-    inflight, objects, reported = st.inflight, st.objects, st.reported
-    st.versions.begin_run()
+    inflight, objects, publish = st.inflight, st.objects, st.publish
+    run = st.begin_run()
     plain = not p.hard and p.soft_ttl is None
     new = ObjectMeta.__new__
-    published: list[str] = []
     for k, size, o in zip(keys, sizes, offs):
         if plain and k.__class__ is str and k and k not in objects and k not in inflight:
             m = new(ObjectMeta)  # ObjectMeta(size, [(seg, o)]), without the calls
             m.size, m.lease, m.extra, m.seg, m.off = size, 0, None, seg, o
-            objects[k] = m
-            if reported:
-                reported.pop(k, None)
-            published.append(k)
-            out.append(st.versions.following())
+            out.append(publish(k, m, run))
             continue
         try:
             check_key(k)
-            promote = st._claim(k, size, False, now)
+            promote = st.claim(k, size, False, now)
             inflight[k] = PendingPut(client_id, size, [(seg, o)], now, False, promote, p.hard, p.soft_ttl)
-            out.append(st._put_end_one(client_id, k, now))
+            out.append(st.put_end_one(client_id, k, now))
         except MooncakeError as e:
-            st._free((seg, o), size)  # written by the client, read by nobody: free at once
+            st.free_range((seg, o), size)  # written by the client, read by nobody: free at once
             out.append(e.code)
-    st.stats.puts += len(published)
-    st.key_events.publish_many("put", published)
+    st.end_run(run)
     return pack(I64, out)
 
 
@@ -315,13 +303,13 @@ def _reserve(st: MasterState, client_id: str, next_sizes: bytes, cfg: ReplicateC
     rk = batch_reservation_key(client_id)
     old = st.inflight.pop(rk, None)
     if old is not None:
-        st._quarantine(client_id, old.reps, old.size)
+        st.quarantine_ranges(client_id, old.reps, old.size)
     if not next_sizes or len(next_sizes) % 8 or len(next_sizes) > 8 * MAX_BATCH_RESERVATION_KEYS:
         return "", b""
     sizes = array(U64, next_sizes).tolist()
-    seg = st._direct_target(cfg, now)
+    seg = st.direct_target(cfg, now)
     if seg is None:
-        segs = st.segments if now >= st._holds_until else {n: s for n, s in st.segments.items() if s.hold_until <= now}
+        segs = st.placeable(now)
         if not segs or min(cfg.replica_num, len(segs)) != 1:
             return "", b""
     if min(sizes) <= 0 or not st.segments:
@@ -336,14 +324,14 @@ def _reserve(st: MasterState, client_id: str, next_sizes: bytes, cfg: ReplicateC
         off = seg.alloc.allocate(total) if 4 * total <= seg.alloc.free_bytes else None
         reps = None if off is None else [(seg, off)]
     else:
-        reps = st._place(total, 1, cfg.preferred_segments, segs)
+        reps = st.place(total, 1, cfg.preferred_segments, segs)
         if reps and 3 * total > reps[0][0].alloc.free_bytes:
-            st._free(reps[0], total)
+            st.free_range(reps[0], total)
             reps = None
     if not reps:
         return "", b""
     seg, off = reps[0]
-    st.inflight[rk] = BatchReservation(client_id, total, reps, now, bool(cfg.with_hard_pin), st._soft_ttl(cfg),
+    st.inflight[rk] = BatchReservation(client_id, total, reps, now, bool(cfg.with_hard_pin), st.soft_ttl(cfg),
                                        next_sizes)
     base = seg.base + off
     return seg.name, pack(U64, [base + o - off for o in _offsets(off, sizes, rounded)])

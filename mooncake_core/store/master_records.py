@@ -225,7 +225,7 @@ class ClientInfo:
         #: when the last two heartbeats came (master clock): (the one before, the last)
         self.beat_at = (-1.0, -1.0)
         #: ranges of this client's segment a failed put was writing into: (beats at which to
-        #: free, segment, offset, size) -- see MasterState._quarantine
+        #: free, segment, offset, size) -- see MasterState.quarantine_ranges
         self.quarantine: list[tuple[int, Segment, int, int]] = []
         self.segments: set[str] = set()
         self.tasks: list[OffloadTask] = []

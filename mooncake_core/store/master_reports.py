@@ -31,8 +31,8 @@ def report_objects(st: MasterState, client_id: str, objects: list[tuple[str, Rep
     object written through this master beats any report -- so an overwritten value never
     comes back."""
     now = st.clock()
-    st._touch_client(client_id, now)
-    st._reported_until = now + 2 * st.cfg.client_ttl_s
+    st.touch_client(client_id, now)
+    st.reported_until = now + 2 * st.cfg.client_ttl_s
     st.absent.open_window(now)
     if versions is None or len(versions) != len(objects):
         versions = [0] * len(objects)
@@ -57,7 +57,7 @@ def report_objects(st: MasterState, client_id: str, objects: list[tuple[str, Rep
             if known is None or version < known:
                 continue  # written through this master, or an older version: stale
             if version > known:  # a newer write of this key: the reported one is stale
-                st._drop_object(key, meta, now)
+                st.drop_object(key, meta, now)
                 meta = None
         if meta is not None and meta.size != d.size:
             continue
@@ -65,7 +65,7 @@ def report_objects(st: MasterState, client_id: str, objects: list[tuple[str, Rep
             if not st.cfg.enable_offload or not safe_rel_path(d.path):
                 continue
             if meta is None:
-                meta = st.objects[key] = ObjectMeta(st._intern_size(d.size), [])
+                meta = st.objects[key] = ObjectMeta(st.intern_size(d.size), [])
                 st.reported[key] = version
                 st.key_events.publish("put", key)
             if meta.disk is None:
@@ -87,7 +87,7 @@ def report_objects(st: MasterState, client_id: str, objects: list[tuple[str, Rep
         except ValueError:
             continue
         if meta is None:
-            st.objects[key] = ObjectMeta(st._intern_size(d.size), [(seg, off)])
+            st.objects[key] = ObjectMeta(st.intern_size(d.size), [(seg, off)])
             st.reported[key] = version
             st.key_events.publish("put", key)
         else:

@@ -98,7 +98,7 @@ class MasterState:
         #: key -> version, for objects rebuilt from re-reports (not written through this master);
         #: forgotten 2 x client_ttl after the last report, when late reports cannot matter
         self.reported: dict[str, int] = {}
-        self._reported_until = 0.0
+        self.reported_until = 0.0
         #: expired clients' missed notices, tombstones of removals while re-reports can arrive
         self.absent = Absences(self.cfg.client_ttl_s)
         #: segment name -> the latest lease end of what it held when it was unmounted: a
@@ -111,7 +111,7 @@ class MasterState:
         # readers whose copy took longer than this confirm the epoch afterwards; kept below the
         # hold for margin (the reader's clock starts before the grant, the hold after it). 0 = the
         # hold is off and so is the check (the original's behaviour).
-        self._confirm_after_ms = int(self.cfg.recovery_hold_s * 800)
+        self.confirm_after_ms = int(self.cfg.recovery_hold_s * 800)
         #: existence changes of keys, for subscribers such as the proxy's scheduler (key_events.py)
         self.key_events = KeyEventLog()
 
@@ -120,8 +120,16 @@ class MasterState:
         reads under leases of an earlier term are confirmed against the new leader."""
         self.epoch = secrets.randbits(62) + 1
 
-    # ================================================================ helpers
-    def _intern_size(self, size: int) -> int:
+    # ================================================================ primitives (the interface master_batch,
+    # master_tier and master_reports use: they touch no private member of this class)
+    def placeable(self, now: float) -> dict[str, Segment]:
+        """The segments that take new allocations at ``now`` (not in a recovery hold)."""
+        if now >= self._holds_until:
+            return self.segments
+        return {n: s for n, s in self.segments.items() if s.hold_until <= now}
+
+    def intern_size(self, size: int) -> int:
+        """``size``, as the one int object shared by every record of that size (memory)."""
         s = self._sizes.get(size)
         if s is not None:
             return s
@@ -129,28 +137,28 @@ class MasterState:
             self._sizes[size] = size
         return size
 
-    def _mounted(self, seg: Segment) -> bool:
+    def is_mounted(self, seg: Segment) -> bool:
         return self.segments.get(seg.name) is seg
 
     @staticmethod
-    def _desc(rep: Rep, size: int, status: str = "complete") -> ReplicaDesc:
+    def desc(rep: Rep, size: int, status: str = "complete") -> ReplicaDesc:
         seg, off = rep
         return ReplicaDesc(seg.name, seg.base + off, size, "memory", "", status)
 
     def _descs(self, meta: ObjectMeta) -> list[ReplicaDesc]:
         size = meta.size
-        out = [self._desc(r, size) for r in meta.reps()]
+        out = [self.desc(r, size) for r in meta.reps()]
         d = meta.disk
         if d is not None:
             out.append(ReplicaDesc(d.segment_name, 0, d.size, "disk", d.path, "complete"))
         return out
 
-    def _free(self, rep: Rep, size: int) -> None:
+    def free_range(self, rep: Rep, size: int) -> None:
         seg, off = rep
-        if self._mounted(seg):
+        if self.is_mounted(seg):
             seg.alloc.free(off, size)
 
-    def _quarantine(self, writer: str, reps: Iterable[Rep], size: int) -> None:
+    def quarantine_ranges(self, writer: str, reps: Iterable[Rep], size: int) -> None:
         """Free the ranges of a put that failed or was abandoned -- once the owner of each
         segment has sent two more heartbeats.
 
@@ -164,19 +172,19 @@ class MasterState:
         ranges, and ranges whose owner is gone, are freed at once."""
         for seg, off in reps:
             owner = self.clients.get(seg.client_id)
-            if owner is None or seg.client_id == writer or not self._mounted(seg):
-                self._free((seg, off), size)
+            if owner is None or seg.client_id == writer or not self.is_mounted(seg):
+                self.free_range((seg, off), size)
             else:
                 owner.quarantine.append((owner.beats + 2, seg, off, size))
 
-    def _release(self, reps: Iterable[Rep], size: int, not_before: float, now: float) -> None:
+    def release_ranges(self, reps: Iterable[Rep], size: int, not_before: float, now: float) -> None:
         """Free memory replicas now, or once ``not_before`` (a lease deadline) has passed."""
         for seg, off in reps:
             if not_before > now:
                 self._seq += 1
                 heapq.heappush(self.graveyard, (not_before, self._seq, seg, off, size))
             else:
-                self._free((seg, off), size)
+                self.free_range((seg, off), size)
 
     def release_reservations(self, client_id: str, addrs: Iterable[int]) -> int:
         """Free at once the reservations (single and batch) of ``client_id`` whose first range
@@ -196,7 +204,7 @@ class MasterState:
             if seg.base + off in want:
                 del self.inflight[rk]
                 for r in p.reps:
-                    self._free(r, p.size)
+                    self.free_range(r, p.size)
                     freed += p.size
         return freed
 
@@ -211,7 +219,7 @@ class MasterState:
         freed = 0
         while self.graveyard and self.graveyard[0][0] <= now:
             _, _, seg, off, size = heapq.heappop(self.graveyard)
-            self._free((seg, off), size)
+            self.free_range((seg, off), size)
             freed += size
         limit = self.cfg.reservation_reclaim_s
         for key, p in list(self.inflight.items()):
@@ -220,12 +228,12 @@ class MasterState:
             del self.inflight[key]
             since = p.start + limit
             for seg, off in p.reps:
-                if not self._mounted(seg):
+                if not self.is_mounted(seg):
                     continue
                 owner = self.clients.get(seg.client_id)
                 n = 2 if owner is None else owner.beats_since(since)
                 if n >= 2:
-                    self._free((seg, off), p.size)
+                    self.free_range((seg, off), p.size)
                     freed += p.size
                 else:
                     assert owner is not None
@@ -236,7 +244,7 @@ class MasterState:
         """Bytes per segment held by reservations and quarantined ranges (``master_space``)."""
         return reclaimable(self.inflight, self.clients.values())
 
-    def _drop_disk(self, key: str, meta: ObjectMeta, not_before: float) -> None:
+    def drop_disk(self, key: str, meta: ObjectMeta, not_before: float) -> None:
         d = meta.disk
         if d is None:
             return
@@ -245,7 +253,7 @@ class MasterState:
         self.disk_lru.pop(key, None)
         self.pending_file_deletes.append((not_before, d.path))
 
-    def _drop_object(self, key: str, meta: ObjectMeta, now: float) -> None:
+    def drop_object(self, key: str, meta: ObjectMeta, now: float) -> None:
         """Remove a complete object; memory/file reuse waits for an active lease."""
         del self.objects[key]
         self.key_events.publish("remove", key)
@@ -253,9 +261,9 @@ class MasterState:
             self.reported.pop(key, None)
         self.offloading.pop(key, None)
         lease = meta.lease if meta.lease > now else 0
-        self._release(meta.reps(), meta.size, lease, now)
+        self.release_ranges(meta.reps(), meta.size, lease, now)
         meta.set_reps([])
-        self._drop_disk(key, meta, lease)
+        self.drop_disk(key, meta, lease)
 
     @property
     def puts_in_flight(self) -> int:
@@ -280,7 +288,7 @@ class MasterState:
     def used(self) -> int:
         return sum(s.alloc.used for s in self.segments.values())
 
-    def _touch_client(self, client_id: str, now: float) -> tuple[ClientInfo, bool]:
+    def touch_client(self, client_id: str, now: float) -> tuple[ClientInfo, bool]:
         c = self.clients.get(client_id)
         if c is None:
             c = self.clients[client_id] = ClientInfo(client_id, now)
@@ -319,7 +327,7 @@ class MasterState:
             raise err(ErrorCode.INVALID_PARAMS,
                       f"mount_segment {segment_name!r}: prev_epoch must be an int >= 0, got {prev_epoch!r}")
         now = self.clock()
-        client, _ = self._touch_client(client_id, now)
+        client, _ = self.touch_client(client_id, now)
         client.pending_remount = False  # it heard us (or never needed to: a fresh client)
         client.missed, client.missed_all_before = [], 0
         old = self.segments.get(segment_name)
@@ -395,7 +403,7 @@ class MasterState:
                 for r in p.reps:
                     if r[0] is seg and until > now:
                         self.reserved.setdefault(seg.name, []).append((until, r[1], p.size))
-                self._quarantine(p.client_id, [r for r in p.reps if r[0] is not seg], p.size)
+                self.quarantine_ranges(p.client_id, [r for r in p.reps if r[0] is not seg], p.size)
                 del self.inflight[key]
         if any(g[2] is seg for g in self.graveyard):
             self.graveyard = [g for g in self.graveyard if g[2] is not seg]
@@ -411,11 +419,11 @@ class MasterState:
         if not isinstance(client_id, str) or not client_id:
             raise err(ErrorCode.INVALID_PARAMS, f"heartbeat: client_id must be a non-empty string, got {client_id!r}")
         now = self.clock()
-        client, new = self._touch_client(client_id, now)
+        client, new = self.touch_client(client_id, now)
         if release:
             self.release_reservations(client_id, release)
         for seg, off, size in client.beat(now):  # parked ranges of failed puts, now safe
-            self._free((seg, off), size)
+            self.free_range((seg, off), size)
         tasks, client.tasks = client.tasks, []
         removed, client.removed = client.removed, []
         all_before, client.removed_all_before = client.removed_all_before, 0
@@ -455,27 +463,27 @@ class MasterState:
         reservations it does not use for this put, freed first (``release_reservations``)."""
         check_key(key)
         cfg = cfg or ReplicateConfigMsg()
-        self._check_cfg(cfg, key)
+        self.check_cfg(cfg, key)
         if release:
             self.release_reservations(client_id, release)
         now = self.clock()
-        reps = self._put_start_one(client_id, key, size, cfg, self._soft_ttl(cfg), now, upsert,
-                                   self._direct_target(cfg, now))
+        reps = self.put_start_one(client_id, key, size, cfg, self.soft_ttl(cfg), now, upsert,
+                                   self.direct_target(cfg, now))
         return [ReplicaDesc(seg.name, seg.base + off, size, "memory", "", "processing") for seg, off in reps]
 
     @staticmethod
-    def _check_cfg(cfg: ReplicateConfigMsg, what: str) -> None:
+    def check_cfg(cfg: ReplicateConfigMsg, what: str) -> None:
         if not isinstance(cfg.replica_num, int) or not 1 <= cfg.replica_num <= MAX_REPLICAS:
             raise err(ErrorCode.INVALID_PARAMS,
                       f"put {what!r}: replica_num must be 1..{MAX_REPLICAS}, got {cfg.replica_num!r}")
 
-    def _soft_ttl(self, cfg: ReplicateConfigMsg) -> float | None:
+    def soft_ttl(self, cfg: ReplicateConfigMsg) -> float | None:
         if not cfg.soft_pin:
             return None
         ttl_ms = cfg.soft_pin_ttl_ms if cfg.soft_pin_ttl_ms is not None else self.cfg.default_kv_soft_pin_ttl_ms
         return ttl_ms / 1000.0
 
-    def _direct_target(self, cfg: ReplicateConfigMsg, now: float) -> Segment | None:
+    def direct_target(self, cfg: ReplicateConfigMsg, now: float) -> Segment | None:
         """The segment every put with ``cfg`` goes to when placement has no choice to make
         (one mounted segment, no recovery hold: replicas must be on distinct segments, and a
         preference can only name that one), else None. Worked out once per batch."""
@@ -483,7 +491,7 @@ class MasterState:
             return None
         return next(iter(self.segments.values()))
 
-    def _put_start_one(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg,
+    def put_start_one(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg,
                        soft_ttl: float | None, now: float, upsert: bool,
                        direct: Segment | None = None) -> list[Rep]:
         """put_start of one key whose ``cfg`` was validated (once per batch): the replicas
@@ -492,7 +500,7 @@ class MasterState:
         over the stored objects. ``direct``: see _direct_target."""
         if size.__class__ is not int or size <= 0:
             raise err(ErrorCode.INVALID_PARAMS, f"put {key!r}: size must be an int > 0, got {size!r}")
-        promote = self._claim(key, size, upsert, now)
+        promote = self.claim(key, size, upsert, now)
         reps: list[Rep] | None = None
         if direct is not None and size <= direct.size:
             off = direct.alloc.allocate(size)
@@ -500,11 +508,11 @@ class MasterState:
                 reps = [(direct, off)]
         if reps is None:  # a choice to make, or no room: the general path (it may evict)
             reps = self._allocate(key, size, cfg, now)
-        self.inflight[key] = PendingPut(client_id, self._sizes.get(size) or self._intern_size(size), reps, now,
+        self.inflight[key] = PendingPut(client_id, self._sizes.get(size) or self.intern_size(size), reps, now,
                                         upsert, promote, bool(cfg.with_hard_pin), soft_ttl)
         return reps
 
-    def _claim(self, key: str, size: int, upsert: bool, now: float) -> bool:
+    def claim(self, key: str, size: int, upsert: bool, now: float) -> bool:
         """The key checks of a put about to be recorded in flight: -705 when the key exists
         (unless upserting) or another put of it is in progress; an abandoned put of it
         (older than ``put_start_discard_timeout_s``) is taken over. Returns whether the put
@@ -527,7 +535,7 @@ class MasterState:
                                                                  "age_s": round(now - p.start, 1)})
             self.stats.takeovers += 1
             for r in p.reps:
-                self._free(r, p.size)
+                self.free_range(r, p.size)
             del self.inflight[key]
         return promote
 
@@ -559,9 +567,9 @@ class MasterState:
         want = min(cfg.replica_num, len(segs))
         # reservations and quarantine are an optimisation: what they hold goes back first, and
         # while it could serve this put nobody's object is evicted for it (the put waits)
-        reps = self._place(size, want, cfg.preferred_segments, segs)
+        reps = self.place(size, want, cfg.preferred_segments, segs)
         if reps is None and self._reclaim(now):
-            reps = self._place(size, want, cfg.preferred_segments, segs)
+            reps = self.place(size, want, cfg.preferred_segments, segs)
         if reps is not None:
             return reps
         pending = reclaim_pending(self.inflight, self.clients.values(), segs, size, want, now,
@@ -572,7 +580,7 @@ class MasterState:
         for _ in range(64):
             if self._evict(size * want, now) == 0:
                 break
-            reps = self._place(size, want, cfg.preferred_segments, segs)
+            reps = self.place(size, want, cfg.preferred_segments, segs)
             if reps is not None:
                 return reps
         self.stats.no_space += 1
@@ -580,7 +588,7 @@ class MasterState:
             key, want, size, self.used, self.capacity,
             holdings(self.segments.values(), self.objects, self.inflight, self.clients.values(), self.graveyard, now)))
 
-    def _place(self, size: int, want: int, preferred: list[str], segs: dict[str, Segment]) -> list[Rep] | None:
+    def place(self, size: int, want: int, preferred: list[str], segs: dict[str, Segment]) -> list[Rep] | None:
         if want == 1 and not preferred and len(segs) == 1:
             for seg in segs.values():
                 off = seg.alloc.allocate(size)
@@ -605,7 +613,7 @@ class MasterState:
                 if len(got) == want:
                     return got
         for r in got:
-            self._free(r, size)
+            self.free_range(r, size)
         return None
 
     def _new_version(self) -> int:
@@ -618,9 +626,9 @@ class MasterState:
         wins -- or 0 when this call published nothing (an idempotent retry, or a put that
         lost to an existing value)."""
         check_key(key)
-        return self._put_end_one(client_id, key, self.clock())
+        return self.put_end_one(client_id, key, self.clock())
 
-    def _put_end_one(self, client_id: str, key: str, now: float) -> int:
+    def put_end_one(self, client_id: str, key: str, now: float) -> int:
         p = self.inflight.get(key)
         if p is None:
             if key in self.objects:
@@ -639,18 +647,39 @@ class MasterState:
                 return self._new_version()
             if not p.upsert:  # raced with another writer / a re-report: keep the old value
                 for r in p.reps:
-                    self._free(r, p.size)
+                    self.free_range(r, p.size)
                 return 0
             self._notify_removed(key, old)
-            self._drop_object(key, old, now)
+            self.drop_object(key, old, now)
         extra = None
         if p.hard or p.soft_ttl is not None:
             extra = Extra(p.hard, [now + p.soft_ttl, p.soft_ttl] if p.soft_ttl is not None else None)
-        self.objects[key] = ObjectMeta(p.size, p.reps, extra)
-        self.reported.pop(key, None)
-        self.stats.puts += 1
-        self.key_events.publish("put", key)
-        return self._new_version()
+        return self.publish(key, ObjectMeta(p.size, p.reps, extra))
+
+    def publish(self, key: str, meta: ObjectMeta, run: list[str] | None = None) -> int:
+        """Make ``meta`` the object readers find under ``key``: the one rule of every put
+        (single, batch, into a reservation) -- the object table, forgetting a re-reported
+        version of the key, the put counter, a "put" key event -- returning its version.
+        ``run``: a batch's (``begin_run``): the version counts up from the batch's one clock
+        reading, and the counter and events are added for the whole run by ``end_run``."""
+        self.objects[key] = meta
+        if self.reported:
+            self.reported.pop(key, None)
+        if run is None:
+            self.stats.puts += 1
+            self.key_events.publish("put", key)
+            return self.versions.next()
+        run.append(key)
+        return self.versions.following()
+
+    def begin_run(self) -> list[str]:
+        """Start a batch of ``publish`` calls (see there)."""
+        self.versions.begin_run()
+        return []
+
+    def end_run(self, run: list[str]) -> None:
+        self.stats.puts += len(run)
+        self.key_events.publish_many("put", run)
 
     # ---------------------------------------------------------------- single puts in one round trip
     def put_commit(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg | None, reserved: bool,
@@ -675,12 +704,12 @@ class MasterState:
         reservation does not fit this put (size, pinning)."""
         check_key(key)
         cfg = cfg or ReplicateConfigMsg()
-        self._check_cfg(cfg, key)
+        self.check_cfg(cfg, key)
         now = self.clock()
         if reserved:
             version = self._commit_reserved(client_id, key, size, cfg, now)
         else:
-            version = self._put_end_one(client_id, key, now)
+            version = self.put_end_one(client_id, key, now)
         reps = self._reserve(client_id, next_size, cfg, now) if next_size else []
         return PutCommitReply(version, [ReplicaDesc(seg.name, seg.base + off, next_size, "memory", "", "processing")
                                         for seg, off in reps], self.epoch)
@@ -691,13 +720,13 @@ class MasterState:
         if p is None or p.client_id != client_id:
             raise err(ErrorCode.OBJECT_NOT_FOUND, f"put_commit {key!r}: client {client_id!r} holds no reservation "
                        f"(released, or the master changed)")
-        if p.size != size or p.hard != bool(cfg.with_hard_pin) or p.soft_ttl != self._soft_ttl(cfg):
+        if p.size != size or p.hard != bool(cfg.with_hard_pin) or p.soft_ttl != self.soft_ttl(cfg):
             raise err(ErrorCode.INVALID_PARAMS, f"put_commit {key!r}: the reservation ({p.size} bytes) does not "
                        f"fit this put ({size} bytes, or other pinning)")
-        promote = self._claim(key, size, False, now)
+        promote = self.claim(key, size, False, now)
         del self.inflight[rk]
         self.inflight[key] = PendingPut(client_id, p.size, p.reps, now, False, promote, p.hard, p.soft_ttl)
-        return self._put_end_one(client_id, key, now)
+        return self.put_end_one(client_id, key, now)
 
     def _reserve(self, client_id: str, size: int, cfg: ReplicateConfigMsg, now: float) -> list[Rep]:
         """Allocate the client's next reservation (replacing its previous one); [] when
@@ -705,28 +734,27 @@ class MasterState:
         rk = RESERVATION_PREFIX + client_id
         old = self.inflight.pop(rk, None)
         if old is not None:
-            self._quarantine(client_id, old.reps, old.size)
+            self.quarantine_ranges(client_id, old.reps, old.size)
         if size.__class__ is not int or size <= 0:
             return []
         reps: list[Rep] | None = None
-        direct = self._direct_target(cfg, now)
+        direct = self.direct_target(cfg, now)
         if direct is not None:
             off = direct.alloc.allocate(size) if size <= direct.size else None
             reps = None if off is None else [(direct, off)]
         else:
-            segs = self.segments if now >= self._holds_until else {
-                n: s for n, s in self.segments.items() if s.hold_until <= now}
+            segs = self.placeable(now)
             if segs:
-                reps = self._place(size, min(cfg.replica_num, len(segs)), cfg.preferred_segments, segs)
+                reps = self.place(size, min(cfg.replica_num, len(segs)), cfg.preferred_segments, segs)
         if reps and any(seg.alloc.free_bytes < size for seg, _ in reps):
             # a reservation never takes a segment's last room: others' puts come first
             for r in reps:
-                self._free(r, size)
+                self.free_range(r, size)
             reps = None
         if not reps:
             return []
-        self.inflight[rk] = PendingPut(client_id, self._intern_size(size), reps, now, False, False,
-                                       bool(cfg.with_hard_pin), self._soft_ttl(cfg))
+        self.inflight[rk] = PendingPut(client_id, self.intern_size(size), reps, now, False, False,
+                                       bool(cfg.with_hard_pin), self.soft_ttl(cfg))
         return reps
 
     def put_revoke(self, client_id: str, key: str) -> None:
@@ -738,7 +766,7 @@ class MasterState:
             raise err(ErrorCode.INVALID_PARAMS, f"put_revoke {key!r}: the put in progress belongs to "
                        f"client {p.client_id!r}, not {client_id!r}")
         del self.inflight[key]
-        self._quarantine(client_id, p.reps, p.size)
+        self.quarantine_ranges(client_id, p.reps, p.size)
 
     @staticmethod
     def _batch(fn: Callable[..., object], keys: list[str], *args: list[Any]) -> list[Any]:
@@ -781,7 +809,7 @@ class MasterState:
         now = self.clock()
         ttl_ms = self.cfg.default_kv_lease_ttl_ms
         self.grant(key, meta, now, now + ttl_ms / 1000.0)
-        return GetReply(self._descs(meta), ttl_ms, self.epoch, self._confirm_after_ms)
+        return GetReply(self._descs(meta), ttl_ms, self.epoch, self.confirm_after_ms)
 
     def grant(self, key: str, meta: ObjectMeta, now: float, deadline: float) -> None:
         """A read lease on ``meta`` until ``deadline``; the object becomes the most recently used."""
@@ -828,7 +856,7 @@ class MasterState:
             raise err(ErrorCode.OBJECT_HAS_LEASE, f"remove {key!r}: object is leased to a reader for "
                        f"{meta.lease - now:.1f}s more (use force=True)")
         self.absent.bury(key, self._notify_removed(key, meta), now)
-        self._drop_object(key, meta, now)
+        self.drop_object(key, meta, now)
 
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
         return self._batch(lambda k: self.remove(k, force), keys)
@@ -841,7 +869,7 @@ class MasterState:
             if meta.lease > now and not force:
                 continue
             self.absent.bury(key, self._notify_removed(key, meta, everything=force), now)  # leased ones stay listed
-            self._drop_object(key, meta, now)
+            self.drop_object(key, meta, now)
             n += 1
         return n
 
@@ -860,7 +888,7 @@ class MasterState:
             meta = self.objects.get(key)
             if meta is not None and (force or meta.lease <= now):
                 self.absent.bury(key, self._notify_removed(key, meta), now)
-                self._drop_object(key, meta, now)
+                self.drop_object(key, meta, now)
                 n += 1
         return n
 
@@ -888,7 +916,7 @@ class MasterState:
         """Time-driven rules; the server calls this a few times per second."""
         now = self.clock()
         ttl = self.cfg.client_ttl_s
-        if self.reported and now > self._reported_until:
+        if self.reported and now > self.reported_until:
             self.reported = {}  # recovery settled: objects found here now beat any late report
         self.absent.prune(now)
         for cid, c in list(self.clients.items()):
@@ -901,7 +929,7 @@ class MasterState:
                         lost += self._unmount(seg, now, "expire")
                 for key, p in list(self.inflight.items()):
                     if p.client_id == cid:
-                        self._quarantine(cid, p.reps, p.size)
+                        self.quarantine_ranges(cid, p.reps, p.size)
                         del self.inflight[key]
                 del self.clients[cid]
                 if had_segments or c.removed or c.removed_all_before:
@@ -918,11 +946,11 @@ class MasterState:
                 del self.reserved[name]
         while self.graveyard and self.graveyard[0][0] <= now:
             _, _, seg, off, size = heapq.heappop(self.graveyard)
-            self._free((seg, off), size)
+            self.free_range((seg, off), size)
         rel = self.cfg.put_start_release_timeout_s
         for key, p in list(self.inflight.items()):
             if now - p.start > rel:
-                self._quarantine(p.client_id, p.reps, p.size)
+                self.quarantine_ranges(p.client_id, p.reps, p.size)
                 del self.inflight[key]
         for key, t in list(self.offloading.items()):
             if now - t > self.cfg.offload_timeout_s:

@@ -71,7 +71,7 @@ def evict_one(st: MasterState, key: str, meta: ObjectMeta, now: float) -> tuple[
     if st.cfg.enable_offload and meta.disk is None:
         owner = st.clients.get(reps[0][0].client_id)
         if owner is not None and disk_room(st, meta.size, now):
-            owner.tasks.append(OffloadTask(key, st._desc(reps[0], meta.size)))
+            owner.tasks.append(OffloadTask(key, st.desc(reps[0], meta.size)))
             st.offloading[key] = now
             return 0, nbytes
     drop_memory(st, key, meta)
@@ -81,7 +81,7 @@ def evict_one(st: MasterState, key: str, meta: ObjectMeta, now: float) -> tuple[
 def drop_memory(st: MasterState, key: str, meta: ObjectMeta) -> None:
     """Free an object's memory replicas now; it stays only if it has a disk copy."""
     for r in meta.reps():
-        st._free(r, meta.size)
+        st.free_range(r, meta.size)
     meta.set_reps([])
     if meta.disk is None:
         del st.objects[key]
@@ -109,7 +109,7 @@ def offload_done(st: MasterState, client_id: str, key: str, path: str, size: int
     elif meta.disk.path != path:
         st.pending_file_deletes.append((0, path))
     lease = meta.lease if meta.lease > now else 0
-    st._release(reps, meta.size, lease, now)
+    st.release_ranges(reps, meta.size, lease, now)
     meta.set_reps([])
     st.stats.offloads += 1
     enforce_disk_quota(st, now)
@@ -162,7 +162,7 @@ def enforce_disk_quota(st: MasterState, now: float, incoming: int = 0) -> None:
             continue
         if meta.lease > now or meta.hard:
             continue
-        st._drop_disk(key, meta, 0)
+        st.drop_disk(key, meta, 0)
         if meta.seg is None:
             del st.objects[key]
             st.key_events.publish("evict", key)
