@@ -11,17 +11,50 @@ own code, a failure of one never fails the others. ``MasterState`` delegates her
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Iterable, Protocol
 
 from mooncake_core.errors import ErrorCode, MooncakeError
-from mooncake_core.store.master_records import (BATCH_RESERVATION_SUFFIX, RESERVATION_PREFIX, ObjectMeta, PendingPut,
-                                                 Rep, Segment, check_key, err)
+from mooncake_core.store.master_records import (BATCH_RESERVATION_SUFFIX, RESERVATION_PREFIX, MasterConfig,
+                                                 ObjectMeta, PendingPut, Rep, Segment, Stats, check_key, err)
 from mooncake_core.store.master_space import SpaceReclaiming
 from mooncake_core.store.packing import I32, I64, U8, U32, U64, Packer, pack
 from mooncake_core.store.protocol import BatchGetReply, BatchPutCommitReply, Placements, ReplicaDesc, ReplicateConfigMsg
 
-if TYPE_CHECKING:
-    from mooncake_core.store.master_state import MasterState
+
+
+class BatchState(Protocol):
+    """What the batch operations use of ``master_state.MasterState`` (its public primitives:
+    the per-key rules of the single calls, placement, publishing), declared here so that this
+    module does not import the one that delegates to it."""
+
+    cfg: MasterConfig
+    clock: Callable[[], float]
+    epoch: int
+    confirm_after_ms: int
+    objects: dict[str, ObjectMeta]
+    inflight: dict[str, PendingPut]
+    segments: dict[str, Segment]
+    stats: Stats
+
+    @staticmethod
+    def check_cfg(cfg: ReplicateConfigMsg, what: str) -> None: ...
+    def soft_ttl(self, cfg: ReplicateConfigMsg) -> float | None: ...
+    def direct_target(self, cfg: ReplicateConfigMsg, now: float) -> Segment | None: ...
+    def placeable(self, now: float) -> dict[str, Segment]: ...
+    def place(self, size: int, want: int, preferred: list[str], segs: dict[str, Segment]) -> list[Rep] | None: ...
+    def is_mounted(self, seg: Segment) -> bool: ...
+    def intern_size(self, size: int) -> int: ...
+    def claim(self, key: str, size: int, upsert: bool, now: float) -> bool: ...
+    def put_start_one(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg, soft_ttl: float | None,
+                      now: float, upsert: bool, direct: Segment | None = None) -> list[Rep]: ...
+    def put_end_one(self, client_id: str, key: str, now: float) -> int: ...
+    def put_revoke(self, client_id: str, key: str) -> None: ...
+    def publish(self, key: str, meta: ObjectMeta, run: list[str] | None = None) -> int: ...
+    def begin_run(self) -> list[str]: ...
+    def end_run(self, run: list[str]) -> None: ...
+    def free_range(self, rep: Rep, size: int) -> None: ...
+    def quarantine_ranges(self, writer: str, reps: Iterable[Rep], size: int) -> None: ...
+    def grant(self, key: str, meta: ObjectMeta, now: float, deadline: float) -> None: ...
 
 __all__ = ["BatchReservation", "get_replica_lists", "put_commits", "put_ends", "put_revokes", "put_starts"]
 
@@ -32,7 +65,7 @@ MAX_BATCH_RESERVATION = 64 << 20
 MAX_BATCH_RESERVATION_KEYS = 65536
 
 
-def put_starts(st: MasterState, client_id: str, keys: list[str], sizes: list[int],
+def put_starts(st: BatchState, client_id: str, keys: list[str], sizes: list[int],
                cfg: ReplicateConfigMsg | None = None, upsert: bool = False) -> Placements:
     """put_start of every key: per key its replicas, or its error code."""
     if len(keys) != len(sizes):
@@ -80,7 +113,7 @@ def _ms(wait_s: float) -> int:
     return int(wait_s * 1000) + 1 if wait_s > 0 else 0
 
 
-def _put_starts_direct(st: MasterState, client_id: str, keys: list[str], sizes: list[int], cfg: ReplicateConfigMsg,
+def _put_starts_direct(st: BatchState, client_id: str, keys: list[str], sizes: list[int], cfg: ReplicateConfigMsg,
                        soft_ttl: float | None, now: float, upsert: bool, direct: Segment, pk: Packer) -> Placements:
     """``put_starts`` when one segment takes every replica (``MasterState.direct_target``):
     a fresh key is placed inline (the checks of ``put_start_one`` in the same order, for
@@ -123,7 +156,7 @@ def _put_starts_direct(st: MasterState, client_id: str, keys: list[str], sizes: 
     return Placements(*pk.blobs(), retry_after_ms=_ms(wait))
 
 
-def put_ends(st: MasterState, client_id: str, keys: list[str]) -> bytes:
+def put_ends(st: BatchState, client_id: str, keys: list[str]) -> bytes:
     """put_end of every key: ``i64`` per key, the version (> 0), 0 or a code. A plain put of
     a fresh key (no pin, nothing stored under it) is published inline -- what
     ``put_end_one`` does for it -- with versions counted up from one clock reading per
@@ -150,7 +183,7 @@ def put_ends(st: MasterState, client_id: str, keys: list[str]) -> bytes:
     return pack(I64, out)
 
 
-def put_revokes(st: MasterState, client_id: str, keys: list[str]) -> bytes:
+def put_revokes(st: BatchState, client_id: str, keys: list[str]) -> bytes:
     """put_revoke of every key: ``i64`` per key, 0 or a code."""
     out = array(I64)
     for k in keys:
@@ -162,7 +195,7 @@ def put_revokes(st: MasterState, client_id: str, keys: list[str]) -> bytes:
     return pack(I64, out)
 
 
-def get_replica_lists(st: MasterState, keys: list[str]) -> BatchGetReply:
+def get_replica_lists(st: BatchState, keys: list[str]) -> BatchGetReply:
     """get_replica_list of every key under one lease deadline (leases are still per object:
     each found object is leased, and becomes the most recently used, as with single gets)."""
     now = st.clock()
@@ -233,7 +266,7 @@ def batch_reservation_key(client_id: str) -> str:
     return RESERVATION_PREFIX + client_id + BATCH_RESERVATION_SUFFIX
 
 
-def put_commits(st: MasterState, client_id: str, keys: list[str], sizes: bytes, cfg: ReplicateConfigMsg | None,
+def put_commits(st: BatchState, client_id: str, keys: list[str], sizes: bytes, cfg: ReplicateConfigMsg | None,
                 reserved: bool, next_sizes: bytes) -> BatchPutCommitReply:
     """``put_ends`` of ``keys`` and a reservation for the client's next batch (of
     ``next_sizes``), in one round trip -- the batch form of ``MasterState.put_commit``.
@@ -268,7 +301,7 @@ def put_commits(st: MasterState, client_id: str, keys: list[str], sizes: bytes, 
     return BatchPutCommitReply(versions, seg, addrs, st.epoch)
 
 
-def _commit_reserved(st: MasterState, client_id: str, keys: list[str], p: BatchReservation, now: float) -> bytes:
+def _commit_reserved(st: BatchState, client_id: str, keys: list[str], p: BatchReservation, now: float) -> bytes:
     seg, off = p.reps[0]
     sizes = [st.intern_size(n) for n in array(U64, p.sizes).tolist()]
     offs = seg.alloc.split(off, sizes)
@@ -295,7 +328,7 @@ def _commit_reserved(st: MasterState, client_id: str, keys: list[str], p: BatchR
     return pack(I64, out)
 
 
-def _reserve(st: MasterState, client_id: str, next_sizes: bytes, cfg: ReplicateConfigMsg,
+def _reserve(st: BatchState, client_id: str, next_sizes: bytes, cfg: ReplicateConfigMsg,
              now: float) -> tuple[str, bytes]:
     """Replace the client's batch reservation by one for objects of ``next_sizes``: (its
     segment, the objects' addresses packed), or ("", b"") when none is made -- no sizes,

@@ -7,19 +7,43 @@ one job; ``MasterState.report_objects`` delegates here. Not thread-safe, like Ma
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable, Protocol
 
-from mooncake_core.store.master_records import DiskReplica, ObjectMeta, safe_rel_path
+from mooncake_core.store.key_events import KeyEventLog
+from mooncake_core.store.master_absence import Absences
+from mooncake_core.store.master_records import (ClientInfo, DiskReplica, MasterConfig, ObjectMeta, PendingPut, Segment,
+                                                 VersionClock, safe_rel_path)
 from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.utils.log import get_logger
 
-if TYPE_CHECKING:
-    from mooncake_core.store.master_state import MasterState
+
+class ReportState(Protocol):
+    """What the re-report rules use of ``master_state.MasterState`` (the object table, the
+    re-reported versions, tombstones, the version clock), declared here so that this module
+    does not import the one that delegates to it."""
+
+    cfg: MasterConfig
+    clock: Callable[[], float]
+    objects: dict[str, ObjectMeta]
+    inflight: dict[str, PendingPut]
+    segments: dict[str, Segment]
+    clients: dict[str, ClientInfo]
+    reported: dict[str, int]
+    reported_until: float
+    absent: Absences
+    versions: VersionClock
+    disk_used: int
+    disk_lru: dict[str, None]
+    key_events: KeyEventLog
+
+    def intern_size(self, size: int) -> int: ...
+    def touch_client(self, client_id: str, now: float) -> tuple[ClientInfo, bool]: ...
+    def drop_object(self, key: str, meta: ObjectMeta, now: float) -> None: ...
 
 log = get_logger("mooncake.store.master")
 
 
-def report_objects(st: MasterState, client_id: str, objects: list[tuple[str, ReplicaDesc]],
+def report_objects(st: ReportState, client_id: str, objects: list[tuple[str, ReplicaDesc]],
                    versions: list[int] | None = None) -> int:
     """Rebuild state from a client's complete objects (after need_remount).
 

@@ -8,24 +8,48 @@ delegates here and keeps the records. Not thread-safe, like MasterState.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable, Iterable, Protocol
 
 from mooncake_core.errors import ErrorCode
-from mooncake_core.store.master_records import DiskReplica, ObjectMeta, err, safe_rel_path
-from mooncake_core.store.protocol import OffloadTask
+from mooncake_core.store.key_events import KeyEventLog
+from mooncake_core.store.master_records import (ClientInfo, DiskReplica, MasterConfig, ObjectMeta, Rep, Stats, err,
+                                                 safe_rel_path)
+from mooncake_core.store.protocol import OffloadTask, ReplicaDesc
 
-if TYPE_CHECKING:
-    from mooncake_core.store.master_state import MasterState
+
+class TierState(Protocol):
+    """What eviction and the SSD tier use of ``master_state.MasterState`` (the object table,
+    the tier's records, freeing ranges), declared here so that this module does not import the
+    one that delegates to it."""
+
+    cfg: MasterConfig
+    clock: Callable[[], float]
+    objects: dict[str, ObjectMeta]
+    clients: dict[str, ClientInfo]
+    offloading: dict[str, float]
+    disk_lru: dict[str, None]
+    disk_used: int
+    pending_file_deletes: list[tuple[float, str]]
+    stats: Stats
+    key_events: KeyEventLog
+
+    @property
+    def capacity(self) -> int: ...
+    @staticmethod
+    def desc(rep: Rep, size: int, status: str = "complete") -> ReplicaDesc: ...
+    def free_range(self, rep: Rep, size: int) -> None: ...
+    def release_ranges(self, reps: Iterable[Rep], size: int, not_before: float, now: float) -> None: ...
+    def drop_disk(self, key: str, meta: ObjectMeta, not_before: float) -> None: ...
 
 __all__ = ["enforce_disk_quota", "evict", "offload_done", "offload_failed", "offloading_bytes"]
 
 
-def evictable(st: MasterState, meta: ObjectMeta, key: str, now: float) -> bool:
+def evictable(st: TierState, meta: ObjectMeta, key: str, now: float) -> bool:
     return (meta.seg is not None and meta.lease <= now and not meta.hard
             and key not in st.offloading)
 
 
-def evict(st: MasterState, need: int, now: float) -> int:
+def evict(st: TierState, need: int, now: float) -> int:
     """Evict LRU objects until ``max(need, eviction_ratio * capacity)`` bytes are freed
     (or queued for offload). Returns the bytes freed immediately."""
     target = max(need, int(st.cfg.eviction_ratio * st.capacity))
@@ -55,7 +79,7 @@ def evict(st: MasterState, need: int, now: float) -> int:
     return freed
 
 
-def offloading_bytes(st: MasterState) -> int:
+def offloading_bytes(st: TierState) -> int:
     n = 0
     for key in st.offloading:
         meta = st.objects.get(key)
@@ -64,7 +88,7 @@ def offloading_bytes(st: MasterState) -> int:
     return n
 
 
-def evict_one(st: MasterState, key: str, meta: ObjectMeta, now: float) -> tuple[int, int]:
+def evict_one(st: TierState, key: str, meta: ObjectMeta, now: float) -> tuple[int, int]:
     """Evict one object's memory replicas. Returns (bytes freed, bytes queued for offload)."""
     reps = meta.reps()
     nbytes = meta.size * len(reps)
@@ -78,7 +102,7 @@ def evict_one(st: MasterState, key: str, meta: ObjectMeta, now: float) -> tuple[
     return nbytes, 0
 
 
-def drop_memory(st: MasterState, key: str, meta: ObjectMeta) -> None:
+def drop_memory(st: TierState, key: str, meta: ObjectMeta) -> None:
     """Free an object's memory replicas now; it stays only if it has a disk copy."""
     for r in meta.reps():
         st.free_range(r, meta.size)
@@ -89,7 +113,7 @@ def drop_memory(st: MasterState, key: str, meta: ObjectMeta) -> None:
     st.stats.evictions += 1
 
 
-def offload_done(st: MasterState, client_id: str, key: str, path: str, size: int) -> None:
+def offload_done(st: TierState, client_id: str, key: str, path: str, size: int) -> None:
     if not safe_rel_path(path):
         raise err(ErrorCode.INVALID_PARAMS, f"offload_done {key!r}: path {path!r} must be relative "
                    f"to root_fs_dir without '..'")
@@ -115,7 +139,7 @@ def offload_done(st: MasterState, client_id: str, key: str, path: str, size: int
     enforce_disk_quota(st, now)
 
 
-def offload_failed(st: MasterState, client_id: str, key: str) -> None:
+def offload_failed(st: TierState, client_id: str, key: str) -> None:
     """The owner could not write the file: evict the memory copy without a disk copy."""
     now = st.clock()
     st.offloading.pop(key, None)
@@ -125,7 +149,7 @@ def offload_failed(st: MasterState, client_id: str, key: str) -> None:
     drop_memory(st, key, meta)
 
 
-def offload_reserved(st: MasterState) -> int:
+def offload_reserved(st: TierState) -> int:
     """Disk bytes promised to offloads in flight (their files are being written now)."""
     n = 0
     for key in st.offloading:
@@ -135,7 +159,7 @@ def offload_reserved(st: MasterState) -> int:
     return n
 
 
-def disk_room(st: MasterState, size: int, now: float) -> bool:
+def disk_room(st: TierState, size: int, now: float) -> bool:
     """Make room for a ``size``-byte file *before* the owner writes it (least recently used
     files are dropped first), so the tier never exceeds --quota_bytes even for a moment.
     The original filled the disk because it never evicted (its issue #2475). False when the
@@ -149,7 +173,7 @@ def disk_room(st: MasterState, size: int, now: float) -> bool:
     return st.disk_used + offload_reserved(st) + size <= quota
 
 
-def enforce_disk_quota(st: MasterState, now: float, incoming: int = 0) -> None:
+def enforce_disk_quota(st: TierState, now: float, incoming: int = 0) -> None:
     quota = st.cfg.disk_quota_bytes
     if quota <= 0 or st.disk_used + incoming <= quota:
         return

@@ -137,3 +137,104 @@ def test_the_proxy_imports_no_connector() -> None:
            for p in (ROOT / "mooncake_proxy").rglob("*.py")}
     bad = {k: v for k, v in bad.items() if v}
     assert not bad, f"mooncake_proxy imports connector modules (move the shared part to mooncake_core.pd): {bad}"
+
+
+# ---------------------------------------------------------------- parts held to the stricter rules
+#: modules restructured into parts with their own state and a narrow interface: among them no
+#: import cycle of any kind (an import under ``TYPE_CHECKING`` or inside a function counts:
+#: it still says one module needs the other), and no private attribute of another module's
+#: object read or written (``x._name`` where ``_name`` is not this module's own)
+STRICT_PARTS = ("mooncake_core.store.master_",)
+#: deliberate exceptions, (module, attribute): each says why
+PRIVATE_ALLOWED: set[tuple[str, str]] = set()
+
+
+def _strict(name: str) -> bool:
+    return name.startswith(STRICT_PARTS)
+
+
+def _all_import_graph(names: set[str]) -> dict[str, set[str]]:
+    """The import graph among ``names`` counting every import (module level, under
+    TYPE_CHECKING, inside functions)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in names}
+    for name in names:
+        path = mods[name]
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = here.split(".")
+                    anchor = anchor[:len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in names and t != name)
+    return graph
+
+
+def _foreign_private_access(path: Path) -> list[tuple[int, str]]:
+    """(line, ``x._name``) for each private attribute this module reads or writes on an
+    object other than ``self``/``cls`` whose name this module does not define itself."""
+    tree = ast.parse(path.read_text())
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            own.add(node.attr)
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    own.add(t.id)
+        elif isinstance(node, ast.ClassDef):
+            pass
+    for node in ast.walk(tree):  # __slots__ names are the module's own attributes too
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+            for elt in getattr(node.value, "elts", []):
+                if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
+                    own.add(elt.value)
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        a = node.attr
+        if not a.startswith("_") or a.startswith("__") or a in own:
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        out.append((node.lineno, f"{ast.unparse(node.value)}.{a}"))
+    return out
+
+
+def test_strict_parts_have_no_import_cycle_of_any_kind() -> None:
+    names = {m for m in _modules() if _strict(m)}
+    assert names, "STRICT_PARTS names no module"
+    cycles = _cycles(_all_import_graph(names))
+    assert not cycles, (f"import cycles among {STRICT_PARTS} (TYPE_CHECKING and function-level imports "
+                        f"count): give the shared interface a leaf module: {cycles}")
+
+
+def test_strict_parts_touch_no_other_modules_private_state() -> None:
+    mods = _modules()
+    bad = {}
+    for name, path in mods.items():
+        if _strict(name):
+            found = [f"{line}: {expr}" for line, expr in _foreign_private_access(path)
+                     if (name, expr.rpartition(".")[2]) not in PRIVATE_ALLOWED]
+            if found:
+                bad[name] = found
+    assert not bad, f"private attributes of other modules' objects (make it a public method): {bad}"
+
+
+def test_the_strict_checks_see_what_they_forbid(tmp_path) -> None:
+    p = tmp_path / "m.py"
+    p.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\n"
+                 "class A:\n    def __init__(self):\n        self._mine = 1\n"
+                 "def f(st, a: A):\n    import y\n    st._last_version += 1\n    return a._mine\n")
+    assert _foreign_private_access(p) == [(9, "st._last_version")]
+    assert _cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b"]]
