@@ -133,7 +133,7 @@ class MasterDashboard:
             clients = [{"id": c.client_id, "segments": sorted(c.segments),
                         "last_heartbeat_s": round(max(0.0, mono - c.last_seen), 2)} for c in st.clients.values()]
             keys, inflight = len(st.objects), st.puts_in_flight
-            disk_used, offloading = st.disk_used, len(st.offloading)
+            disk_used, offloading = st.tier.disk_used, len(st.tier.offloading)
             cfg, epoch = st.cfg, st.epoch
             hits, misses, evictions = st.stats.hits, st.stats.misses, st.stats.evictions
             lease_refusals, no_space = st.stats.lease_refusals, st.stats.no_space

@@ -13,6 +13,7 @@ from mooncake_core.store.key_events import KeyEventLog
 from mooncake_core.store.master_absence import Absences
 from mooncake_core.store.master_records import (ClientInfo, DiskReplica, MasterConfig, ObjectMeta, PendingPut, Segment,
                                                  VersionClock, safe_rel_path)
+from mooncake_core.store.master_tier import Tier
 from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.utils.log import get_logger
 
@@ -32,9 +33,8 @@ class ReportState(Protocol):
     reported_until: float
     absent: Absences
     versions: VersionClock
-    disk_used: int
-    disk_lru: dict[str, None]
     key_events: KeyEventLog
+    tier: Tier
 
     def intern_size(self, size: int) -> int: ...
     def touch_client(self, client_id: str, now: float) -> tuple[ClientInfo, bool]: ...
@@ -93,9 +93,7 @@ def report_objects(st: ReportState, client_id: str, objects: list[tuple[str, Rep
                 st.reported[key] = version
                 st.key_events.publish("put", key)
             if meta.disk is None:
-                meta.set_disk(DiskReplica(d.segment_name, client_id, d.path, d.size))
-                st.disk_used += d.size
-                st.disk_lru[key] = None
+                st.tier.add_disk(key, meta, DiskReplica(d.segment_name, client_id, d.path, d.size))
                 accepted += 1
             continue
         seg = st.segments.get(d.segment_name)

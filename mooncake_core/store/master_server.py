@@ -117,8 +117,8 @@ class _StateCollector:
             segs = [(s.name, s.alloc.used, s.size) for s in st.segments.values()]
             n_keys, n_inflight, n_clients = len(st.objects), st.puts_in_flight, len(st.clients)
             stats = {k: getattr(st.stats, k) for k in st.stats.__slots__}
-            disk_used = st.disk_used
-            n_offloading = len(st.offloading)
+            disk_used = st.tier.disk_used
+            n_offloading = len(st.tier.offloading)
             lat = [(req.__struct_config__.tag, list(h.counts), h.total) for req, h in self.server._lat.items()]
         h = HistogramMetricFamily("mooncake_master_rpc_seconds", "Master RPC handling time by method",
                                   labels=["method"])
@@ -462,7 +462,7 @@ class MasterServer:
     def _delete_files(self) -> None:
         """Unlink the SSD-tier files the state released. Also run right after each request, so a
         file dropped to make room for an offload is gone before the reply hands out the task."""
-        if not self.state.pending_file_deletes:
+        if not self.state.tier.pending_file_deletes:
             return
         with self.lock:
             deletes = self.state.take_file_deletes()
@@ -540,6 +540,6 @@ class MasterServer:
             log.exception("master request failed", extra={"method": cls.__name__})
             status, payload = int(ErrorCode.INTERNAL_ERROR), f"internal error in {cls.__name__}: {e!r}".encode()
         self._lat[cls].observe(time.perf_counter() - t0)
-        if self.state.pending_file_deletes:
+        if self.state.tier.pending_file_deletes:
             self._delete_files()
         return P.reply_frame(version, rid, status, payload)

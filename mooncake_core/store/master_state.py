@@ -2,7 +2,7 @@
 
 No sockets, no threads, no files: the RPC server (``master_server``) calls these methods
 one at a time (under its lock) and performs the few side effects they ask for (deleting
-SSD-tier files listed in ``pending_file_deletes``). Unit tests drive it with a fake clock.
+SSD-tier files listed in ``tier.pending_file_deletes``). Unit tests drive it with a fake clock.
 
 Rules implemented here (Mooncake semantics):
 
@@ -31,7 +31,7 @@ Rules implemented here (Mooncake semantics):
   re-report their complete objects (``report_objects``); reported ranges are re-marked used.
 
 The records it keeps (config, segments, objects, puts, clients) are in ``master_records``;
-eviction and the SSD tier are ``master_tier``'s, batches ``master_batch``'s (answered packed).
+eviction and the SSD tier are the ``Tier``'s (``master_tier``), batches ``master_batch``'s (answered packed).
 """
 
 from __future__ import annotations
@@ -47,11 +47,12 @@ from mooncake_core.store.protocol import (
     BatchGetReply, BatchPutCommitReply, GetReply, HeartbeatReply, KeyEventsReply, MountReply, Placements,
     PutCommitReply, ReplicaDesc, ReplicateConfigMsg,
 )
-from mooncake_core.store import master_batch, master_reports, master_tier
+from mooncake_core.store import master_batch, master_reports
 from mooncake_core.store.master_absence import Absences
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE,
                                                  RESERVATION_PREFIX, ClientInfo, Extra, MasterConfig, ObjectMeta,
                                                  PendingPut, Rep, Segment, Stats, VersionClock, check_key, err)
+from mooncake_core.store.master_tier import Tier
 from mooncake_core.store.master_space import (SpaceReclaiming, holdings, no_space_message, reclaim_pending,
                                                reclaimable)
 from mooncake_core.utils import bounded_regex
@@ -80,12 +81,8 @@ class MasterState:
         self.segments: dict[str, Segment] = {}
         self.segs_by_id: dict[int, Segment] = {}
         self.clients: dict[str, ClientInfo] = {}
-        self.offloading: dict[str, float] = {}
-        self.disk_lru: dict[str, None] = {}
-        self.disk_used = 0
         # ranges freed only once a reader's lease has run out: (deadline, seq, segment, off, size)
         self.graveyard: list[tuple[float, int, Segment, int, int]] = []
-        self.pending_file_deletes: list[tuple[float, str]] = []  # (not_before, path under root_fs_dir)
         self.stats = Stats()
         self._next_seg_id = 1
         self._seq = 0
@@ -114,6 +111,8 @@ class MasterState:
         self.confirm_after_ms = int(self.cfg.recovery_hold_s * 800)
         #: existence changes of keys, for subscribers such as the proxy's scheduler (key_events.py)
         self.key_events = KeyEventLog()
+        #: eviction and the SSD tier (its records are its own; it sees this object table)
+        self.tier = Tier(self)
 
     def begin_leadership(self) -> None:
         """Called when this master starts serving as elected HA leader: a new epoch, so that
@@ -244,26 +243,17 @@ class MasterState:
         """Bytes per segment held by reservations and quarantined ranges (``master_space``)."""
         return reclaimable(self.inflight, self.clients.values())
 
-    def drop_disk(self, key: str, meta: ObjectMeta, not_before: float) -> None:
-        d = meta.disk
-        if d is None:
-            return
-        meta.set_disk(None)
-        self.disk_used -= d.size
-        self.disk_lru.pop(key, None)
-        self.pending_file_deletes.append((not_before, d.path))
-
     def drop_object(self, key: str, meta: ObjectMeta, now: float) -> None:
         """Remove a complete object; memory/file reuse waits for an active lease."""
         del self.objects[key]
         self.key_events.publish("remove", key)
         if self.reported:
             self.reported.pop(key, None)
-        self.offloading.pop(key, None)
+        self.tier.forget(key)
         lease = meta.lease if meta.lease > now else 0
         self.release_ranges(meta.reps(), meta.size, lease, now)
         meta.set_reps([])
-        self.drop_disk(key, meta, lease)
+        self.tier.drop_disk(key, meta, lease)
 
     @property
     def puts_in_flight(self) -> int:
@@ -392,7 +382,7 @@ class MasterState:
             floor = max(floor, meta.lease)
             meta.set_reps([r for r in meta.reps() if r[0] is not seg])
             if meta.seg is None:
-                self.offloading.pop(key, None)
+                self.tier.forget(key)
                 if meta.disk is None:
                     del self.objects[key]
                     self.key_events.publish(kind, key)
@@ -578,7 +568,7 @@ class MasterState:
             self.stats.reclaim_waits += 1
             raise SpaceReclaiming(key, want, size, *pending)
         for _ in range(64):
-            if self._evict(size * want, now) == 0:
+            if self.tier.evict(size * want, now) == 0:
                 break
             reps = self.place(size, want, cfg.preferred_segments, segs)
             if reps is not None:
@@ -820,9 +810,7 @@ class MasterState:
             soft = extra.soft
             if soft is not None and now + soft[1] > soft[0]:
                 soft[0] = now + soft[1]
-            if key in self.disk_lru:
-                del self.disk_lru[key]
-                self.disk_lru[key] = None
+            self.tier.touch(key)
         # LRU: move to the most-recently-used end
         del self.objects[key]
         self.objects[key] = meta
@@ -892,24 +880,12 @@ class MasterState:
                 n += 1
         return n
 
-    # ================================================================ eviction, SSD tier (master_tier)
-    def _evict(self, need: int, now: float) -> int:
-        return master_tier.evict(self, need, now)
-
-    def offloading_bytes(self) -> int:
-        return master_tier.offloading_bytes(self)
-
+    # ================================================================ SSD tier (the Tier's)
     def offload_done(self, client_id: str, key: str, path: str, size: int) -> None:
-        master_tier.offload_done(self, client_id, key, path, size)
+        self.tier.offload_done(client_id, key, path, size)
 
     def offload_failed(self, client_id: str, key: str) -> None:
-        master_tier.offload_failed(self, client_id, key)
-
-    def _enforce_disk_quota(self, now: float, incoming: int = 0) -> None:
-        master_tier.enforce_disk_quota(self, now, incoming)
-
-    def _offload_reserved(self) -> int:
-        return master_tier.offload_reserved(self)
+        self.tier.offload_failed(client_id, key)
 
     # ================================================================ periodic work
     def tick(self) -> None:
@@ -952,14 +928,12 @@ class MasterState:
             if now - p.start > rel:
                 self.quarantine_ranges(p.client_id, p.reps, p.size)
                 del self.inflight[key]
-        for key, t in list(self.offloading.items()):
-            if now - t > self.cfg.offload_timeout_s:
-                del self.offloading[key]
+        self.tier.expire_offloads(now)
         cap = self.capacity
-        if cap and self.used - self.offloading_bytes() - sum(self.reclaimable().values()) \
+        if cap and self.used - self.tier.offloading_bytes() - sum(self.reclaimable().values()) \
                 >= self.cfg.eviction_high_watermark_ratio * cap:  # space reclaimable is not pressure
-            self._evict(0, now)
-        self._enforce_disk_quota(now)
+            self.tier.evict(0, now)
+        self.tier.enforce_disk_quota(now)
 
     def watch_keys(self, after: int, prefix: str = "", limit: int = 0, epoch: int = 0) -> KeyEventsReply:
         """Key events after cursor ``after``, or a snapshot on a gap (key_events.watch_reply)."""
@@ -967,9 +941,4 @@ class MasterState:
 
     def take_file_deletes(self) -> list[str]:
         """Paths (relative to root_fs_dir) whose files may be deleted now."""
-        if not self.pending_file_deletes:
-            return []
-        now = self.clock()
-        ready = [p for t, p in self.pending_file_deletes if t <= now]
-        self.pending_file_deletes = [(t, p) for t, p in self.pending_file_deletes if t > now]
-        return ready
+        return self.tier.take_file_deletes(self.clock())

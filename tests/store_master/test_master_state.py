@@ -518,9 +518,9 @@ def test_disk_quota_evicts_lru_files() -> None:
                      disk_quota_bytes=25 * 1024, default_kv_lease_ttl_ms=1)
     for k in ("a", "b", "c"):
         put(st, k, 10 * 1024)
-        st.offloading[k] = clock()
+        st.tier.offloading[k] = clock()
         st.offload_done("c0", k, f"f/{k}", 10 * 1024)
-    assert st.disk_used == 20 * 1024
+    assert st.tier.disk_used == 20 * 1024
     assert not st.exist_key("a") and st.exist_key("b") and st.exist_key("c")
     assert "f/a" in st.take_file_deletes()
     assert st.stats.disk_evictions == 1
@@ -542,10 +542,10 @@ def test_offload_makes_disk_room_before_the_file_is_written() -> None:
             except MooncakeError as e:
                 assert e.code == ErrorCode.NO_AVAILABLE_HANDLE
             for t in st.heartbeat("c0").offload_tasks:  # the owner writes the file, then reports
-                peak = max(peak, st.disk_used + st._offload_reserved())
+                peak = max(peak, st.tier.disk_used + st.tier.offload_reserved())
                 st.offload_done("c0", t.key, f"f/{t.key}", 10 * 1024)
         st.put_end("c0", f"k{i}")
-        peak = max(peak, st.disk_used + st._offload_reserved())
+        peak = max(peak, st.tier.disk_used + st.tier.offload_reserved())
     assert 0 < peak <= 25 * 1024
     assert st.stats.disk_evictions > 0 and st.take_file_deletes()
 
