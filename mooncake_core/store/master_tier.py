@@ -129,12 +129,16 @@ class Tier:
 
     def offloading_bytes(self) -> int:
         """Memory bytes of objects being offloaded (freed once their files are written)."""
+        return self._offloading(True)
+
+    def _offloading(self, memory: bool) -> int:
+        """Bytes of the objects being offloaded: in memory (every replica), or on disk (one)."""
         n = 0
         objects = self.table.objects
         for key in self.offloading:
             meta = objects.get(key)
             if meta is not None:
-                n += meta.size * meta.n_reps
+                n += meta.size * meta.n_reps if memory else meta.size
         return n
 
     def evict_one(self, key: str, meta: ObjectMeta, now: float) -> tuple[int, int]:
@@ -196,13 +200,7 @@ class Tier:
 
     def offload_reserved(self) -> int:
         """Disk bytes promised to offloads in flight (their files are being written now)."""
-        n = 0
-        objects = self.table.objects
-        for key in self.offloading:
-            meta = objects.get(key)
-            if meta is not None:
-                n += meta.size
-        return n
+        return self._offloading(False)
 
     def disk_room(self, size: int, now: float) -> bool:
         """Make room for a ``size``-byte file *before* the owner writes it (least recently used

@@ -55,22 +55,24 @@ def _graph() -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for name, path in mods.items():
-        is_pkg = path.name == "__init__.py"
-        here = name if is_pkg else name.rpartition(".")[0]
         for node in _top_level_imports(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                base = node.module or ""
-                if node.level:
-                    anchor = here.split(".")
-                    anchor = anchor[:len(anchor) - (node.level - 1)]
-                    base = ".".join(anchor + ([node.module] if node.module else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
-            for t in targets:
+            for t in _targets(node, name, path, mods):
                 if t in mods and t != name:
                     graph[name].add(t)
     return graph
+
+
+def _targets(node: ast.Import | ast.ImportFrom, name: str, path: Path, mods: dict[str, Path]) -> list[str]:
+    """The modules an import statement of module ``name`` (file ``path``) names."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        anchor = here.split(".")
+        anchor = anchor[:len(anchor) - (node.level - 1)]
+        base = ".".join(anchor + ([node.module] if node.module else []))
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -160,20 +162,9 @@ def _all_import_graph(names: set[str]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in names}
     for name in names:
         path = mods[name]
-        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = here.split(".")
-                    anchor = anchor[:len(anchor) - (node.level - 1)]
-                    base = ".".join(anchor + ([node.module] if node.module else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
-            else:
-                continue
-            graph[name].update(t for t in targets if t in names and t != name)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[name].update(t for t in _targets(node, name, path, mods) if t in names and t != name)
     return graph
 
 
