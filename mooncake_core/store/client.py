@@ -50,8 +50,8 @@ class MooncakeDistributedStore:
         self._core = StoreCore()
         self._objects = ObjectApi(self._core)
         self._tensors = TensorApi(self._core, self._objects)
-        self._parallel = ParallelApi(self._objects, self._tensors)
         self._ranges = RangeApi(self._core)
+        self._parallel = ParallelApi(self._objects, self._tensors, self._ranges)
         self._at_exit: Callable[[], None] | None = None
 
     # ================================================================== setup / teardown
@@ -294,7 +294,10 @@ class MooncakeDistributedStore:
         return self._tensors.put_tensor_with_tp(key, tensor, tp_rank, tp_size, split_dim)
 
     def get_tensor_with_tp(self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> Any:
-        return self._tensors.get_tensor_with_tp(key, tp_rank, tp_size, split_dim)
+        """Rank ``tp_rank``'s shard of a ``tp_size`` split of ``key`` (the whole tensor when
+        tp_size <= 1). Written with another TP size, the shard is cut from the stored shards
+        (only the overlapping bytes are read); None on a miss or a non-uniform split."""
+        return self._parallel.get_tensor_with_tp(key, tp_rank, tp_size, split_dim)
 
     def get_tensor_into(self, key: str, buffer_ptr: int, size: int) -> Any:
         """Read the tensor object ``key`` into ``[buffer_ptr, buffer_ptr+size)`` and return a
@@ -349,9 +352,9 @@ class MooncakeDistributedStore:
         return self._tensors.batch_pub_tensor_with_tp(base_keys, tensors_list, config, tp_rank, tp_size, split_dim)
 
     def batch_get_tensor_with_tp(self, base_keys: list[str], tp_rank: int = 0, tp_size: int = 1) -> list[Any]:
-        """Rank ``tp_rank``'s shard of each base key (the whole tensor when tp_size <= 1);
-        None per miss."""
-        return self._tensors.batch_get_tensor_with_tp(base_keys, tp_rank, tp_size)
+        """Rank ``tp_rank``'s shard of each base key (the whole tensor when tp_size <= 1), cut
+        from the stored split when it was written with another TP size; None per miss."""
+        return self._parallel.batch_get_tensor_with_tp(base_keys, tp_rank, tp_size)
 
     def put_tensor_with_tp_from(self, key: str, buffer_ptr: int, size: int, tp_rank: int = 0, tp_size: int = 1,
                                 split_dim: int = 0) -> int:
@@ -368,14 +371,15 @@ class MooncakeDistributedStore:
 
     def get_tensor_with_tp_into(self, key: str, buffer_ptr: int, size: int, tp_rank: int = 0, tp_size: int = 1,
                                 split_dim: int = 0) -> Any:
-        """``get_tensor_into`` of rank ``tp_rank``'s shard (``{key}_tp_{tp_rank}``), or of
-        ``key`` itself when tp_size <= 1."""
-        return self._tensors.get_tensor_with_tp_into(key, buffer_ptr, size, tp_rank, tp_size, split_dim)
+        """``get_tensor_into`` of rank ``tp_rank``'s shard of a ``tp_size`` split (assembled in
+        the buffer from the stored shards when written with another TP size), or of ``key``
+        itself when tp_size <= 1."""
+        return self._parallel.get_tensor_with_tp_into(key, buffer_ptr, size, tp_rank, tp_size, split_dim)
 
     def batch_get_tensor_with_tp_into(self, base_keys: list[str], buffer_ptrs: list[int], sizes: list[int],
                                       tp_rank: int = 0, tp_size: int = 1) -> list[Any]:
         """``batch_get_tensor_into`` of rank ``tp_rank``'s shards."""
-        return self._tensors.batch_get_tensor_with_tp_into(base_keys, buffer_ptrs, sizes, tp_rank, tp_size)
+        return self._parallel.batch_get_tensor_with_tp_into(base_keys, buffer_ptrs, sizes, tp_rank, tp_size)
 
     # ================================================================== tensors with parallelism
     def put_tensor_with_parallelism(self, key: str, tensor: Any, parallelism: Any = None, config: Any = None,

@@ -11,7 +11,11 @@ a shard is stored under:
   axis, axes in canonical order dp, tp, ep, pp;
 * a writer partition ``(rank, size, split_dim)`` -> ``{key}__writer_{rank}of{size}_sd{dim}``
   plus a small manifest object ``{key}__writer_manifest`` that lets a reader rebuild the full
-  tensor without knowing the partitioning.
+  tensor without knowing the partitioning;
+* a TP shard written with other axes (dp/ep/pp) -> also ``{group}__parallelism_manifest``
+  (``group`` = the key with the non-TP axes): the shard *names* embed the TP size, so a reader
+  with another TP size learns the stored one there (a single-TP reader learns it from the
+  ``{key}_tp_0`` shard's header instead).
 """
 
 from __future__ import annotations
@@ -22,14 +26,19 @@ from typing import Any
 
 import msgspec
 
+from mooncake_core.store.tensor_layout import AxisTag
+
 __all__ = [
     "ParallelAxis",
     "ParallelismError",
     "ReadTarget",
     "TensorParallelism",
+    "ParallelManifest",
     "WriterManifest",
     "WriterPartition",
+    "axis_tags",
     "parallelism_key",
+    "parallelism_manifest_key",
     "parse_writer_partition",
     "tp_axis",
     "validate_axes",
@@ -102,6 +111,15 @@ class WriterPartition:
 
 class WriterManifest(msgspec.Struct, frozen=True):
     """Stored at ``{key}__writer_manifest``: how the full tensor was partitioned."""
+
+    size: int
+    split_dim: int
+    shape: list[int]
+    dtype: str
+
+
+class ParallelManifest(msgspec.Struct, frozen=True):
+    """Stored at ``parallelism_manifest_key``: the TP split the group's shards were written with."""
 
     size: int
     split_dim: int
@@ -185,6 +203,19 @@ def parallelism_key(base_key: str, axes: list[ParallelAxis]) -> str:
         if a.stage_id is not None:
             key += f"_sid{a.stage_id}"
     return key
+
+
+def parallelism_manifest_key(base_key: str, axes: list[ParallelAxis]) -> str:
+    """Where the TP split of the shards of ``base_key`` scoped by ``axes``' non-TP axes is
+    recorded (``{key}__parallelism_manifest`` when there are none, as upstream)."""
+    scope = [a for a in axes if a.kind != "tp"]
+    return (parallelism_key(base_key, scope) if scope else base_key) + "__parallelism_manifest"
+
+
+def axis_tags(axes: list[ParallelAxis]) -> tuple[AxisTag, ...]:
+    """Validated axes as the layout tags stored in a shard's header (canonical order)."""
+    return tuple(AxisTag(a.kind, a.rank, a.size, a.split_dim, a.expert_id, a.stage_id)
+                 for a in sorted(axes, key=lambda a: _KINDS.index(a.kind)))
 
 
 def parse_writer_partition(obj: Any, op: str) -> WriterPartition:

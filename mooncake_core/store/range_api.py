@@ -302,6 +302,22 @@ class RangeApi:
         self._run_ranges(frags, "get_into_ranges", done, use_sessions=True)
         return results
 
+    def read_pieces(self, pieces: list[tuple[str, int, int, int]], op: str) -> list[int]:
+        """Read ``(key, dest_addr, object_offset, size)`` pieces in one batch (no buffer
+        registration needed: the destinations are our own memory, e.g. a tensor being
+        assembled from the shards of a parallel split). Per piece: bytes read or a negative
+        code (-704 missing, -600 range past the object's end, -707 lease expired, ...)."""
+        out = [0] * len(pieces)
+        if not pieces:
+            return out
+        frags = [Fragment(k, a, o, n, (i,)) for i, (k, a, o, n) in enumerate(pieces)]
+
+        def done(f: Fragment, rc: int) -> None:
+            out[f.slot[0]] = rc
+
+        self._run_ranges(frags, op, done, use_sessions=False)
+        return out
+
     def _run_ranges(self, frags: list[Fragment], op: str, done: Callable[[Fragment, int], None],
                     *, use_sessions: bool) -> None:
         t0 = time.perf_counter()

@@ -9,10 +9,12 @@ argument order, defaults and return conventions; typed against ``StoreInternals`
 * ``put_tensor_from`` / ``upsert_tensor_from`` (+ batch): store a buffer that already holds a
   serialized tensor object (header + elements, the layout ``get_tensor_into`` leaves behind);
   the header is validated first (-600 if it is not one).
-* ``*_with_tp*``: a tensor split along ``split_dim`` into ``tp_size`` uniform shards stored as
-  ``{key}_tp_{rank}`` for every rank (see ``sharding.py``); a read fetches one rank's shard.
+* ``put/pub_tensor_with_tp*``: a tensor split along ``split_dim`` into ``tp_size`` uniform
+  shards stored as ``{key}_tp_{rank}`` for every rank (see ``sharding.py``), each header
+  saying what it holds; the reads (``get_tensor_with_tp*``) are ``ParallelApi``'s, which can
+  cut a shard of another TP size from them.
 
-The stored layout is ``tensor.py``'s (``MCT1`` header + raw C-contiguous elements), so these
+The stored layout is ``tensor.py``'s (header + raw C-contiguous elements), so these
 objects interoperate with ``put_tensor``/``get_tensor``. Writes go from the tensor's own
 memory (two parts: header, elements) and reads land directly in the destination.
 """
@@ -33,18 +35,15 @@ from mooncake_core.store.offload import mem_view
 from mooncake_core.store.types import ReplicateConfig
 from mooncake_core.store.validate import check_config, check_int, check_key, check_keys, check_ptr_lists
 from mooncake_core.store.sharding import ShardError, tp_key_name, uniform_shard_check
+from mooncake_core.store.tensor_layout import AxisTag, ShardLayout
 from mooncake_core.utils.log import get_logger
 
 __all__ = ["TensorApi", "serialized_tensor_size"]
 
 log = get_logger("mooncake.store.tensor_api")
 
-_ITEMSIZE = {
-    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "uint8": 1, "int8": 1, "int16": 2,
-    "int32": 4, "int64": 8, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8,
-    "complex128": 16, "uint16": 2, "uint32": 4, "uint64": 8,
-}
-_MAX_HEADER = _tensor.HEADER_FIXED + 8 * _tensor.MAX_NDIM
+_ITEMSIZE = _tensor.ITEMSIZE
+_MAX_HEADER = _tensor.MAX_HEADER
 
 
 def serialized_tensor_size(addr: int, size: int) -> int:
@@ -99,16 +98,18 @@ class TensorApi:
                 out.append(None)
         return out
 
-    def put_tensors(self, keys: list[str], tensors: list[Any], cfg: Any, *, upsert: bool, op: str) -> list[int]:
-        """One batched put/upsert of tensors, each written from its own memory."""
+    def put_tensors(self, keys: list[str], tensors: list[Any], cfg: Any, *, upsert: bool, op: str,
+                    layouts: list[ShardLayout | None] | None = None) -> list[int]:
+        """One batched put/upsert of tensors, each written from its own memory; ``layouts[i]``
+        (a shard's place in its global tensor) goes into tensor i's header."""
         if len(set(keys)) != len(keys):
             raise ValueError(f"{op}: duplicate keys in one batch")
         if not keys:
             return []
         parts: list[list[tuple[int, int]]] = []
         keep: list[Any] = []
-        for t in tensors:
-            header, payload, k = _tensor.tensor_payload(t)
+        for i, t in enumerate(tensors):
+            header, payload, k = _tensor.tensor_payload(t, None if layouts is None else layouts[i])
             p = [(bytes_addr(header), len(header))]
             if len(payload):
                 p.append((buffer_addr(payload, op)[0], len(payload)))
@@ -157,6 +158,7 @@ class TensorApi:
         out = [OK] * len(base_keys)
         keys: list[str] = []
         shards: list[Any] = []
+        layouts: list[ShardLayout | None] = []
         owner: list[int] = []
         for i, (k, t) in enumerate(zip(base_keys, tensors)):
             try:
@@ -165,11 +167,13 @@ class TensorApi:
                 log.warning("%s(%r): %s", op, k, e)
                 out[i] = INVALID
                 continue
+            shape = tuple(int(n) for n in t.shape)
             for r, s in enumerate(parts):
                 keys.append(tp_key_name(k, r))
                 shards.append(s)
+                layouts.append(ShardLayout(shape, (AxisTag("tp", r, tp_size, split_dim),)))
                 owner.append(i)
-        rcs = self.put_tensors(keys, shards, cfg, upsert=upsert, op=op)
+        rcs = self.put_tensors(keys, shards, cfg, upsert=upsert, op=op, layouts=layouts)
         for i, rc in zip(owner, rcs):
             if rc != OK and out[i] == OK:
                 out[i] = rc
@@ -202,6 +206,11 @@ class TensorApi:
                           (header, payload, keep))
 
     def get_tensor(self, key: str) -> Any:
+        got = self.get_tensor_and_header(key)
+        return None if got is None else got[0]
+
+    def get_tensor_and_header(self, key: str) -> tuple[Any, _tensor.TensorHeader] | None:
+        """The stored tensor ``key`` and its header (what it holds of which global tensor)."""
         key = check_key(key, "get_tensor")
         _tensor.require_torch()
         size = self.objects.get_size(key)
@@ -211,7 +220,7 @@ class TensorApi:
         rc = self.core.call(lambda: self.core.read_batch([key], [[(int(buf.ctypes.data), size)]], "get_tensor")[0])
         if rc < 0:
             return None
-        return _tensor.tensor_from_buffer(buf[:rc])
+        return _tensor.tensor_from_buffer(buf[:rc]), _tensor.decode_tensor_header(buf[:rc])
 
     def batch_put_tensor(self, keys: list[str], tensors_list: list[Any]) -> list[int]:
         keys = check_keys(keys, "batch_put_tensor")
@@ -233,11 +242,6 @@ class TensorApi:
     def put_tensor_with_tp(self, key: str, tensor: Any, tp_rank: int = 0, tp_size: int = 1,
                            split_dim: int = 0) -> int:
         return self.pub_tensor_with_tp(key, tensor, None, tp_rank, tp_size, split_dim)
-
-    def get_tensor_with_tp(self, key: str, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0) -> Any:
-        if tp_size <= 1:
-            return self.get_tensor(key)
-        return self.get_tensor(f"{key}_tp_{tp_rank}")
 
     # ------------------------------------------------------------------ into / from
     def get_tensor_into(self, key: str, buffer_ptr: int, size: int) -> Any:
@@ -310,12 +314,6 @@ class TensorApi:
             return self.put_tensors(base_keys, tensors, cfg, upsert=False, op=op)
         return self._put_tp(base_keys, tensors, cfg, tp_size, split_dim, op)
 
-    def batch_get_tensor_with_tp(self, base_keys: list[str], tp_rank: int = 0, tp_size: int = 1) -> list[Any]:
-        base_keys = check_keys(base_keys, "batch_get_tensor_with_tp")
-        tp_rank, tp_size, _ = _check_tp("batch_get_tensor_with_tp", tp_rank, tp_size)
-        keys = base_keys if tp_size <= 1 else [tp_key_name(k, tp_rank) for k in base_keys]
-        return self.batch_get_tensor(keys)
-
     def put_tensor_with_tp_from(self, key: str, buffer_ptr: int, size: int, tp_rank: int = 0,
                                 tp_size: int = 1, split_dim: int = 0) -> int:
         return self.batch_put_tensor_with_tp_from([key], [buffer_ptr], [size], tp_rank, tp_size, split_dim)[0]
@@ -345,19 +343,6 @@ class TensorApi:
             for i, rc in zip(idx, rcs):
                 out[i] = rc
         return out
-
-    def get_tensor_with_tp_into(self, key: str, buffer_ptr: int, size: int, tp_rank: int = 0,
-                                tp_size: int = 1, split_dim: int = 0) -> Any:
-        key = check_key(key, "get_tensor_with_tp_into")
-        tp_rank, tp_size, _ = _check_tp("get_tensor_with_tp_into", tp_rank, tp_size, split_dim)
-        return self.get_tensor_into(key if tp_size <= 1 else tp_key_name(key, tp_rank), buffer_ptr, size)
-
-    def batch_get_tensor_with_tp_into(self, base_keys: list[str], buffer_ptrs: list[int], sizes: list[int],
-                                      tp_rank: int = 0, tp_size: int = 1) -> list[Any]:
-        base_keys = check_keys(base_keys, "batch_get_tensor_with_tp_into")
-        tp_rank, tp_size, _ = _check_tp("batch_get_tensor_with_tp_into", tp_rank, tp_size)
-        keys = base_keys if tp_size <= 1 else [tp_key_name(k, tp_rank) for k in base_keys]
-        return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
 
 
 def _tensor_list(op: str, keys: list[str], tensors_list: Any) -> list[Any]:

@@ -23,6 +23,7 @@ from mooncake_core.store.range_plan import (
     plan_get_into_ranges,
     plan_key_ranges,
 )
+from mooncake_core.store.tensor_layout import AxisTag, ShardLayout
 from mooncake_core.store.sharding import (
     ShardError,
     shard_bounds,
@@ -98,9 +99,9 @@ def _tensor(seed: int, shape: tuple[int, ...], dtype: torch.dtype = torch.float3
     return torch.from_numpy(rng.integers(1, 1 << 30, shape)).to(dtype)
 
 
-def _object_bytes(t: torch.Tensor) -> bytes:
-    """The exact stored form of ``t`` (header + elements)."""
-    header, view, _ = T.tensor_payload(t)
+def _object_bytes(t: torch.Tensor, layout=None) -> bytes:
+    """The exact stored form of ``t`` (header + elements; a shard's header carries ``layout``)."""
+    header, view, _ = T.tensor_payload(t, layout)
     return header + bytes(view)
 
 
@@ -203,7 +204,8 @@ def test_tensor_parallel_variants(cluster) -> None:
         g = c.get_tensor_with_tp_into("p", buf.ptr, buf.size, tp_rank=r, tp_size=3, split_dim=1)
         assert torch.equal(g, x[:, 2 * r:2 * r + 2])
     shard = x[:, 2:4].contiguous()
-    assert w.cmd(op="get", key="p_tp_1")["sha"] == sha(_object_bytes(shard))
+    layout = ShardLayout((8, 6), (AxisTag("tp", 1, 3, 1),))  # what the shard holds of which tensor
+    assert w.cmd(op="get", key="p_tp_1")["sha"] == sha(_object_bytes(shard, layout))
     # uneven split / bad split_dim: -600 and nothing stored (upstream's rule)
     assert c.pub_tensor_with_tp("u", _tensor(21, (5, 2)), tp_size=2) == INVALID
     assert c.pub_tensor_with_tp("neg2", x, tp_size=2, split_dim=-1) == INVALID
@@ -444,7 +446,8 @@ def test_tensor_with_parallelism(cluster) -> None:
     # multi-axis layout with TP: the writer passes the full tensor, the TP rank's slice is stored
     dp_tp = _par(_axis("dp", 1, 2), _axis("tp", 0, 2, split_dim=0))
     assert c.put_tensor_with_parallelism("m", x, dp_tp) == 0
-    assert w.cmd(op="get", key="m__dp_1of2__tp_0of2_sd0")["sha"] == sha(_object_bytes(x[:4]))
+    layout = ShardLayout((8, 6), (AxisTag("dp", 1, 2), AxisTag("tp", 0, 2, 0)))
+    assert w.cmd(op="get", key="m__dp_1of2__tp_0of2_sd0")["sha"] == sha(_object_bytes(x[:4], layout))
     shard2 = ReadTarget()
     shard2.mode, shard2.parallelism = "shard", dp_tp
     assert torch.equal(d.get_tensor_with_parallelism("m", shard2), x[:4])
