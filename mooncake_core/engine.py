@@ -350,19 +350,19 @@ class TransferEngine:
             return self._fail("transfer", e, target=target)
 
     def _submit(self, target: str, opcode: Any, buffers: Sequence[int], remotes: Sequence[int],
-                lengths: Sequence[int], hint: str = "", open_fail: int = -1, other_fail: int = 0) -> int:
-        """Start an asynchronous batch: its id (> 0); ``open_fail`` when the segment cannot be
-        opened, ``other_fail`` for any other refusal (Mooncake's two codes)."""
+                lengths: Sequence[int], hint: str = "") -> int:
+        """Start an asynchronous batch: its id (> 0), or 0 when it cannot be (upstream casts
+        its -1 through the unsigned batch id type no more: 0 is the one failure sentinel)."""
         self._check_hint(hint)
         try:
             peers, data = self._ready()
             peer = peers.get(target)
         except Exception as e:
-            return self._fail("open_segment", e, open_fail, target=target)
+            return self._fail("open_segment", e, 0, target=target)
         try:
             plan = data.plan(peer, opcode, buffers, remotes, lengths, hint)
         except Exception as e:
-            return self._fail("transfer submit", e, other_fail, target=target)
+            return self._fail("transfer submit", e, 0, target=target)
         deadline = data.deadline(plan.nbytes)
         b = self._batches.new(deadline, plan.nbytes)
 
@@ -425,7 +425,9 @@ class TransferEngine:
     def batch_transfer_async_write(self, target_hostname: str, buffers: Sequence[int],
                                    peer_buffer_addresses: Sequence[int], lengths: Sequence[int],
                                    transport_hint: str = "") -> int:
-        """Submit a batch; returns a batch id (> 0), -1 if the segment cannot be opened, 0 otherwise."""
+        """Submit a batch; returns a batch id (> 0), or 0 when it cannot be submitted (the
+        segment cannot be opened, or the request is invalid): upstream's failure sentinel, so
+        ``batch_id != 0`` is the success check."""
         return self._submit(target_hostname, TransferOpcode.WRITE, buffers, peer_buffer_addresses, lengths,
                             transport_hint)
 
@@ -442,9 +444,9 @@ class TransferEngine:
 
     def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                               transport_hint: str = "") -> int:
-        """Async single write; batch id, or -1 on failure."""
+        """Async single write; batch id, or 0 on failure (as ``batch_transfer_async_write``)."""
         return self._submit(target_hostname, TransferOpcode.WRITE, [buffer], [peer_buffer_address], [length],
-                            transport_hint, open_fail=-1, other_fail=-1)
+                            transport_hint)
 
     def transfer_check_status(self, batch_id: int) -> int:
         """1 completed, 0 pending, -1 failed (or unknown id), -2 timed out. Finished ids are freed."""

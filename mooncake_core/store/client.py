@@ -14,8 +14,10 @@ State, lifecycle and the whole-object data path are ``core.StoreCore``'s; backgr
 flow is described in ``core.py`` and docs/store.md.
 
 Errors inside the library are ``MooncakeError``; at the public boundary they become the
-upstream integer codes (0 / negative). Bad argument *types* and bad config values raise
-``TypeError`` / ``ValueError`` naming the argument, as the pybind11 original does.
+upstream integer codes (0 / negative). Bad argument *types* and malformed calls raise
+``TypeError`` / ``ValueError`` naming the argument, as the pybind11 original does; where the
+original answers a bad *value* with a code (setup's sizes, mismatched batch list lengths, a
+soft-pin TTL without soft pinning) so do we, logging what was wrong.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from mooncake_core.store.codes import EXIST_ERROR
+from mooncake_core.store.codes import EXIST_ERROR, INVALID, OK
 from mooncake_core.store.config import StoreConfig
 from mooncake_core.store.core import StoreCore
 from mooncake_core.store.object_api import ObjectApi
@@ -33,11 +35,14 @@ from mooncake_core.store.parallel_api import ParallelApi
 from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.store.range_api import RangeApi
 from mooncake_core.store.tensor_api import TensorApi
-from mooncake_core.store.types import ReplicaStatus, ReplicateConfig, SoftPinAction
+from mooncake_core.store.types import BufferHandle, ReplicaStatus, ReplicateConfig, SoftPinAction
+from mooncake_core.utils.log import get_logger
 
 __all__ = ["EXIST_ERROR", "MooncakeDistributedStore", "ReplicaStatus", "ReplicateConfig", "SoftPinAction"]
 
 OK = 0
+
+log = get_logger("mooncake.store.client")
 
 
 class MooncakeDistributedStore:
@@ -66,9 +71,27 @@ class MooncakeDistributedStore:
         Forms: ``setup(local_hostname, metadata_server, ...)`` (upstream argument order),
         ``setup({"local_hostname": ..., ...})``, or ``setup()`` (``MOONCAKE_CONFIG_PATH`` /
         ``MOONCAKE_MASTER`` env, as upstream's ``MooncakeConfig.load_from_env``).
-        Returns 0, or a negative Mooncake code when a service cannot be reached. Invalid
-        values raise ValueError/TypeError naming the field.
+        Returns 0, or a negative Mooncake code: -600 for an invalid value (logged, naming the
+        field: upstream answers ``"50%"`` with a code, not an exception), or the code of the
+        service that could not be reached. Arguments of the wrong kind raise TypeError.
         """
+        try:
+            cfg = self._setup_config(local_hostname, metadata_server, global_segment_size, local_buffer_size,
+                                     protocol, rdma_devices, master_server_addr, enable_ssd_offload,
+                                     ssd_offload_path, tenant_id, enable_client_http_server, client_http_port)
+        except ValueError as e:
+            log.error("store setup refused: %s", e)
+            return INVALID
+        rc = self._core.start(cfg, engine)
+        if rc == OK:
+            self._close_at_exit()
+        return rc
+
+    @staticmethod
+    def _setup_config(local_hostname: Any, metadata_server: Any, global_segment_size: Any, local_buffer_size: Any,
+                      protocol: str, rdma_devices: str, master_server_addr: str, enable_ssd_offload: Any,
+                      ssd_offload_path: str, tenant_id: str, enable_client_http_server: Any,
+                      client_http_port: int) -> StoreConfig:
         if isinstance(local_hostname, dict):
             if metadata_server is not None:
                 raise TypeError("setup(config): pass either a dict or positional arguments, not both")
@@ -86,10 +109,7 @@ class MooncakeDistributedStore:
                 tenant_id=tenant_id, enable_client_http_server=enable_client_http_server,
                 client_http_port=client_http_port,
             )
-        rc = self._core.start(cfg, engine)
-        if rc == OK:
-            self._close_at_exit()
-        return rc
+        return cfg
 
     def _close_at_exit(self) -> None:
         """A script that ends without ``close()`` is closed quietly at exit, before the
@@ -168,11 +188,11 @@ class MooncakeDistributedStore:
         """One ``bytes`` per key (``b''`` for a miss)."""
         return self._objects.get_batch(keys)
 
-    def get_buffer(self, key: str) -> memoryview | None:
-        """The object as a buffer-protocol object (a memoryview over fresh bytes), or None."""
+    def get_buffer(self, key: str) -> BufferHandle | None:
+        """The object as a ``BufferHandle`` (bytes with upstream's ``ptr()``/``size()``), or None."""
         return self._objects.get_buffer(key)
 
-    def batch_get_buffer(self, keys: list[str]) -> list[memoryview | None]:
+    def batch_get_buffer(self, keys: list[str]) -> list[BufferHandle | None]:
         """One buffer-protocol object per key (None for a miss)."""
         return self._objects.batch_get_buffer(keys)
 

@@ -46,7 +46,7 @@ from mooncake_core.store.space_wait import start_put
 from mooncake_core.store.types import ReplicateConfig
 from mooncake_core.store.validate import has_port, host_of
 from mooncake_core.utils.log import get_logger
-from mooncake_core.utils.net import free_port
+from mooncake_core.utils.net import SEGMENT_PORT_RANGE, free_port_in_range
 
 __all__ = ["StoreCore"]
 
@@ -92,6 +92,7 @@ class StoreCore:
         self.client_id = ""
         self.segment: StoreSegment | None = None
         self.segment_name = ""
+        self.local_buffer_size = 0  # setup's local_buffer_size: the most one bytes-value put may stage
         self.host = ""
         self.owned = OwnedIndex()
         self.registered: dict[int, int] = {}
@@ -158,6 +159,7 @@ class StoreCore:
 
     def _setup(self, cfg: StoreConfig, engine: Any) -> None:
         self.cfg = cfg
+        self.local_buffer_size = int(cfg.local_buffer_size)
         self.client_id = uuid.uuid4().hex
         # 1. Transfer Engine: our segment's name is its local_hostname ("host:port").
         if engine is None:
@@ -166,8 +168,9 @@ class StoreCore:
             te = TransferEngine()
             te_host = cfg.local_hostname
             if cfg.metadata_server.upper() != "P2PHANDSHAKE" and not has_port(te_host):
-                # segment names must be unique per process: like upstream, add a port
-                te_host = f"{te_host}:{free_port()}"
+                # segment names must be unique per process: like upstream, add a random
+                # port from its range (12300-14300)
+                te_host = f"{te_host}:{free_port_in_range(*SEGMENT_PORT_RANGE)}"
             rc = te.initialize(te_host, cfg.metadata_server, cfg.protocol, cfg.rdma_devices)
             if rc != 0:
                 raise MooncakeError(rc if rc < 0 else INTERNAL,
@@ -398,6 +401,10 @@ class StoreCore:
         parts whose concatenation is object i; or ``flat`` = (addresses, sizes, the bytes
         objects or None) when every object is one piece (``srcs`` may then be None). A batch
         goes the array path either way (batch_path.put_flat / put_parts)."""
+        refused = cfg.refusal()
+        if refused:  # a config upstream answers with INVALID_PARAMS, not an exception
+            log.warning("%s: %s", op, refused)
+            return [INVALID] * len(keys)
         self.enter(op)
         try:
             if len(keys) > 1:

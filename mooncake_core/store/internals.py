@@ -53,6 +53,7 @@ class StoreInternals(Protocol):
     registered: dict[int, int]
     owned: OwnedIndex
     offload: OffloadFiles | None
+    local_buffer_size: int
 
     @property
     def master(self) -> MasterClient:

@@ -17,7 +17,7 @@ from mooncake_core.store.internals import StoreInternals
 from mooncake_core.store.memory import buffer_addr, bytes_addr, bytes_addrs
 from mooncake_core.store.owned import OwnedEntry
 from mooncake_core.store.protocol import ReplicaDesc
-from mooncake_core.store.types import ReplicateConfig
+from mooncake_core.store.types import BufferHandle, ReplicateConfig
 from mooncake_core.store.validate import (check_config, check_int, check_key, check_keys, check_multi,
                                           check_ptr_lists, unique_keys)
 from mooncake_core.utils import bounded_regex
@@ -40,16 +40,31 @@ class ObjectApi:
         self.core = core
 
     # ------------------------------------------------------------------ bytes
+    def _unstageable(self, op: str, key: str, size: int) -> bool:
+        """Upstream stages a bytes value through the client's local buffer (``setup``'s
+        local_buffer_size) and answers INVALID_PARAMS when there is none: so a client set up
+        with ``local_buffer_size=0`` cannot put bytes values here either. (We need no staging:
+        a non-zero local buffer is not a cap on the value size, where upstream's is.)"""
+        if self.core.ready and self.core.local_buffer_size == 0 and size > 0:
+            log.warning("%s(%r): no local buffer to stage the %d-byte value (local_buffer_size=0 in setup); use "
+                        "put_from/batch_put_from on a registered buffer, or set a local_buffer_size", op, key, size)
+            return True
+        return False
+
     def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         key = check_key(key, "put")
         cfg = check_config(config, "put")
         addr, size, keep = buffer_addr(value, "put: value")
+        if self._unstageable("put", key, size):
+            return INVALID
         return self.core.call(lambda: self.core.put_many([key], [[(addr, size)]], cfg, upsert=False, op="put")[0], keep)
 
     def upsert(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         key = check_key(key, "upsert")
         cfg = check_config(config, "upsert")
         addr, size, keep = buffer_addr(value, "upsert: value")
+        if self._unstageable("upsert", key, size):
+            return INVALID
         self.core.forget([key])
         return self.core.call(lambda: self.core.put_many([key], [[(addr, size)]], cfg, upsert=True, op="upsert")[0],
                               keep)
@@ -64,6 +79,8 @@ class ObjectApi:
         key = check_key(key, op)
         cfg = check_config(config, op)
         bufs = [buffer_addr(p, f"{op}: parts[{i}]") for i, p in enumerate(parts)]
+        if self._unstageable(op, key, sum(n for _, n, _ in bufs)):
+            return INVALID
         if upsert:
             self.core.forget([key])
         return self.core.call(lambda: self.core.put_many([key], [[(a, n) for a, n, _ in bufs if n]], cfg, upsert=upsert,
@@ -95,6 +112,9 @@ class ObjectApi:
             bufs = [(bytes_addr(v), len(v), v) if v.__class__ is bytes else buffer_addr(v, f"{op}: values[{i}]")
                     for i, v in enumerate(values)]
             flat, keep = ([a for a, _, _ in bufs], [s for _, s, _ in bufs], None), bufs
+        big = next((i for i, n in enumerate(flat[1]) if self._unstageable(op, keys[i], n)), None)
+        if big is not None:
+            return [INVALID] * len(keys)
         if upsert:
             self.core.forget(keys)
         return self.core.call_list(lambda: self.core.put_many(keys, None, cfg, upsert=upsert, op=op, flat=flat),
@@ -116,13 +136,13 @@ class ObjectApi:
         rcs = self.core.call_list(lambda: self.core.read_batch(keys, dests, "get_batch"), len(keys))
         return [dests[i][0] if rcs[i] >= 0 and dests[i] is not None else b"" for i in range(len(keys))]
 
-    def get_buffer(self, key: str) -> memoryview | None:
+    def get_buffer(self, key: str) -> BufferHandle | None:
         data = self.get(key)
-        return memoryview(data) if data or self.is_exist(key) == 1 else None
+        return BufferHandle(data) if data or self.is_exist(key) == 1 else None
 
-    def batch_get_buffer(self, keys: list[str]) -> list[memoryview | None]:
+    def batch_get_buffer(self, keys: list[str]) -> list[BufferHandle | None]:
         keys = check_keys(keys, "batch_get_buffer")
-        return [memoryview(d) if d else None for d in self.get_batch(keys)]
+        return [BufferHandle(d) if d else None for d in self.get_batch(keys)]
 
     def get_replica_desc(self, key: str) -> list[ReplicaDesc]:
         key = check_key(key, "get_replica_desc")
@@ -203,6 +223,8 @@ class ObjectApi:
 
     def _batch_from(self, keys: Any, ptrs: Any, sizes: Any, config: Any, *, upsert: bool, op: str) -> list[int]:
         keys = check_keys(keys, op)
+        if _lengths_differ(op, keys, ptrs, sizes):
+            return [INVALID] * len(keys)
         ptrs, sizes = check_ptr_lists(op, keys, ptrs, sizes)
         unique_keys(op, keys)
         cfg = check_config(config, op)
@@ -216,6 +238,8 @@ class ObjectApi:
 
     def batch_get_into(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[int]:
         keys = check_keys(keys, "batch_get_into")
+        if _lengths_differ("batch_get_into", keys, buffer_ptrs, sizes):
+            return [INVALID] * len(keys)
         ptrs, sizes = check_ptr_lists("batch_get_into", keys, buffer_ptrs, sizes)
         if not keys:
             return []
@@ -334,3 +358,14 @@ class ObjectApi:
             self.core.forget([k for k, rc in zip(keys, rcs) if rc == 0])
             return rcs
         return self.core.call_list(run, len(keys), need_ready="batch_remove")
+
+
+def _lengths_differ(op: str, keys: list[str], ptrs: Any, sizes: Any) -> bool:
+    """Mismatched list lengths: upstream answers with a negative code per key, not an
+    exception (logged here, naming the lengths)."""
+    if isinstance(ptrs, (list, tuple)) and isinstance(sizes, (list, tuple)) and not len(keys) == len(ptrs) == len(
+            sizes):
+        log.warning("%s: %d keys, %d buffer_ptrs, %d sizes (must match): every key gets -600", op, len(keys),
+                    len(ptrs), len(sizes))
+        return True
+    return False

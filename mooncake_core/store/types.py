@@ -44,7 +44,7 @@ class ReplicateConfig:
         "preferred_segments",
         "replica_num",
         "soft_pin_action",
-        "soft_pin_ttl_ms",
+        "_soft_pin_ttl_ms",
         "with_hard_pin",
     )
 
@@ -61,6 +61,28 @@ class ReplicateConfig:
         self.prefer_alloc_in_same_node: bool = False
         self.data_type: int = 0
         self.group_ids: list[str] | None = None
+
+    @property
+    def soft_pin_ttl_ms(self) -> int | None:
+        """Soft-pin TTL in ms (None: the master's default); only with ``SoftPinAction.ENABLE``."""
+        return self._soft_pin_ttl_ms
+
+    @soft_pin_ttl_ms.setter
+    def soft_pin_ttl_ms(self, value: int | None) -> None:
+        # upstream binds this as optional<uint64>: anything else is a TypeError at assignment
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value < 1 << 64):
+            raise TypeError(f"ReplicateConfig.soft_pin_ttl_ms: expected None or an int in [0, 2**64) "
+                            f"milliseconds, got {value!r}")
+        self._soft_pin_ttl_ms = value
+
+    def refusal(self) -> str | None:
+        """Why a put/upsert with this config gets INVALID_PARAMS (-600), as upstream answers
+        (a return code, not an exception), or None."""
+        if self._soft_pin_ttl_ms is not None and self.soft_pin_action != SoftPinAction.ENABLE:
+            return (f"soft_pin_ttl_ms={self._soft_pin_ttl_ms} is valid only with SoftPinAction.ENABLE "
+                    f"(soft_pin_action is {SoftPinAction(self.soft_pin_action).name})")
+        return None
 
     # Older Mooncake releases spelled soft pinning as a boolean.
     @property
@@ -96,13 +118,6 @@ class ReplicateConfig:
         except ValueError:
             raise ValueError(f"ReplicateConfig.soft_pin_action: not a SoftPinAction: "
                              f"{self.soft_pin_action!r}") from None
-        if self.soft_pin_ttl_ms is not None:
-            if isinstance(self.soft_pin_ttl_ms, bool) or not isinstance(self.soft_pin_ttl_ms, int):
-                raise TypeError("ReplicateConfig.soft_pin_ttl_ms: expected int milliseconds or None")
-            if self.soft_pin_ttl_ms < 0:
-                raise ValueError(f"ReplicateConfig.soft_pin_ttl_ms: must be >= 0, got {self.soft_pin_ttl_ms}")
-            if self.soft_pin_action != SoftPinAction.ENABLE:
-                raise ValueError("ReplicateConfig.soft_pin_ttl_ms is valid only with SoftPinAction.ENABLE")
         if not isinstance(self.preferred_segment, str):
             raise TypeError("ReplicateConfig.preferred_segment: expected str")
         if not isinstance(self.preferred_segments, (list, tuple)) or not all(
@@ -118,3 +133,26 @@ class ReplicateConfig:
             with_hard_pin=bool(self.with_hard_pin),
             preferred_segments=self._segments(),
         )
+
+
+class BufferHandle(bytes):
+    """An object read by ``get_buffer`` / ``batch_get_buffer``: the bytes (buffer protocol,
+    ``bytes(h)``, ``memoryview(h)``) with upstream's ``BufferHandle`` accessors ``ptr()`` (the
+    address of the data) and ``size()`` (its length), valid while the handle is alive."""
+
+    __slots__ = ()
+
+    def size(self) -> int:
+        return len(self)
+
+    def ptr(self) -> int:
+        from mooncake_core.store.memory import bytes_addr
+
+        return bytes_addr(self)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self)
+
+    def tobytes(self) -> bytes:
+        return bytes(self)

@@ -56,6 +56,30 @@ def _bindable(host: str, port: int) -> bool:
         return True
 
 
+#: where the original's store client picks its Transfer Engine port when none is given
+SEGMENT_PORT_RANGE = (12300, 14300)
+
+
+def free_port_in_range(lo: int, hi: int, host: str = "0.0.0.0") -> int:
+    """A random free TCP port in ``[lo, hi)`` that this process has not handed out before
+    (the original's store clients pick their port this way). RuntimeError after 200 tries."""
+    import random
+
+    with _HANDED_OUT_LOCK:
+        for _ in range(200):
+            port = random.randrange(lo, hi)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError(f"no free port in [{lo}, {hi}) on {host} (200 tries)")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A free TCP port on ``host`` that this process has not handed out before (for tests and
     'pick one for me' options): two calls never return the same port, even before either is bound.

@@ -60,7 +60,7 @@ class Engine:
         self.name, self.peer = name, peer
         x: dict[str, Any] = {"local_hostname": "127.0.0.1", "metadata_server": meta or a.meta,
                              "master_server_address": master or a.master, "global_segment_size": str(segment),
-                             "local_buffer_size": "0", "protocol": "tcp", "save_chunk_meta": chunk_meta}
+                             "local_buffer_size": "16MB", "protocol": "tcp", "save_chunk_meta": chunk_meta}
         base: dict[str, Any] = {"chunk_size": a.chunk, "local_cpu": local_cpu, "max_local_cpu_size": cpu_gb,
                                 "remote_serde": "naive", "blocking_timeout_secs": blocking_timeout,
                                 "save_unfull_chunk": True}

@@ -85,7 +85,7 @@ def test_store_client_without_the_token_fails_setup_clearly(master) -> None:
 
     s = MooncakeDistributedStore()
     rc = s.setup({"local_hostname": "127.0.0.1", "metadata_server": master.meta, "global_segment_size": 0,
-                  "local_buffer_size": 0, "protocol": "tcp", "master_server_addr": master.addr})
+                  "local_buffer_size": 16 << 20, "protocol": "tcp", "master_server_addr": master.addr})
     assert rc != 0
 
 

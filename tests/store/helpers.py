@@ -176,7 +176,7 @@ def make_client(master: Master, segment: int = 0, **extra: Any):
 
     s = MooncakeDistributedStore()
     cfg = {"local_hostname": "127.0.0.1", "metadata_server": master.meta,
-           "global_segment_size": segment, "local_buffer_size": 0, "protocol": "tcp",
+           "global_segment_size": segment, "local_buffer_size": 16 << 20, "protocol": "tcp",
            "master_server_addr": master.addr, **extra}
     rc = s.setup(cfg)
     assert rc == 0, f"setup failed with {rc}; master log:\n{master.log_tail()}"

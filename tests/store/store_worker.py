@@ -44,7 +44,7 @@ def main() -> int:
     # MC_TEST_LOCAL_HOSTNAME: a worker in a network namespace serves on that namespace's address
     host = os.environ.get("MC_TEST_LOCAL_HOSTNAME", "127.0.0.1")
     cfg = {"local_hostname": host, "metadata_server": meta, "global_segment_size": seg,
-           "local_buffer_size": 0, "protocol": "tcp", "master_server_addr": master}
+           "local_buffer_size": 16 << 20, "protocol": "tcp", "master_server_addr": master}
     if offload:
         cfg["enable_ssd_offload"] = True
         cfg["ssd_offload_path"] = offload

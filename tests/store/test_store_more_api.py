@@ -350,7 +350,7 @@ def test_put_sessions_and_misc(cluster, monkeypatch) -> None:
     assert c.batch_put_session_start(["gone"], [8]) == [0]
     assert c.close() == 0
     assert c.setup({"local_hostname": "127.0.0.1", "metadata_server": m.meta, "global_segment_size": 0,
-                    "local_buffer_size": 0, "protocol": "tcp", "master_server_addr": m.addr}) == 0
+                    "local_buffer_size": 16 << 20, "protocol": "tcp", "master_server_addr": m.addr}) == 0
     assert c.batch_put_from_multi_buffer_ranges(["gone"], [[p]], [[8]], [[0]]) == [INVALID]
     assert c.batch_put_session_end(["gone"]) == [INVALID]
 

@@ -198,7 +198,8 @@ def test_unknown_segment(http_metadata, engine_factory):
         target = f"127.0.0.1:{free_port()}"
         t0 = time.monotonic()
         assert eng.transfer_sync_write(target, buf.ctypes.data, 0x1000, 16) == -1
-        assert eng.batch_transfer_async_write(target, [buf.ctypes.data], [0x1000], [16]) == -1
+        assert eng.batch_transfer_async_write(target, [buf.ctypes.data], [0x1000], [16]) == 0  # upstream's sentinel
+        assert eng.transfer_submit_write(target, buf.ctypes.data, 0x1000, 16) == 0
         assert eng.send_probe(target) == -1
         assert eng.get_first_buffer_address(target) == 0
         assert time.monotonic() - t0 < 5
