@@ -23,6 +23,7 @@ ALIASES: dict[str, str] = {
     "mooncake.engine": "mooncake_core.engine",
     "mooncake.store": "mooncake_core.store",
     "mooncake.mooncake_config": "mooncake_core.store.config",
+    "mooncake.async_store": "mooncake_core.store.async_store",
 }
 
 
@@ -51,6 +52,8 @@ class _PackageLoader(importlib.abc.Loader):
 
     def exec_module(self, module) -> None:
         module.__path__ = []  # a package, so submodule imports go through the finders
+        # a real file, as a package has one (tools and tests locate the package by it)
+        module.__file__ = __file__
         module.__doc__ = "Compatibility alias of mooncake_core (see mooncake_core.compat)."
         module.__mooncake_core_alias__ = True
 

@@ -155,6 +155,9 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MC_STORE_RPC_TIMEOUT", _float, None,
            "seconds a store client waits for the master per call (LMCache: `mooncake_rpc_timeout` in "
            "`extra_config`)", _STORE, "5"),
+    EnvVar("MC_STORE_CLUSTER_ID", str, "mooncake_cluster",
+           "cluster whose master a client with master_server_addr=etcd://... looks for (the masters' "
+           "--cluster_id)", _STORE),
     EnvVar("MC_STORE_HEARTBEAT_INTERVAL", _float, 1.0, "seconds between a store client's heartbeats", _STORE),
     EnvVar("MC_STORE_PREFAULT", _flag, True,
            "fault pages in before transfers write there (and populate a new segment)", _STORE),
@@ -226,6 +229,7 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MC_REDIS_PASSWORD: str | None
     MC_REDIS_DB_INDEX: int
     MC_STORE_RPC_TIMEOUT: float | None
+    MC_STORE_CLUSTER_ID: str
     MC_STORE_HEARTBEAT_INTERVAL: float
     MC_STORE_PREFAULT: bool
     MC_STORE_HUGEPAGES: bool

@@ -169,6 +169,16 @@ def _non_negative(v: float) -> str | None:
     return None if v >= 0 else "must be >= 0"
 
 
+def _cluster_id(v: str) -> str | None:
+    from mooncake_core.store.ha import check_cluster_id
+
+    try:
+        check_cluster_id(v)
+    except ValueError as e:
+        return str(e).removeprefix(f"cluster_id {v!r}: ")
+    return None
+
+
 def _log_level(v: str) -> str | None:
     ok = {"debug", "info", "warning", "warn", "error", "critical"}
     return None if v.lower() in ok else f"must be one of {sorted(ok)}"
@@ -242,6 +252,10 @@ MASTER_FLAGS = [
          "elected through an etcd lease (needs --etcd_endpoints). Clients use "
          "master_server_addr=etcd://h:p[;h2:p]."),
     Flag("etcd_endpoints", "str", "", "etcd endpoints for HA, 'host:port;host2:port' (separated by ';')."),
+    Flag("cluster_id", "str", "mooncake_cluster", "Name of this cluster (1-128 of [0-9A-Za-z_.-]). It "
+         "namespaces what clusters could share: the HA leader key in etcd (mooncake-store/<id>/master/leader; "
+         "clients name the cluster with env MC_STORE_CLUSTER_ID) and the SSD-tier files "
+         "(<--root_fs_dir>/<id>/), as the original's.", _cluster_id),
     Flag("enable_offload", "bool", False, "SSD tier: evicted objects are written by their owner client to "
          "files under --root_fs_dir and read back (and promoted to memory) on a later get."),
     Flag("root_fs_dir", "str", "", "Directory of the SSD tier, shared by the master and its clients "

@@ -1,15 +1,17 @@
 """Master high availability through etcd: leader election and leader discovery.
 
-Design: every master started with ``--enable_ha`` campaigns for the key ``LEADER_KEY``
-with an etcd *transaction put-if-absent* bound to a short lease (``LEADER_TTL_S``). The
+Design: every master started with ``--enable_ha`` campaigns for the key
+``leader_key(cluster_id)`` (``mooncake-store/<--cluster_id>/master/leader``, so clusters
+sharing one etcd never see each other's leader) with an etcd *transaction put-if-absent* bound to a short lease (``LEADER_TTL_S``). The
 winner keeps the lease alive (keepalive every TTL/3) and serves RPC; the others poll the
 key and campaign again once it disappears (leader crashed -> its lease expires -> key gone).
 A leader that cannot refresh its lease (etcd unreachable, paused process) steps down by
 itself before its lease can have expired (checked against a local monotonic deadline), so
 two masters never both believe they lead for longer than one keepalive period.
 
-Clients (``MasterClient("etcd://h:p;h2:p")``) read ``LEADER_KEY`` to find the leader's
-``host:port`` and re-read it when an RPC fails.
+Clients (``MasterClient("etcd://h:p;h2:p")``) read the key of their cluster (env
+``MC_STORE_CLUSTER_ID``, default ``mooncake_cluster``, as upstream's clients) to find the
+leader's ``host:port`` and re-read it when an RPC fails.
 
 A new leader starts with an empty state and answers ``need_remount`` to heartbeats of
 clients it does not know; they re-mount their segments and re-report their complete
@@ -28,7 +30,27 @@ from mooncake_core.utils.net import parse_host_port
 
 log = get_logger("mooncake.store.ha")
 
-LEADER_KEY = "mooncake-store/master/leader"
+DEFAULT_CLUSTER_ID = "mooncake_cluster"
+_CLUSTER_ID_CHARS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_-.")
+
+
+def check_cluster_id(value: str) -> str:
+    """``--cluster_id`` as upstream accepts it (a trailing '/' dropped): 1-128 characters of
+    ``[0-9A-Za-z_.-]`` -- it becomes part of etcd keys and paths, so nothing that could
+    reach into another cluster's keys (no '/', no '..' component)."""
+    v = value[:-1] if value.endswith("/") else value
+    if not v or len(v) > 128 or not set(v) <= _CLUSTER_ID_CHARS or v in (".", ".."):
+        raise ValueError(f"cluster_id {value!r}: expected 1-128 characters of [0-9A-Za-z_.-]")
+    return v
+
+
+def leader_key(cluster_id: str = DEFAULT_CLUSTER_ID) -> str:
+    """The etcd key the leader of ``cluster_id`` holds (masters of other clusters sharing the
+    etcd never see it)."""
+    return f"mooncake-store/{cluster_id}/master/leader"
+
+
+LEADER_KEY = leader_key()
 LEADER_TTL_S = 3  # etcd lease TTL of the leader key (seconds): failover takes about this long
 ETCD_TIMEOUT_S = 2.0
 
@@ -58,15 +80,22 @@ def _client(host: str, port: int, timeout: float):
     return etcd3gw.client(host=host, port=port, timeout=timeout)
 
 
-def resolve_leader(endpoints: list[tuple[str, int]], timeout: float = ETCD_TIMEOUT_S) -> str | None:
+def resolve_leader(endpoints: list[tuple[str, int]], timeout: float = ETCD_TIMEOUT_S,
+                   cluster_id: str | None = None) -> str | None:
     """The current leader's RPC address from etcd, or None if no leader is registered.
+    ``cluster_id``: whose leader (default: env ``MC_STORE_CLUSTER_ID``, as upstream's clients).
 
     Tries each endpoint in turn; raises ConnectionError naming all of them if none answers.
     """
+    if cluster_id is None:
+        from mooncake_core import envs
+
+        cluster_id = check_cluster_id(envs.MC_STORE_CLUSTER_ID)
+    key = leader_key(cluster_id)
     errors = []
     for host, port in endpoints:
         try:
-            vals = _client(host, port, timeout).get(LEADER_KEY)
+            vals = _client(host, port, timeout).get(key)
         except Exception as e:  # noqa: BLE001 - any transport error: try the next endpoint
             errors.append(f"{host}:{port}: {e}")
             continue
@@ -88,8 +117,9 @@ class LeaderElection:
 
     def __init__(self, endpoints: list[tuple[str, int]], my_address: str, *,
                  on_elected: Callable[[], None], on_lost: Callable[[], None],
-                 ttl_s: int = LEADER_TTL_S, poll_s: float = 0.5) -> None:
+                 ttl_s: int = LEADER_TTL_S, poll_s: float = 0.5, cluster_id: str = DEFAULT_CLUSTER_ID) -> None:
         self.endpoints = endpoints
+        self.key = leader_key(cluster_id)
         self.my_address = my_address
         self.on_elected = on_elected
         self.on_lost = on_lost
@@ -138,11 +168,11 @@ class LeaderElection:
     def _campaign(self) -> bool:
         if self._client is None:
             self._client = self._connect()
-        if self._client.get(LEADER_KEY):
+        if self._client.get(self.key):
             return False  # someone leads: no lease churn while following
         t0 = time.monotonic()
         lease = self._client.lease(self.ttl_s)
-        if self._client.create(LEADER_KEY, self.my_address, lease=lease):
+        if self._client.create(self.key, self.my_address, lease=lease):
             self._lease = lease
             self.valid_until = t0 + self.ttl_s
             return True
@@ -169,7 +199,7 @@ class LeaderElection:
         if self._stop.is_set():
             return
         self.is_leader = True
-        log.info("elected leader", extra={"rpc_address": self.my_address, "key": LEADER_KEY})
+        log.info("elected leader", extra={"rpc_address": self.my_address, "key": self.key})
         self.on_elected()
         # keepalive: refresh well within the TTL; step down if we cannot for too long
         interval = max(self.ttl_s / 3.0, 0.2)

@@ -23,6 +23,7 @@ from mooncake_core.store.master_server import MasterServer
 from mooncake_core.store.master_state import MasterConfig, MasterState
 from mooncake_core.utils.gcfreeze import freeze_after_full_collections
 from mooncake_core.utils.log import get_logger, setup_logging
+from mooncake_core.store.ha import check_cluster_id
 from mooncake_core.utils.net import local_ip
 
 log = get_logger("mooncake.store.master")
@@ -36,7 +37,7 @@ def config_from_flags(v: dict) -> MasterConfig:
         raise FlagError("--enable_ha needs --etcd_endpoints=host:port[;host2:port]")
     quota = v["quota_bytes"]
     if v["enable_offload"] and quota == 0:
-        os.makedirs(v["root_fs_dir"], exist_ok=True)
+        os.makedirs(v["root_fs_dir"], exist_ok=True)  # the cluster's subdirectory is made with its first file
         quota = int(shutil.disk_usage(v["root_fs_dir"]).total * 0.9)
     return MasterConfig(
         default_kv_lease_ttl_ms=v["default_kv_lease_ttl"],
@@ -48,7 +49,9 @@ def config_from_flags(v: dict) -> MasterConfig:
         put_start_discard_timeout_s=float(v["put_start_discard_timeout_sec"]),
         put_start_release_timeout_s=float(v["put_start_release_timeout_sec"]),
         enable_offload=v["enable_offload"],
-        root_fs_dir=os.path.abspath(v["root_fs_dir"]) if v["root_fs_dir"] else "",
+        # the original keeps a cluster's files under <root_fs_dir>/<cluster_id>
+        root_fs_dir=os.path.join(os.path.abspath(v["root_fs_dir"]), check_cluster_id(v["cluster_id"]))
+        if v["root_fs_dir"] else "",
         disk_quota_bytes=quota,
         recovery_hold_s=v["recovery_hold_ms"] / 1000.0,
         regex_budget_s=v["remove_by_regex_budget_ms"] / 1000.0,
@@ -157,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     state.begin_leadership()
 
             election = LeaderElection(parse_etcd_endpoints(v["etcd_endpoints"]), advertise,
+                                      cluster_id=check_cluster_id(v["cluster_id"]),
                                       on_elected=_elected, on_lost=_lost)
             # serve at once: a follower answers ping (is_leader=False) and refuses the rest
             # with -900 "not the leader", so a client given its address fails fast and clearly

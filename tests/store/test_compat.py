@@ -69,3 +69,28 @@ def test_respects_original_unless_forced(python_exe, tmp_path) -> None:
     assert _run(python_exe, code, {**env, "MOONCAKE_CORE_COMPAT": "1"}).split() == ["True", "ours"]
     forced = code.replace("compat.install()", "compat.install(force=True)")
     assert _run(python_exe, forced, env).split() == ["True", "ours"]
+
+
+def test_alias_ships_the_originals_async_store_and_a_real_file(python_exe) -> None:
+    out = _run(python_exe, """
+        import asyncio, os
+        from mooncake_core import compat
+        compat.install(force=True)
+        import mooncake
+        assert os.path.isfile(mooncake.__file__), mooncake.__file__
+        from mooncake.async_store import MooncakeDistributedStoreAsync
+        from mooncake_core.store.async_store import MooncakeDistributedStoreAsync as ours
+        assert MooncakeDistributedStoreAsync is ours
+        s = MooncakeDistributedStoreAsync()
+        # not set up: the async form returns what the sync form returns, off the event loop
+        assert asyncio.run(s.async_put("k", b"v")) == s.put("k", b"v") == -600
+        assert asyncio.run(s.async_get("k")) == b""
+        try:
+            s.async_no_such_method
+        except AttributeError as e:
+            assert "no_such_method" in str(e)
+        else:
+            raise AssertionError("expected AttributeError")
+        print("ok")
+    """)
+    assert out.strip() == "ok"

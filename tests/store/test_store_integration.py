@@ -397,8 +397,7 @@ def test_setup_from_env_and_config_file(master_factory, worker_factory, tmp_path
     p.write_text('{"local_hostname": "127.0.0.1", "metadata_server": "%s", "global_segment_size": "50%%",'
                  ' "protocol": "tcp", "master_server_address": "%s"}' % (m.meta, m.addr))
     monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(p))
-    with pytest.raises(ValueError, match="global_segment_size"):
-        MooncakeDistributedStore().setup()
+    assert MooncakeDistributedStore().setup() == -600  # logged naming global_segment_size, as upstream: a code
 
 
 def test_master_restart_under_running_loop(master_factory, worker_factory, client_factory) -> None:

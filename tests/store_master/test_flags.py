@@ -124,3 +124,18 @@ def test_config_file_and_command_line_precedence(tmp_path) -> None:
         apply_config_file(fs, fs.parse([f"--config_path={cfg}"]))
     with pytest.raises(FlagError, match="cannot read"):
         apply_config_file(fs, fs.parse([f"--config_path={tmp_path / 'missing.json'}"]))
+
+
+def test_cluster_id_namespaces_ha_key_and_ssd_dir_as_the_original(tmp_path, capsys, monkeypatch) -> None:
+    from mooncake_core.store.ha import LEADER_KEY, leader_key
+
+    assert parse()["cluster_id"] == "mooncake_cluster"  # the original's default
+    assert LEADER_KEY == "mooncake-store/mooncake_cluster/master/leader"
+    assert leader_key("ci_test_cluster") == "mooncake-store/ci_test_cluster/master/leader"
+    cfg = config_from_flags(parse("--cluster_id=ci_test_cluster/", f"--root_fs_dir={tmp_path}"))
+    assert cfg.root_fs_dir == str(tmp_path / "ci_test_cluster")  # a trailing '/' is dropped, as upstream
+    for bad in ("a/b", "..", "", "x" * 129, "sp ace"):
+        with pytest.raises(FlagError, match="--cluster_id.*1-128 characters"):
+            parse(f"--cluster_id={bad}")
+    assert main(["--cluster_id=../etc"]) == 2
+    assert "--cluster_id" in capsys.readouterr().err
