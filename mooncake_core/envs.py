@@ -155,7 +155,7 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MC_STORE_RPC_TIMEOUT", _float, None,
            "seconds a store client waits for the master per call (LMCache: `mooncake_rpc_timeout` in "
            "`extra_config`)", _STORE, "5"),
-    EnvVar("MC_STORE_CLUSTER_ID", str, "mooncake_cluster",
+    EnvVar("MC_STORE_CLUSTER_ID", _str, "mooncake_cluster",
            "cluster whose master a client with master_server_addr=etcd://... looks for (the masters' "
            "--cluster_id)", _STORE),
     EnvVar("MC_STORE_HEARTBEAT_INTERVAL", _float, 1.0, "seconds between a store client's heartbeats", _STORE),

@@ -2,12 +2,13 @@
 
 Design: every master started with ``--enable_ha`` campaigns for the key
 ``leader_key(cluster_id)`` (``mooncake-store/<--cluster_id>/master/leader``, so clusters
-sharing one etcd never see each other's leader) with an etcd *transaction put-if-absent* bound to a short lease (``LEADER_TTL_S``). The
-winner keeps the lease alive (keepalive every TTL/3) and serves RPC; the others poll the
-key and campaign again once it disappears (leader crashed -> its lease expires -> key gone).
-A leader that cannot refresh its lease (etcd unreachable, paused process) steps down by
-itself before its lease can have expired (checked against a local monotonic deadline), so
-two masters never both believe they lead for longer than one keepalive period.
+sharing one etcd never see each other's leader) with an etcd *transaction put-if-absent*
+bound to a short lease (``LEADER_TTL_S``). The winner keeps the lease alive (keepalive
+every TTL/3) and serves RPC; the others poll the key and campaign again once it disappears
+(leader crashed -> its lease expires -> key gone). A leader that cannot refresh its lease
+(etcd unreachable, paused process) steps down by itself before its lease can have expired
+(checked against a local monotonic deadline), so two masters never both believe they lead
+for longer than one keepalive period.
 
 Clients (``MasterClient("etcd://h:p;h2:p")``) read the key of their cluster (env
 ``MC_STORE_CLUSTER_ID``, default ``mooncake_cluster``, as upstream's clients) to find the
