@@ -116,6 +116,44 @@ class ReplicaDesc(msgspec.Struct, array_like=True, frozen=True):
     path: str = ""
     status: str = "complete"
 
+    # the original's ReplicaDescriptor accessors (code written against it inspects replicas so)
+    def is_memory_replica(self) -> bool:
+        return self.kind == "memory"
+
+    def is_disk_replica(self) -> bool:
+        return self.kind == "disk"
+
+    def is_local_disk_replica(self) -> bool:
+        """The original's local-SSD replicas (a client's own disk, not the shared tier): none here."""
+        return False
+
+    def get_memory_descriptor(self) -> MemoryDescriptor:
+        if self.kind != "memory":
+            raise RuntimeError(f"replica on {self.segment_name!r} is a {self.kind} replica, not a memory one")
+        return MemoryDescriptor(BufferDescriptor(self.size, self.addr, self.segment_name))
+
+    def get_disk_descriptor(self) -> DiskDescriptor:
+        if self.kind != "disk":
+            raise RuntimeError(f"replica on {self.segment_name!r} is a {self.kind} replica, not a disk one")
+        return DiskDescriptor(self.path, self.size)
+
+
+class BufferDescriptor(msgspec.Struct, frozen=True):
+    """Where a memory replica's bytes are (the original's ``Descriptor``)."""
+
+    size: int
+    buffer_address: int
+    transport_endpoint: str  # the owning client's segment ("host:port")
+
+
+class MemoryDescriptor(msgspec.Struct, frozen=True):
+    buffer_descriptor: BufferDescriptor
+
+
+class DiskDescriptor(msgspec.Struct, frozen=True):
+    file_path: str  # relative to the SSD tier's directory
+    object_size: int
+
 
 class ReplicateConfigMsg(msgspec.Struct, array_like=True):
     """Placement options of a put (the wire form of ``ReplicateConfig``)."""

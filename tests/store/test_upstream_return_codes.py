@@ -86,3 +86,17 @@ def test_put_larger_than_the_local_buffer_fails_as_upstream(master_factory, clie
     arr = np.frombuffer(bytearray(b"x" * 64), np.uint8)
     assert c.register_buffer(int(arr.ctypes.data), 64) == 0
     assert c.put_from("zero", int(arr.ctypes.data), 64) == 0 and c.get("zero") == b"x" * 64
+
+
+def test_replica_descriptor_has_the_originals_accessors() -> None:
+    from mooncake_core.store.protocol import ReplicaDesc
+
+    mem = ReplicaDesc("h:12345", 4096, 10)
+    assert mem.is_memory_replica() and not mem.is_disk_replica() and not mem.is_local_disk_replica()
+    bd = mem.get_memory_descriptor().buffer_descriptor
+    assert (bd.size, bd.buffer_address, bd.transport_endpoint) == (10, 4096, "h:12345")
+    disk = ReplicaDesc("h:12345", 0, 10, kind="disk", path="ab/cd")
+    assert disk.is_disk_replica() and (disk.get_disk_descriptor().file_path, disk.get_disk_descriptor().object_size) \
+        == ("ab/cd", 10)
+    with pytest.raises(RuntimeError, match="not a memory one"):
+        disk.get_memory_descriptor()
