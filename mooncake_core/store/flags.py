@@ -78,10 +78,13 @@ class Flag:
 class FlagSet:
     """A set of gflags-style flags."""
 
-    def __init__(self, prog: str, description: str, flags: Sequence[Flag]):
+    def __init__(self, prog: str, description: str, flags: Sequence[Flag],
+                 not_implemented: dict[str, str] | None = None):
         self.prog = prog
         self.description = description
         self.flags = {f.name: f for f in flags}
+        #: flags of the original program this one does not implement -> why (named in the refusal)
+        self.not_implemented = dict(not_implemented or {})
 
     def _lookup(self, raw: str) -> tuple[Flag | None, bool]:
         """(flag, negated) for a name as typed (without dashes)."""
@@ -116,6 +119,10 @@ class FlagSet:
             name, eq, val = body.partition("=")
             f, negated = self._lookup(name)
             if f is None:
+                why = self.not_implemented.get(name.replace("-", "_"))
+                if why is not None:
+                    raise FlagError(f"--{name} is a flag of the original {self.prog} that this one does not "
+                                    f"implement: {why}")
                 raise FlagError(f"unknown flag --{name} (run with --help to list the flags)")
             if f.kind == "bool":
                 if negated:
@@ -258,6 +265,17 @@ MASTER_FLAGS = [
          "(<--root_fs_dir>/<id>/), as the original's.", _cluster_id),
     Flag("enable_offload", "bool", False, "SSD tier: evicted objects are written by their owner client to "
          "files under --root_fs_dir and read back (and promoted to memory) on a later get."),
+    Flag("offload_on_evict", "bool", False, "Offload to the SSD tier when an object is evicted (the original's "
+         "alternative to offloading at put end). This master always offloads at eviction, so with "
+         "--enable_offload this must be true (false is refused: offloading every object at put end is not "
+         "implemented)."),
+    Flag("promotion_on_hit", "bool", False, "Promote an object held only on the SSD tier back to memory when it "
+         "is read. This master always promotes on a read, so with --enable_offload this must be true."),
+    Flag("promotion_admission_threshold", "int", 1, "Reads of an SSD-only object before it is promoted. Only 1 "
+         "(promote on the first read) is implemented; the original's second-touch gating (its default 2) is not.",
+         lambda v: None if v == 1 else "only 1 is implemented (promote on the first read)"),
+    Flag("ha_backend_type", "str", "etcd", "HA coordination backend: only 'etcd' (the original also has redis).",
+         lambda v: None if v == "etcd" else "only 'etcd' is implemented"),
     Flag("root_fs_dir", "str", "", "Directory of the SSD tier, shared by the master and its clients "
          "(local or network file system). Required with --enable_offload."),
     Flag("quota_bytes", "size", 0, "Capacity of the SSD tier (bytes or '10 GB'); least recently used files "
@@ -277,8 +295,60 @@ MASTER_DESCRIPTION = ("Mooncake Store master: keeps object -> replica locations,
                       "liveness. Never on the data path. Live dashboard: http://HOST:METRICS_PORT/dashboard.")
 
 
+_WHY_SNAPSHOT = "no snapshots of the master's state: a new master rebuilds it from its clients' re-mounts"
+_WHY_OPLOG = "no operation log: HA here is leader election through etcd, the state rebuilt from the clients"
+_WHY_NOF = "no NVMe-oF tier (memory and the --root_fs_dir SSD tier only)"
+_WHY_TASKS = "the copy/move task queue of the store service is not implemented in this master"
+_WHY_KV_EVENTS = ("the ZMQ KV-event publisher (RFC #1527) is not implemented; key events are always on here, "
+                  "pulled over the master's RPC (watch_keys: mooncake_core/store/key_events.py)")
+_WHY_CXL = "no CXL memory segments"
+_WHY_TENANTS = "no multi-tenant quotas (tenant_id is accepted by clients but not enforced)"
+
+#: every flag of the original mooncake_master this master does not implement, and why
+MASTER_NOT_IMPLEMENTED: dict[str, str] = {
+    "metrics_host": "use --metrics_address (this master's name for the metrics/dashboard bind address)",
+    "max_kv_soft_pin_ttl": "soft-pin TTLs are not capped here (--default_kv_soft_pin_ttl sets the default)",
+    "rpc_interface": "bind with --rpc_address (an address, not an interface name)",
+    "rpc_conn_timeout_seconds": "idle RPC connections are kept; clients bound each call by MC_STORE_RPC_TIMEOUT",
+    "rpc_enable_tcp_no_delay": "TCP_NODELAY is always on for the master's RPC sockets",
+    "offload_force_evict": "an object that cannot be offloaded is not force-evicted; it stays in memory",
+    "offloading_queue_limit": "offloads are handed to the owner client on its heartbeat, without a bounded queue",
+    "offload_cap_ratio": "the SSD tier is bounded by --quota_bytes instead",
+    "promotion_queue_limit": "promotions run on the read itself, without a queue",
+    "promotion_max_per_heartbeat": "promotions run on the read itself, not per heartbeat",
+    "dynamic_replication_mode": "no heat-based dynamic replication",
+    "dynamic_replication_heat_window_seconds": "no heat-based dynamic replication",
+    "ha_backend_connstring": "HA uses etcd only: give its endpoints with --etcd_endpoints",
+    "global_file_segment_size": "no global file (NFS/3FS) segment; the SSD tier lives under --root_fs_dir",
+    "memory_allocator": "one allocator (offset-based, first fit in a range tree)",
+    "pod_name": "no Kubernetes pod identity in this master",
+    "pod_namespace": "no Kubernetes pod identity in this master",
+    "enable_disk_eviction": "SSD-tier files are evicted by --quota_bytes (least recently used) always",
+    "enable_multi_tenants": _WHY_TENANTS,
+    "tenant_quota_connector_type": _WHY_TENANTS,
+    "tenant_quota_connector_uri": _WHY_TENANTS,
+    "enable_cxl": _WHY_CXL, "cxl_path": _WHY_CXL, "cxl_size": _WHY_CXL,
+    **{f: _WHY_NOF for f in ("nof_eviction_ratio", "nof_eviction_high_watermark_ratio", "nof_heartbeat_interval_sec",
+                             "nof_heartbeat_probe_timeout_ms")},
+    **{f: _WHY_OPLOG for f in ("enable_oplog", "oplog_poll_interval_ms", "oplog_batch_max_entries",
+                               "batch_oplog_retry_timeout_sec")},
+    **{f: _WHY_SNAPSHOT for f in (
+        "enable_snapshot", "enable_snapshot_restore", "snapshot_backup_dir", "snapshot_interval_seconds",
+        "snapshot_child_timeout_seconds", "snapshot_retention_count", "snapshot_object_store_type",
+        "snapshot_payload_store_type", "snapshot_payload_backend_type", "snapshot_catalog_store_type",
+        "snapshot_catalog_backend_type", "snapshot_catalog_store_connstring", "snapshot_catalog_backend_connstring")},
+    **{f: _WHY_TASKS for f in ("max_total_finished_tasks", "max_total_pending_tasks", "max_total_processing_tasks",
+                               "pending_task_timeout_sec", "processing_task_timeout_sec", "max_retry_attempts")},
+    **{f: _WHY_KV_EVENTS for f in (
+        "enable_kv_events", "kv_events_bind_endpoint", "kv_events_model_name", "kv_events_backend_id",
+        "kv_events_tenant_id", "kv_events_additional_salt", "kv_events_lora_name", "kv_events_block_size",
+        "kv_events_dp_rank", "kv_events_emit_legacy_compat", "kv_events_emit_object_key",
+        "kv_events_queue_capacity")},
+}
+
+
 def master_flagset() -> FlagSet:
-    return FlagSet("mooncake_master", MASTER_DESCRIPTION, MASTER_FLAGS)
+    return FlagSet("mooncake_master", MASTER_DESCRIPTION, MASTER_FLAGS, MASTER_NOT_IMPLEMENTED)
 
 
 #: config-file keys of the original that differ from the flag names

@@ -33,6 +33,14 @@ def config_from_flags(v: dict) -> MasterConfig:
     """Translate parsed flags into the pure state's config (validating combinations)."""
     if v["enable_offload"] and not v["root_fs_dir"]:
         raise FlagError("--enable_offload needs --root_fs_dir=DIR (where the SSD-tier files live)")
+    if v["enable_offload"]:
+        # what this master does with the SSD tier is the original's offload_on_evict + promotion_on_hit
+        # mode; an explicit request for the other mode is refused, not silently served the wrong way
+        for name in ("offload_on_evict", "promotion_on_hit"):
+            if name in v.get("__explicit__", ()) and not v[name]:
+                raise FlagError(f"--{name}=false is not implemented: this master offloads at eviction and "
+                                "promotes on a read (the original's --offload_on_evict=true "
+                                "--promotion_on_hit=true)")
     if v["enable_ha"] and not v["etcd_endpoints"]:
         raise FlagError("--enable_ha needs --etcd_endpoints=host:port[;host2:port]")
     quota = v["quota_bytes"]

@@ -139,3 +139,24 @@ def test_cluster_id_namespaces_ha_key_and_ssd_dir_as_the_original(tmp_path, caps
             parse(f"--cluster_id={bad}")
     assert main(["--cluster_id=../etc"]) == 2
     assert "--cluster_id" in capsys.readouterr().err
+
+
+def test_every_flag_of_the_original_master_is_implemented_or_refused_with_a_reason() -> None:
+    from mooncake_core.store.flags import MASTER_NOT_IMPLEMENTED
+
+    fs = master_flagset()
+    assert not set(MASTER_NOT_IMPLEMENTED) & set(fs.flags)
+    with pytest.raises(FlagError, match=r"--enable_snapshot is a flag of the original mooncake_master .*no snapshots"):
+        parse("--enable_snapshot=true")
+    with pytest.raises(FlagError, match="--kv-events-bind-endpoint is a flag of the original.*ZMQ"):
+        parse("--kv-events-bind-endpoint", "tcp://0.0.0.0:5557")
+    # the SSD-tier flags the original's CI passes: this master's mode, so accepted
+    v = parse("--enable_offload=true", "--offload_on_evict=true", "--promotion_on_hit=true",
+              "--promotion_admission_threshold=1", "--root_fs_dir=/tmp/x")
+    assert config_from_flags(v).enable_offload
+    with pytest.raises(FlagError, match="--offload_on_evict=false is not implemented"):
+        config_from_flags(parse("--enable_offload", "--offload_on_evict=false", "--root_fs_dir=/tmp/x"))
+    with pytest.raises(FlagError, match="--promotion_admission_threshold.*only 1 is implemented"):
+        parse("--promotion_admission_threshold=2")
+    with pytest.raises(FlagError, match="--ha_backend_type.*only 'etcd'"):
+        parse("--ha_backend_type=redis")
