@@ -24,7 +24,21 @@ ALIASES: dict[str, str] = {
     "mooncake.store": "mooncake_core.store",
     "mooncake.mooncake_config": "mooncake_core.store.config",
     "mooncake.async_store": "mooncake_core.store.async_store",
+    "mooncake.buffer_pool": "mooncake_core.store.buffer_pool",
 }
+
+#: names the original exports from the top-level ``mooncake`` package -> our module
+TOP_LEVEL: dict[str, str] = {
+    "BufferPool": "mooncake_core.store.buffer_pool",
+    "RegisteredBufferPool": "mooncake_core.store.buffer_pool",
+}
+
+
+def _top_level_getattr(name: str):
+    """``from mooncake import BufferPool`` (resolved on first use, as the alias modules are)."""
+    if name in TOP_LEVEL:
+        return getattr(importlib.import_module(TOP_LEVEL[name]), name)
+    raise AttributeError(f"module 'mooncake' has no attribute {name!r}")
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -54,6 +68,8 @@ class _PackageLoader(importlib.abc.Loader):
         module.__path__ = []  # a package, so submodule imports go through the finders
         # a real file, as a package has one (tools and tests locate the package by it)
         module.__file__ = __file__
+        module.__getattr__ = _top_level_getattr
+        module.__all__ = list(TOP_LEVEL)
         module.__doc__ = "Compatibility alias of mooncake_core (see mooncake_core.compat)."
         module.__mooncake_core_alias__ = True
 

@@ -5,6 +5,7 @@ The master lives in ``master_*`` modules; this package's import stays light (no 
 sockets) so ``import mooncake.store`` through ``mooncake_core.compat`` is cheap.
 """
 
+from mooncake_core.store.buffer_pool import BufferLease, BufferPool, RegisteredBufferPool  # noqa: F401
 from mooncake_core.store.client import (  # noqa: F401
     MooncakeDistributedStore,
     ReplicaStatus,
@@ -27,4 +28,7 @@ __all__ = [
     "TensorParallelism",
     "ReadTarget",
     "bind_to_numa_node",
+    "BufferPool",
+    "RegisteredBufferPool",
+    "BufferLease",
 ]

@@ -146,6 +146,11 @@ class MooncakeDistributedStore:
         except Exception:  # noqa: BLE001
             pass
 
+    @property
+    def local_buffer_size(self) -> int:
+        """setup's local_buffer_size (0 before setup): what a ``BufferPool`` registers as its arena."""
+        return self._core.local_buffer_size
+
     def get_hostname(self) -> str:
         """Our segment name ("host:port"), as other clients see it in replica descriptors."""
         return self._core.segment_name
