@@ -25,6 +25,7 @@ ALIASES: dict[str, str] = {
     "mooncake.mooncake_config": "mooncake_core.store.config",
     "mooncake.async_store": "mooncake_core.store.async_store",
     "mooncake.buffer_pool": "mooncake_core.store.buffer_pool",
+    "mooncake._fast_copy": "mooncake_core.store.fast_copy",
 }
 
 #: names the original exports from the top-level ``mooncake`` package -> our module
