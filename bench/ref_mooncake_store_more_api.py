@@ -81,6 +81,33 @@ def run(args) -> None:
         torch.equal(s.get_tensor_with_tp_into("tp0", ptr, buf.nbytes, k, 4), big.view(4096, 4096)[k * 1024:(k + 1) * 1024])
         for k in range(4))))
 
+    # unified parallel IO: written as TP=4 shards along dim 0, read whole and as TP=2 shards
+    # (another split: the reader cuts its shards out of the stored ones)
+    from mooncake.store import ParallelAxis, ReadTarget, TensorParallelism
+
+    def tp(rank: int, size: int):
+        a = ParallelAxis()
+        a.kind, a.rank, a.size, a.split_dim = "tp", rank, size, 0
+        p = TensorParallelism()
+        p.axes = [a]
+        return p
+
+    def target(mode: str, par):
+        t = ReadTarget()
+        t.mode, t.parallelism = mode, par
+        return t
+    mat = big.view(4096, 4096)
+    for k in range(4):
+        assert s.put_tensor_with_parallelism("u4", mat[k * 1024:(k + 1) * 1024].contiguous(), tp(k, 4)) == 0
+    timed("parallelism full from tp4 64MiB", 64 * MiB,
+          lambda r: check(torch.equal(s.get_tensor_with_parallelism("u4", target("full", tp(0, 4))), mat)))
+    timed("parallelism tp2 shards from tp4 x2", 64 * MiB, lambda r: check(all(
+        torch.equal(s.get_tensor_with_parallelism("u4", target("shard", tp(k, 2))), mat[k * 2048:(k + 1) * 2048])
+        for k in range(2))))
+    timed("parallelism tp4 shards as stored x4 (ref)", 64 * MiB, lambda r: check(all(
+        torch.equal(s.get_tensor_with_parallelism("u4", target("shard", tp(k, 4))), mat[k * 1024:(k + 1) * 1024])
+        for k in range(4))))
+
     # 256 fragments of 16 KiB scattered over a 64 MiB object (4 MiB read)
     frag, count = 16 * 1024, 256
     src = [int(x) * frag for x in rng.choice(64 * MiB // frag, count, replace=False)]
