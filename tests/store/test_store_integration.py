@@ -368,7 +368,7 @@ def test_setup_from_env_and_config_file(master_factory, worker_factory, tmp_path
     monkeypatch.setenv("MOONCAKE_TE_META_DATA_SERVER", m.meta)
     monkeypatch.setenv("MOONCAKE_PROTOCOL", "tcp")
     monkeypatch.setenv("MOONCAKE_GLOBAL_SEGMENT_SIZE", "2 MB")
-    monkeypatch.setenv("MOONCAKE_LOCAL_BUFFER_SIZE", "0")
+    monkeypatch.setenv("MOONCAKE_LOCAL_BUFFER_SIZE", "16 MB")
     monkeypatch.setenv("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")
     s = MooncakeDistributedStore()
     assert s.setup() == 0
@@ -384,7 +384,7 @@ def test_setup_from_env_and_config_file(master_factory, worker_factory, tmp_path
 
     port = free_port()
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", m.meta, 0, 0, "tcp", "", m.addr, enable_client_http_server=True,
+    assert s.setup("127.0.0.1", m.meta, 0, 1 << 20, "tcp", "", m.addr, enable_client_http_server=True,
                    client_http_port=port) == 0
     try:
         assert s.put("metrics-key", payload(61, 4096)) == 0 and s.get("metrics-key") == payload(61, 4096)
