@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         if master_proc is not None:
             wait_for_port("127.0.0.1", int(master_addr.rsplit(":", 1)[1]), 30.0, master_proc)
             wait_for_port("127.0.0.1", int(metadata.rsplit(":", 1)[1].split("/")[0]), 30.0, master_proc)
-        rc = store.setup("127.0.0.1", metadata, seg, 16 << 20, "tcp", "", master_addr)  # local buffer: bytes puts stage there
+        # a local buffer: the demo puts bytes values, which stage there (refused without one)
+        rc = store.setup("127.0.0.1", metadata, seg, 16 << 20, "tcp", "", master_addr)
         if rc != 0:
             print(f"mooncake_store_demo: error: store setup failed with {rc} (why: the lines above); check that "
                   f"the master ({master_addr}) and the metadata server ({metadata}) run", file=sys.stderr)
