@@ -40,8 +40,6 @@ from mooncake_core.utils.log import get_logger
 
 __all__ = ["EXIST_ERROR", "MooncakeDistributedStore", "ReplicaStatus", "ReplicateConfig", "SoftPinAction"]
 
-OK = 0
-
 log = get_logger("mooncake.store.client")
 
 
