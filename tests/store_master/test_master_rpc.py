@@ -301,7 +301,9 @@ def test_offload_tier_through_rpc(start_master, tmp_path) -> None:
                      "--eviction_ratio=0.3", "--default_kv_lease_ttl=200")
     with MasterClient(m.addr) as c:
         reply = c.mount_segment("cA", "segO", 0x1000, 1 * MiB)
-        assert reply.enable_offload and reply.root_fs_dir == str(root)
+        # the tier lives under the cluster id, as the original master's fsdir (root_fs_dir/cluster_id)
+        assert reply.enable_offload and reply.root_fs_dir == str(root / "mooncake_cluster")
+        tier = root / "mooncake_cluster"
         for i in range(4):
             c.put_start("cA", f"k{i}", 256 * 1024 - 64)
             c.put_end("cA", f"k{i}")
@@ -314,18 +316,18 @@ def test_offload_tier_through_rpc(start_master, tmp_path) -> None:
         assert [t.key for t in tasks] == ["k0", "k1"]
         for t in tasks:
             rel = f"ab/{t.key}.bin"
-            (root / "ab").mkdir(parents=True, exist_ok=True)
-            (root / rel).write_bytes(b"x" * t.replica.size)  # the owner writes its bytes
+            (tier / "ab").mkdir(parents=True, exist_ok=True)
+            (tier / rel).write_bytes(b"x" * t.replica.size)  # the owner writes its bytes
             c.offload_done("cA", t.key, rel, t.replica.size)
         got = c.get_replica_list("k0").replicas
         assert [(r.kind, r.path) for r in got] == [("disk", "ab/k0.bin")]
         time.sleep(0.3)  # lease over
         c.remove("k0")
         deadline = time.monotonic() + 5
-        while (root / "ab/k0.bin").exists() and time.monotonic() < deadline:
+        while (tier / "ab/k0.bin").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not (root / "ab/k0.bin").exists(), "the master deletes SSD-tier files of removed objects"
-        assert (root / "ab/k1.bin").exists()
+        assert not (tier / "ab/k0.bin").exists(), "the master deletes SSD-tier files of removed objects"
+        assert (tier / "ab/k1.bin").exists()
         assert code_of(c.offload_done, "cA", "k2", "../../etc/passwd", 10) == ErrorCode.INVALID_PARAMS
 
 
