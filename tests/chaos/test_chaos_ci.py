@@ -25,7 +25,7 @@ def test_chaos_run_no_foreign_bytes_no_hangs(tmp_path) -> None:
             pytest.fail(msg)
         pytest.skip(msg)
     out = tmp_path / "chaos.json"
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "chaos.py"), "--duration", "50", "--warmup", "4",
+    cmd = [sys.executable, "-m", "bench.robustness.chaos", "--duration", "50", "--warmup", "4",
            "--ha", "--clients", "4", "--threads", "2", "--gap", "0.5,1.5", "--pause", "0.5,4",
            "--net-fault", "1,4", "--transfer-timeout", "3", "--seed", "14", "--json", str(out), "--workdir", str(tmp_path / "run")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)

@@ -3,19 +3,15 @@ classifier, hang and recovery accounting, the fault deck (no processes, no socke
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 
 import pytest
 
-sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "bench"))  # chaoslib
-
-from chaoslib import checker, payload, stats  # noqa: E402
-from chaoslib.checker import Config, Fault, Op, Timeline  # noqa: E402
-from chaoslib.nemesis import Deck, enabled_kinds  # noqa: E402
-from chaoslib.netlab import Capabilities  # noqa: E402
-from chaoslib.report import render, series_summary  # noqa: E402
+from mooncake_lab.chaos import checker, payload, stats
+from mooncake_lab.chaos.checker import Config, Fault, Op, Timeline
+from mooncake_lab.chaos.nemesis import Deck, enabled_kinds
+from mooncake_lab.chaos.netlab import Capabilities
+from mooncake_lab.chaos.report import render, series_summary
 
 S = 1_000_000_000
 

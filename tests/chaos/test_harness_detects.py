@@ -17,13 +17,12 @@ import time
 
 import pytest
 
-sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "bench"))  # chaoslib
-
-from chaoslib import checker, netlab, payload  # noqa: E402
-from chaoslib.oplog import read_records  # noqa: E402
+from mooncake_lab import repo_pythonpath
+from mooncake_lab.chaos import checker, netlab, payload
+from mooncake_lab.chaos.oplog import read_records
 
 pytestmark = pytest.mark.integration
-WORKER = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "chaoslib", "worker.py")
+WORKER = ["-m", "mooncake_lab.chaos.worker"]
 
 
 def test_foreign_values_written_by_a_rogue_are_caught(master_factory, client_factory, python_exe, tmp_path) -> None:
@@ -35,11 +34,12 @@ def test_foreign_values_written_by_a_rogue_are_caught(master_factory, client_fac
     assert rogue.put("chaos-00002", os.urandom(5000)) == 0
     logdir = tmp_path / "ops"
     logdir.mkdir()
-    p = subprocess.Popen([python_exe, WORKER, "--impl", "ours", "--master", m.addr, "--meta", m.meta,
+    p = subprocess.Popen([python_exe, *WORKER, "--impl", "ours", "--master", m.addr, "--meta", m.meta,
                           "--host", "127.0.0.1", "--segment", "0", "--keys", "3", "--writer", "0",
                           "--incarnation", "0", "--logdir", str(logdir), "--mix", "get_into=3,get=1",
                           "--threads", "1", "--rate", "100"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": repo_pythonpath()})
     try:
         assert "ready" in p.stdout.readline()
         time.sleep(1.0)

@@ -1,6 +1,6 @@
 """Integration: a write given up on across a partition must never land later.
 
-Found by bench/chaos.py (partitions longer than MC_TRANSFER_TIMEOUT): the writer timed out,
+Found by bench/robustness/chaos.py (partitions longer than MC_TRANSFER_TIMEOUT): the writer timed out,
 revoked its put, the master handed the range to the next put -- and when the partition
 healed, the writer's kernel delivered the bytes it still had queued for the old connection
 (a plain close() keeps retransmitting them), overwriting the new object: readers got
@@ -9,9 +9,7 @@ them. Clients run in network namespaces (needs root; skipped with the reason oth
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
@@ -19,11 +17,9 @@ import pytest
 
 from mooncake_core.utils.net import free_port, wait_for_port
 from mooncake_core.utils.proc import stop_process
-from store.helpers import Worker, payload, sha
+from mooncake_lab.store_procs import Worker, payload, sha
 
-sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "bench"))  # chaoslib
-
-from chaoslib import netlab  # noqa: E402
+from mooncake_lab.chaos import netlab
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 MiB = 1 << 20

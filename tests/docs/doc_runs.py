@@ -173,7 +173,7 @@ def ci_script() -> str:
 
 
 def venv_python(framework: str) -> Path:
-    from venvs import venv_python as vp  # tests/ is on sys.path (rootdir conftest)
+    from mooncake_lab.venvs import venv_python as vp
 
     return vp(framework)
 

@@ -1,7 +1,8 @@
 """Parse a doc's command line with our own CLI's parser, in process, without running it.
 
 Our commands are the console scripts of pyproject.toml (each module has ``build_parser()``;
-``mooncake_master`` its gflags-style flag set) and ``python bench/<name>.py``. A flag a doc
+``mooncake_master`` its gflags-style flag set) and the benches, ``python3 -m bench.<role>.<name>``
+(or ``python3 bench/<role>/<name>.py``). A flag a doc
 uses that the code no longer has fails here, naming the doc line; other programs (vLLM,
 SGLang, curl) are left to the tests that run them.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import io
 import re
 from pathlib import Path
@@ -27,11 +27,8 @@ def console_scripts() -> dict[str, str]:
 
 
 def _bench_parser(path: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"_doc_{Path(path).stem}", REPO / path)
-    assert spec is not None and spec.loader is not None, path
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.build_parser()
+    """``bench/<role>/<name>.py``'s parser, imported as the package module the docs run."""
+    return importlib.import_module(path[:-len(".py")].replace("/", ".")).build_parser()
 
 
 def program(words: list[str]) -> tuple[str, list[str]] | None:
@@ -43,6 +40,8 @@ def program(words: list[str]) -> tuple[str, list[str]] | None:
     if Path(words[0]).name in ("python", "python3") and len(words) > 1:
         if words[1].startswith("bench/") and words[1].endswith(".py"):
             return words[1], words[2:]
+        if words[1] == "-m" and len(words) > 2 and words[2].startswith("bench."):
+            return words[2].replace(".", "/") + ".py", words[3:]
     return None
 
 

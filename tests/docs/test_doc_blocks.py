@@ -110,7 +110,10 @@ def test_our_programs_are_recognised() -> None:
     scripts = console_scripts()
     assert {"mooncake_master", "mooncake_proxy", "mooncake_demo"} <= set(scripts)
     assert program(["mooncake_proxy", "--port", "1"]) == ("mooncake_proxy", ["--port", "1"])
-    assert program(["python", "bench/chaos.py", "--help"]) == ("bench/chaos.py", ["--help"])
+    assert program(["python3", "-m", "bench.robustness.chaos", "--help"]) == ("bench/robustness/chaos.py", ["--help"])
+    assert program(["python", "bench/robustness/chaos.py", "--help"]) == ("bench/robustness/chaos.py", ["--help"])
+    assert parse_error("bench/robustness/chaos.py", ["--duration", "60"]) is None
+    assert parse_error("bench/robustness/chaos.py", ["--no-such-flag"]) is not None
     assert program(["curl", "-s"]) is None and program(["python", "-m", "vllm"]) is None
     assert parse_error("mooncake_proxy", ["--no-such-flag"]) is not None
     assert "no_such_flag" in (parse_error("mooncake_master", ["--no_such_flag=1"]) or "")

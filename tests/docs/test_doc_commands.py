@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
-from venvs import venv_dir
+from mooncake_lab.checkout_shim import shim_pythonpath
+from mooncake_lab.venvs import venv_dir
 
 from mooncake_core.utils.net import free_port
 

@@ -3,7 +3,7 @@ bytes reach first, in process: the master's request handling (a whole frame thro
 ``MasterServer._handle`` into the real ``MasterState``, no socket), the Transfer Engine's wire
 headers, and the vLLM connector's ``kv_transfer_params``.
 
-Why atheris beside the hypothesis-driven surfaces (tests/fuzz/surfaces.py): those feed real
+Why atheris beside the hypothesis-driven surfaces (mooncake_lab/fuzz/surfaces.py): those feed real
 servers over sockets at a few hundred inputs/s with structured generators; atheris mutates
 inputs towards new branches of the decoders themselves at thousands per second, finding the
 malformed-but-almost-valid inputs a generator does not think of.

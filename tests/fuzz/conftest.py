@@ -1,25 +1,20 @@
 """Fixtures for the fuzz tests: real server processes, and how many inputs to feed them.
 
 ``MOONCAKE_FUZZ_EXAMPLES`` (default 300) sets the hypothesis examples per surface; the bench
-(``bench/bench_fuzz.py``) runs the same drivers for a million inputs each.
+(``bench/robustness/bench_fuzz.py``) runs the same drivers for a million inputs each.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import subprocess
-import sys
-from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterator
+from typing import Callable, Iterator
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from line_peer import LinePeer, spawn_line_peer  # tests/ is on sys.path (rootdir conftest)
 
 from mooncake_core.utils.proc import close_piped
+from mooncake_lab.fuzz.targets import TeTarget, start_te_target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = int(os.environ.get("MOONCAKE_FUZZ_EXAMPLES", "300"))
@@ -47,30 +42,6 @@ def fuzz(one: Callable[[random.Random], object], check: Callable[[int], None] | 
     if check is not None:
         check(seen[0])
     return seen[0]
-
-
-@dataclass
-class TeTarget(LinePeer):
-    what: ClassVar[str] = "te_target"
-    proc: subprocess.Popen
-    segment: str
-    rpc_port: int
-    base: int
-    size: int
-    seed: int
-
-    def initial(self) -> bytes:
-        return np.random.default_rng(self.seed).integers(0, 256, self.size, dtype=np.uint8).tobytes()
-
-    def check(self) -> dict:
-        return json.loads(self.cmd("check"))
-
-
-def start_te_target(python_exe: str = sys.executable, size: int = 256 << 10, seed: int = 5,
-                    env: dict | None = None) -> TeTarget:
-    proc, d = spawn_line_peer([python_exe, os.path.join(HERE, "te_target.py"), "--size", str(size),
-                               "--seed", str(seed)], TeTarget.what, env={**os.environ, **(env or {})})
-    return TeTarget(proc, d["segment"], d["rpc_port"], d["base"], d["size"], seed)
 
 
 @pytest.fixture

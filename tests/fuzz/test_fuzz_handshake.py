@@ -17,8 +17,9 @@ import time
 import numpy as np
 import pytest
 
-from fuzz.conftest import fuzz, start_te_target
-from fuzz.surfaces import EvilPeer
+from fuzz.conftest import fuzz
+from mooncake_lab.fuzz.targets import start_te_target
+from mooncake_lab.fuzz.surfaces import EvilPeer
 from mooncake_core.engine import TransferEngine
 from mooncake_core.transfer.descriptor import host_identity, process_start_time
 from mooncake_core.utils.proc import close_piped

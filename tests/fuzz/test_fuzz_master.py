@@ -8,8 +8,8 @@ import os
 
 import pytest
 from fuzz.conftest import fuzz
-from fuzz.surfaces import HttpFuzzer, MasterRpcFuzzer, metadata_routes, rand_bytes
-from store.helpers import Master, make_client
+from mooncake_lab.fuzz.surfaces import HttpFuzzer, MasterRpcFuzzer, metadata_routes, rand_bytes
+from mooncake_lab.store_procs import Master, make_client
 
 pytestmark = pytest.mark.integration
 

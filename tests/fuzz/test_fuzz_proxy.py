@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from fuzz.conftest import fuzz
-from fuzz.surfaces import HttpFuzzer, json_body, proxy_health_503, proxy_routes
+from mooncake_lab.fuzz.surfaces import HttpFuzzer, json_body, proxy_health_503, proxy_routes
 from mooncake_core.utils.proc import spawn_until, stop_process
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import hashlib
 import numpy as np
 import pytest
 from fuzz.conftest import fuzz
-from fuzz.surfaces import TeWireFuzzer, check_shadow_matches
+from mooncake_lab.fuzz.surfaces import TeWireFuzzer, check_shadow_matches
 from mooncake_core.engine import TransferEngine
 
 pytestmark = pytest.mark.integration

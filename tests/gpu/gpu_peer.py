@@ -3,7 +3,7 @@
 Ready line: {"segment", "addrs", "size", "pid"}. Commands (one line each, one answer line):
 ``sha I OFF LEN`` (sha256 of region I's bytes, copied to the host), ``unregister I``,
 ``exit``. Region i holds np.random.default_rng(seed + i) bytes. Used by tests/gpu and
-bench/bench_gpu_transfer.py.
+bench/gpu/bench_gpu_transfer.py.
 """
 
 from __future__ import annotations

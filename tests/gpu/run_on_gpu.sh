@@ -16,5 +16,5 @@ timeout 60 python3 tests/gpu/smoke_cuda.py >> "$OUT/smoke.txt" 2>&1
 cat "$OUT/smoke.txt"
 timeout "${GPU_TEST_TIMEOUT:-200}" python3 -m pytest tests/gpu -v -s -p no:cacheprovider --timeout 120 -o addopts="" \
     2>&1 | tee "$OUT/tests.txt" | grep -E "PASS|FAIL|ERROR|SKIP|Error|error|passed|failed|layer set" | head -80
-timeout "${GPU_BENCH_TIMEOUT:-150}" python3 bench/bench_gpu_transfer.py --reps 10 --staging 32 64 --json "$OUT/bench.json" \
+timeout "${GPU_BENCH_TIMEOUT:-150}" python3 -m bench.gpu.bench_gpu_transfer --reps 10 --staging 32 64 --json "$OUT/bench.json" \
     2>&1 | tee "$OUT/bench.txt" | tail -45

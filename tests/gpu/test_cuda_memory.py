@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.integration,
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from line_peer import LinePeer, spawn_line_peer  # noqa: E402
+from mooncake_lab.line_peer import LinePeer, spawn_line_peer  # noqa: E402
 
 from gpu_peer import region_bytes  # noqa: E402
 

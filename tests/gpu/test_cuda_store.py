@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.integration,
 @pytest.mark.parametrize("own_segment", [False, True])
 def test_store_puts_and_gets_gpu_buffers(tmp_path, own_segment: bool) -> None:
     torch = pytest.importorskip("torch")
-    from store.helpers import Master, Worker, make_client  # tests/ is on sys.path (rootdir conftest)
+    from mooncake_lab.store_procs import Master, Worker, make_client
 
     n = 16 << 20
     src = torch.from_numpy(np.random.default_rng(5).integers(0, 256, n, dtype=np.uint8)).cuda()

@@ -17,9 +17,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lmcache_harness import INSTALL_HINT, LmcPeer, lmcache_python, peer_env  # noqa: E402
+from mooncake_lab.lmcache_harness import INSTALL_HINT, LmcPeer, lmcache_python, peer_env  # noqa: E402
 from store.conftest import master_factory  # noqa: E402,F401  (tests/ is on sys.path: rootdir conftest)
-from store.helpers import Master  # noqa: E402
+from mooncake_lab.store_procs import Master  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from lmcache_harness import LmcPeer, peer_env
-from store.helpers import Master
+from mooncake_lab.lmcache_harness import LmcPeer, peer_env
+from mooncake_lab.store_procs import Master
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from lmcache_harness import HERE, peer_env
+from mooncake_lab.lmcache_harness import HERE, peer_env
 from mooncake_core.utils.net import free_port
 from mooncake_core.utils.proc import readline_timeout, stop_process
 

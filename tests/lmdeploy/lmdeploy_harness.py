@@ -7,8 +7,8 @@ import os
 import subprocess
 from typing import Any
 
-from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
-from venvs import venv_dir
+from mooncake_lab.checkout_shim import shim_pythonpath
+from mooncake_lab.venvs import venv_dir
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -17,7 +17,7 @@ INSTALL_HINT = "run scripts/install_lmdeploy.sh (or set LMDEPLOY_VENV to an LMDe
 
 def lmdeploy_venv_python() -> str | None:
     """The LMDeploy venv's python if it has lmdeploy 0.18 and this repo installed, else None."""
-    venv = str(venv_dir("lmdeploy"))  # $LMDEPLOY_VENV, else the user's cache dir (tests/venvs.py)
+    venv = str(venv_dir("lmdeploy"))  # $LMDEPLOY_VENV, else the user's cache dir (mooncake_lab/venvs.py)
     py = os.path.join(venv, "bin", "python")
     if not os.access(py, os.X_OK):
         return None

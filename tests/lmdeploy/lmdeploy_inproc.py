@@ -27,10 +27,9 @@ import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+HERE = os.path.dirname(os.path.abspath(__file__))  # fake_ibv
 
-from lmdeploy_node import make_cache_engine  # noqa: E402  (imports the connector, then LMDeploy)
+from mooncake_lab.lmdeploy_node import make_cache_engine  # noqa: E402  (imports the connector, then LMDeploy; the harness's PYTHONPATH shim)
 
 import lmdeploy.pytorch.disagg.backend.mooncake as theirs_mod  # noqa: E402
 from lmdeploy.pytorch.disagg.config import DistServeEngineConfig, EngineRole  # noqa: E402

@@ -35,7 +35,7 @@ from typing import Any
 import requests
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NODE = os.path.join(HERE, "lmdeploy_node.py")
+NODE = os.path.join(os.path.dirname(os.path.dirname(HERE)), "mooncake_lab", "lmdeploy_node.py")
 FAKE_IBV = os.path.join(HERE, "fake_ibv")
 MODEL = "tiny-standin"
 PY = sys.executable

@@ -32,10 +32,7 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from lmdeploy_node import make_cache_engine  # noqa: E402  (imports the connector: alias installed)
+from mooncake_lab.lmdeploy_node import make_cache_engine  # noqa: E402  (imports the connector: alias installed; the harness's PYTHONPATH shim)
 
 from lmdeploy.messages import KVTransferConfig  # noqa: E402
 from lmdeploy.pytorch.disagg.config import EngineRole  # noqa: E402

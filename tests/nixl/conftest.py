@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from checkout_shim import shim_pythonpath  # tests/ is on sys.path (rootdir conftest)
-from venvs import venv_python
-from nixl_env import make_plugin_env, run_py  # noqa: F401  (run_py: used by the test modules)
+from mooncake_lab.checkout_shim import shim_pythonpath
+from mooncake_lab.venvs import venv_python
+from mooncake_lab.nixl_env import make_plugin_env, run_py  # noqa: F401  (run_py: used by the test modules)
 
 HERE = Path(__file__).resolve().parent
 INSTALL_HINT = ("install nixl into the framework venvs: scripts/install_nixl.sh "
@@ -29,7 +29,7 @@ INSTALL_HINT = ("install nixl into the framework venvs: scripts/install_nixl.sh 
 def nixl_python() -> str | None:
     """A framework venv's python that imports nixl and this repo, or None."""
     given = os.environ.get("MOONCAKE_NIXL_PYTHON")
-    cands = [given] if given else [str(venv_python("vllm")), str(venv_python("sglang"))]  # tests/venvs.py
+    cands = [given] if given else [str(venv_python("vllm")), str(venv_python("sglang"))]  # mooncake_lab/venvs.py
     for py in cands:
         if not os.access(py, os.X_OK):
             continue

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from checkout_shim import shim_pythonpath
+from mooncake_lab.checkout_shim import shim_pythonpath
 from conftest import HERE, require, run_py
 from mooncake_connectors.nixl.config import PARAMS
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
 
 from conftest import require  # noqa: E402
 from mooncake_core.utils.proc import spawn_until, stop_process  # noqa: E402
-from vllm_harness import (VllmServer, completion, free_port, http_json, http_text, make_tiny_model,  # noqa: E402
+from mooncake_lab.vllm_harness import (VllmServer, completion, free_port, http_json, http_text, make_tiny_model,  # noqa: E402
                           metric, start_all, vllm_python)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from checkout_shim import shim_pythonpath
+from mooncake_lab.checkout_shim import shim_pythonpath
 from mooncake_core.utils.net import free_port
 from mooncake_core.utils.proc import close_piped
 

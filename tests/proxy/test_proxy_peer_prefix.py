@@ -90,7 +90,7 @@ async def test_without_the_flag_no_peer_is_asked(make_env):
 async def test_a_prefix_the_store_also_holds_is_loaded_from_the_store(make_env, tmp_path):
     """The store's copy costs nobody, a peer's export costs the busy peer a request: when the real
     store holds the planned prefix too, the chosen prefill gets the store hint and no peer is asked."""
-    from master_proc import MasterProc
+    from mooncake_lab.master_proc import MasterProc
     from mooncake_core.pd.store_hint import HINT_KEY
     from mooncake_core.store.master_client import MasterClient
     from mooncake_core.store.protocol import ReplicateConfigMsg

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from master_proc import MasterProc
+from mooncake_lab.master_proc import MasterProc
 from mooncake_core.pd.store_hint import HINT_KEY
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.store.protocol import ReplicateConfigMsg

@@ -3,7 +3,7 @@ time and rpc port) with regions that engine never registered: our engine must no
 cross-memory-attach into them. The claimed regions are checked with the target process itself
 (GET_DESC on the socket that process listens on) before any process_vm_writev/readv.
 
-The victim is tests/fuzz/te_target.py: its registered buffer sits between unregistered guard
+The victim is mooncake_lab/fuzz/te_target.py: its registered buffer sits between unregistered guard
 bytes of a fixed pattern, so a write outside the registration shows up as a changed guard.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fuzz.conftest import start_te_target
-from fuzz.te_target import GUARD
+from mooncake_lab.fuzz.targets import start_te_target
+from mooncake_lab.fuzz.te_target import GUARD
 from mooncake_core.engine import TransferEngine
 from mooncake_core.metadata import HttpMetadataServer
 from mooncake_core.metadata.conn_string import parse_http

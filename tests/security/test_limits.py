@@ -13,7 +13,7 @@ from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store import protocol as P
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.transfer import wire as W
-from store.helpers import Master
+from mooncake_lab.store_procs import Master
 
 from .conftest import child_env
 

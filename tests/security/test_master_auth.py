@@ -18,7 +18,7 @@ import pytest
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.master_client import MasterClient
 
-from store.helpers import Master, make_client
+from mooncake_lab.store_procs import Master, make_client
 from .conftest import TOKEN
 
 pytestmark = pytest.mark.integration

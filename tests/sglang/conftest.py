@@ -20,8 +20,8 @@ import pytest
 
 from mooncake_core import envs
 from mooncake_core.utils.net import listen_port  # noqa: F401 - the tests import it from here
-from checkout_shim import shim_pythonpath
-from venvs import venv_python  # tests/ is on sys.path (rootdir conftest)
+from mooncake_lab.checkout_shim import shim_pythonpath
+from mooncake_lab.venvs import venv_python
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -30,7 +30,7 @@ INSTALL_HINT = "run scripts/install_sglang.sh (or set SGLANG_VENV to an SGLang 0
 
 def sglang_venv_python() -> str | None:
     """The SGLang venv's python if it exists and has sglang + this repo installed, else None."""
-    py = str(venv_python("sglang"))  # $SGLANG_VENV, else the user's cache dir (tests/venvs.py)
+    py = str(venv_python("sglang"))  # $SGLANG_VENV, else the user's cache dir (mooncake_lab/venvs.py)
     if not os.access(py, os.X_OK):
         return None
     probe = ("import importlib.util as u; "

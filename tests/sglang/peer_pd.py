@@ -1,6 +1,6 @@
 """One side of a PD hand-off driven through SGLang's real Mooncake backend classes.
 
-Run by tests/sglang/test_sglang_pd.py (and bench/bench_sglang_handoff.py) with the SGLang venv's
+Run by tests/sglang/test_sglang_pd.py (and bench/frameworks/bench_sglang_handoff.py) with the SGLang venv's
 python, one process per role. ``sglang_side.build_side`` does what SGLang's scheduler does
 around the KV manager, without a model (SGLang cannot run one on this CPU); everything below
 that line -- bootstrap HTTP, ZMQ control messages, the transfer worker, our engine -- is the

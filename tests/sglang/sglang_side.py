@@ -1,7 +1,7 @@
 """Build one PD side out of SGLang's real classes, as SGLang's scheduler does, minus the model.
 
 Shared by the SGLang-venv scripts of tests/sglang (peer_pd.py, peer_worker.py) and
-bench/bench_sglang_handoff.py: load the plugins (our entry point runs), publish the server args
+bench/frameworks/bench_sglang_handoff.py: load the plugins (our entry point runs), publish the server args
 as the scheduler role, create SGLang's shared ``MooncakeTransferEngine`` (or not, for NIXL),
 allocate random KV buffers and SGLang's real ``MetadataBuffers``, fill ``KVArgs`` and construct
 the backend's KV manager -- on prefill after starting the backend's bootstrap server.

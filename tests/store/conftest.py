@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import Master, Worker, make_client
+from mooncake_lab.store_procs import Master, Worker, make_client
 
 
 @pytest.fixture

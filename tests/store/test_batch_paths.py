@@ -16,7 +16,7 @@ import pytest
 
 from mooncake_core.store import ReplicateConfig
 
-from .helpers import payload, sha
+from mooncake_lab.store_procs import payload, sha
 
 pytestmark = pytest.mark.integration
 

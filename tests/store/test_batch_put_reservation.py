@@ -13,7 +13,7 @@ from mooncake_core.store import single_put
 from mooncake_core.store.master_batch import batch_reservation_key
 from mooncake_core.store.master_client import MasterClient
 
-from .helpers import payload, restart_master, sha
+from mooncake_lab.store_procs import payload, restart_master, sha
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 MiB = 1 << 20

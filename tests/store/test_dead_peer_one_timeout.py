@@ -1,6 +1,6 @@
 """A peer that does not answer costs an operation one transfer timeout, not one per retry.
 
-Found by bench/chaos.py (ops taking twice MC_TRANSFER_TIMEOUT while a client was
+Found by bench/robustness/chaos.py (ops taking twice MC_TRANSFER_TIMEOUT while a client was
 SIGSTOPped): a read whose batched transfer timed out was retried key by key on the same
 stopped segment (a second full timeout), and a batch put retried every key against it (one
 timeout per key). The holder is a real process, stopped; the timeout is 2 s."""
@@ -15,7 +15,7 @@ import pytest
 
 from mooncake_core.store import ReplicateConfig
 
-from .helpers import payload
+from mooncake_lab.store_procs import payload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 MiB = 1 << 20

@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from .helpers import payload
+from mooncake_lab.store_procs import payload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -12,7 +12,7 @@ import pytest
 
 from mooncake_core.store import maintenance
 
-from .helpers import payload
+from mooncake_lab.store_procs import payload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import OlderMaster, make_client, payload, sha
+from mooncake_lab.store_procs import OlderMaster, make_client, payload, sha
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -1,6 +1,6 @@
 """A value removed while its owner was silent must not come back when the owner returns.
 
-Found by bench/chaos.py (an isolated client outlived --client_ttl): the master expired the
+Found by bench/robustness/chaos.py (an isolated client outlived --client_ttl): the master expired the
 client together with the removal notices it had not delivered yet; when the client came
 back it re-mounted and re-reported every object it believed it owned -- including removed
 ones, whose ranges the master may meanwhile have handed to other writers (the chaos run
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from .helpers import payload
+from mooncake_lab.store_procs import payload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 MiB = 1 << 20

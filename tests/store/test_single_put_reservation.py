@@ -12,7 +12,7 @@ from mooncake_core.store import single_put
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.store.master_state import RESERVATION_PREFIX
 
-from .helpers import payload, restart_master, sha
+from mooncake_lab.store_procs import payload, restart_master, sha
 
 
 def wget(w, key: str) -> dict:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .helpers import payload
+from mooncake_lab.store_procs import payload
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 
 from mooncake_core.store import MooncakeDistributedStore, ReplicateConfig
 
-from .helpers import make_client, payload, sha
+from mooncake_lab.store_procs import make_client, payload, sha
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -31,7 +31,7 @@ from mooncake_core.store.sharding import (
     uniform_shard_check,
 )
 
-from .helpers import payload, sha
+from mooncake_lab.store_procs import payload, sha
 
 MiB = 1 << 20
 INVALID, EXISTS, MISSING = -600, -705, -704

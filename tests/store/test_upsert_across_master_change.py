@@ -1,5 +1,5 @@
 """An upsert whose write spans a master restart must not be acknowledged unless it was
-published (found by bench/chaos.py: an upsert returned 0 while the old value stayed).
+published (found by bench/robustness/chaos.py: an upsert returned 0 while the old value stayed).
 
 The new master does not know the put in progress; when the key is back by then (its old
 owner re-reported it) ``put_end`` publishes nothing and answers "already complete". For an
@@ -19,7 +19,7 @@ import pytest
 from mooncake_core.store import ReplicateConfig
 from mooncake_core.store.master_client import MasterClient
 
-from .helpers import payload
+from mooncake_lab.store_procs import payload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 MiB = 1 << 20

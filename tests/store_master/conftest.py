@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from master_proc import MasterProc  # tests/ is on sys.path (rootdir conftest)
+from mooncake_lab.master_proc import MasterProc
 from mooncake_core.utils.net import free_port
 
 __all__ = ["MasterProc", "start_master"]

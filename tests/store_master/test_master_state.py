@@ -333,7 +333,7 @@ def test_client_ttl_unmounts_and_drops_replicas() -> None:
     assert "inflight0" not in st.inflight
     assert st.stats.expired_clients == 1
     # the dead client comes back: it is told to remount -- again and again until it does (a
-    # reply can be lost: found by bench/chaos.py), then no more
+    # reply can be lost: found by bench/robustness/chaos.py), then no more
     assert st.heartbeat("c0").need_remount is True
     assert st.heartbeat("c0").need_remount is True
     st.mount_segment("c0", "seg0", 0x10000000, MiB)
@@ -612,7 +612,7 @@ def test_recovery_hold_off_means_no_confirmation() -> None:
     assert st.get_replica_list("k").confirm_after_ms == 0
 
 def test_an_expired_client_gets_its_missed_removals_when_it_comes_back() -> None:
-    """Found by bench/chaos.py: a client silent past client_ttl lost its pending removal
+    """Found by bench/robustness/chaos.py: a client silent past client_ttl lost its pending removal
     notices with its record, came back, and re-reported objects removed meanwhile (whose
     ranges other writers could already be writing: foreign bytes)."""
     st, clock = make(client_ttl_s=2.0)
@@ -653,7 +653,7 @@ def test_a_segment_back_after_an_expiry_waits_for_the_leases_it_held() -> None:
 
 
 def test_a_failed_puts_range_waits_for_two_heartbeats_of_its_owner() -> None:
-    """Found by bench/chaos.py: a writer that timed out on a stopped owner may have a request
+    """Found by bench/robustness/chaos.py: a writer that timed out on a stopped owner may have a request
     queued in the owner's socket; the owner applies it on resuming. The range must not be
     handed to another put before the owner has provably run again (two heartbeats)."""
     st, _ = make(n_segs=1, seg_size=MiB)
@@ -675,7 +675,7 @@ def test_a_failed_puts_range_waits_for_two_heartbeats_of_its_owner() -> None:
 
 
 def test_puts_in_flight_into_an_expired_segment_keep_their_ranges_when_it_comes_back() -> None:
-    """Found by bench/chaos.py: a segment unmounted for its owner's silence dropped the puts
+    """Found by bench/robustness/chaos.py: a segment unmounted for its owner's silence dropped the puts
     being written into it; re-mounted, their ranges were free at once, so a new object could
     get one while the old writer's bytes (delayed by the same network trouble) still arrived."""
     st, clock = make(n_segs=1, seg_size=MiB, client_ttl_s=2.0)
@@ -695,7 +695,7 @@ def test_puts_in_flight_into_an_expired_segment_keep_their_ranges_when_it_comes_
 
 
 def test_a_lost_heartbeat_reply_does_not_lose_the_remount_or_the_missed_removals() -> None:
-    """Found by bench/chaos.py: a heartbeat sent before a partition reached the master after
+    """Found by bench/robustness/chaos.py: a heartbeat sent before a partition reached the master after
     it (the timed-out connection kept retransmitting); the master answered need_remount and
     the missed removal notices to a client no longer listening, and answered the client's
     next heartbeat with neither -- it never re-mounted, and after the next failover it
@@ -717,7 +717,7 @@ def test_a_lost_heartbeat_reply_does_not_lose_the_remount_or_the_missed_removals
 
 
 def test_a_key_removed_between_two_owners_reports_stays_removed() -> None:
-    """Found by bench/chaos.py: after a failover, owner A re-reported an old copy of a key
+    """Found by bench/robustness/chaos.py: after a failover, owner A re-reported an old copy of a key
     (its removal notice died with the old master), a remove was acknowledged, then owner B
     re-reported the newer value -- and every reader got the removed value back."""
     st, clock = make(client_ttl_s=2.0)
@@ -744,7 +744,7 @@ def test_a_key_removed_between_two_owners_reports_stays_removed() -> None:
 
 
 def test_a_key_removed_while_its_owner_was_expired_stays_removed_when_it_comes_back() -> None:
-    """Found by bench/chaos.py (10-minute run): a client isolated past client_ttl was expired
+    """Found by bench/robustness/chaos.py (10-minute run): a client isolated past client_ttl was expired
     (its objects dropped); meanwhile others wrote and removed its keys; back, it re-mounted
     and re-reported its old copies -- and readers got a removed value."""
     st, clock = make(client_ttl_s=2.0)

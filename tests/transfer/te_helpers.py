@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import IO, ClassVar
 
 import numpy as np
-from line_peer import LinePeer, spawn_line_peer  # tests/ is on sys.path (rootdir conftest)
+from mooncake_lab.line_peer import LinePeer, spawn_line_peer
 
 from mooncake_core.utils.proc import close_piped
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from checkout_shim import shim_pythonpath
+from mooncake_lab.checkout_shim import shim_pythonpath
 
 CASES = {
     "etcd": ("etcd3gw", "from mooncake_core.metadata import open_metadata\nopen_metadata('etcd://127.0.0.1:1')"),

@@ -19,9 +19,9 @@ from mooncake_core import envs
 HERE = str(Path(__file__).resolve().parent)
 sys.path.insert(0, HERE)
 
-from checkout_shim import shim_pythonpath  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
-from venvs import venv_dir  # noqa: E402
-from vllm_harness import (DROP_READY, LEASE_S, WANT_RETRY_S, VllmServer, free_port, make_tiny_model, p2p_config,  # noqa: E402
+from mooncake_lab.checkout_shim import shim_pythonpath  # noqa: E402
+from mooncake_lab.venvs import venv_dir  # noqa: E402
+from mooncake_lab.vllm_harness import (DROP_READY, LEASE_S, WANT_RETRY_S, VllmServer, free_port, make_tiny_model, p2p_config,  # noqa: E402
                           start_all, vllm_python)
 
 

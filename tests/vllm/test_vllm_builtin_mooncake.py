@@ -26,7 +26,7 @@ import pytest
 
 from mooncake_core.utils.net import wait_for_port
 from mooncake_core.utils.proc import stop_process
-from vllm_harness import VllmServer, free_port, http_json, http_text, metric, start_all
+from mooncake_lab.vllm_harness import VllmServer, free_port, http_json, http_text, metric, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

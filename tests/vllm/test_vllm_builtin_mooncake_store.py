@@ -18,8 +18,8 @@ from typing import Iterator
 
 import pytest
 
-from master_proc import MasterProc
-from vllm_harness import (VllmServer, completion, free_port, http_text, metric, own_tokens, reset_prefix_cache,
+from mooncake_lab.master_proc import MasterProc
+from mooncake_lab.vllm_harness import (VllmServer, completion, free_port, http_text, metric, own_tokens, reset_prefix_cache,
                           start_all)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from vllm_harness import HTTPStatusError, VllmServer, completion, free_port, http_text, metric, p2p_config, start_all
+from mooncake_lab.vllm_harness import HTTPStatusError, VllmServer, completion, free_port, http_text, metric, p2p_config, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -24,8 +24,8 @@ from typing import Iterator
 
 import pytest
 
-from checkout_shim import shim_pythonpath
-from vllm_harness import REPO, VllmServer, free_port, http_json, http_text, metric, start_all
+from mooncake_lab.checkout_shim import shim_pythonpath
+from mooncake_lab.vllm_harness import REPO, VllmServer, free_port, http_json, http_text, metric, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from mooncake_core.utils.proc import stop_process
-from vllm_harness import (
+from mooncake_lab.vllm_harness import (
     VllmServer,
     completion,
     free_port,

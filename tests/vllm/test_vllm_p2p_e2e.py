@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from mooncake_core.pd.params import concurrent_decode_params, concurrent_prefill_params
 from mooncake_core.pd.peer_prefix import PEER_KEY
-from vllm_harness import (DROP_READY, LEASE_S, completion, free_port, http_json, http_text, metric, prompt_ids, start_proxy,
+from mooncake_lab.vllm_harness import (DROP_READY, LEASE_S, completion, free_port, http_json, http_text, metric, prompt_ids, start_proxy,
                           stop_proxy, wait_until)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from vllm_harness import VllmServer, completion, free_port, http_json, http_text, metric, start_all
+from mooncake_lab.vllm_harness import VllmServer, completion, free_port, http_json, http_text, metric, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -25,9 +25,9 @@ from typing import Iterator
 
 import pytest
 
-from master_proc import MasterProc
+from mooncake_lab.master_proc import MasterProc
 from mooncake_core.store import MooncakeDistributedStore, ReplicateConfig
-from vllm_harness import (VllmServer, completion, free_port, http_text, metric, own_tokens, reset_prefix_cache,
+from mooncake_lab.vllm_harness import (VllmServer, completion, free_port, http_text, metric, own_tokens, reset_prefix_cache,
                           start_all)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

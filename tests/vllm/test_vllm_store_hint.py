@@ -22,11 +22,11 @@ from typing import Iterator
 
 import pytest
 
-from master_proc import MasterProc
+from mooncake_lab.master_proc import MasterProc
 from mooncake_core.pd.store_hint import HINT_KEY, make_hint
 from mooncake_core.store.master_client import MasterClient
-from checkout_shim import shim_pythonpath
-from vllm_harness import VllmServer, completion, free_port, http_json, http_text, metric, start_all
+from mooncake_lab.checkout_shim import shim_pythonpath
+from mooncake_lab.vllm_harness import VllmServer, completion, free_port, http_json, http_text, metric, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from checkout_shim import shim_pythonpath
+from mooncake_lab.checkout_shim import shim_pythonpath
 from tp_checks import (LEASE_S, MAX_TOKENS, PREFILL_WAIT_S, STARTUP_S, check_through_proxy, direct, tp_logs, own)
-from vllm_harness import VllmServer, completion, free_port, p2p_config, prompt_ids, start_all, tp_args
+from mooncake_lab.vllm_harness import VllmServer, completion, free_port, p2p_config, prompt_ids, start_all, tp_args
 
 HERE = str(Path(__file__).resolve().parent)  # corrupting_connector.py, loaded by the decodes
 #: In CI by default since the stall that kept it opt-in was found (6 of 9 cases failed, each at a

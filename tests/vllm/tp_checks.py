@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from vllm_harness import (VllmServer, completion, http_text, metric, own_tokens, prompt_ids, start_proxy, stop_proxy,
+from mooncake_lab.vllm_harness import (VllmServer, completion, http_text, metric, own_tokens, prompt_ids, start_proxy, stop_proxy,
                           wait_until)
 
 #: The prefill's lease and the concurrent decode's wait for ``ready``: generous. Five TP worker

@@ -1,0 +1,1 @@
+"""Traces and probes that explain a bench's number (not benches themselves)."""

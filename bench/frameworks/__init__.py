@@ -1,0 +1,1 @@
+"""Framework benches: vLLM PD, SGLang, NIXL, LMDeploy and LMCache hand-offs against the original Mooncake."""

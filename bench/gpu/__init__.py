@@ -1,0 +1,1 @@
+"""GPU memory benches (need a CUDA GPU): transfers between device buffers, the copy call's own cost."""

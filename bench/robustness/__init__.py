@@ -1,0 +1,1 @@
+"""Chaos, soak and fuzzing runs (long; findings rather than speed)."""
