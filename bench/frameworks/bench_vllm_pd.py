@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                          "this client float. Why: vLLM CPU's engine core and worker spin (sched_yield) on their "
                          "shared-memory queue for 1 s after every message, so an idle-again prefill takes CPU from "
                          "the decode's processes on a 2-core box -- a co-location cost, not the hand-off's "
-                         "(BENCHMARKS.md, issue 19 decode phase). --tp 1 only")
+                         "(docs/benchmarks-log.md, issue 19 decode phase). --tp 1 only")
     ap.add_argument("--gap", type=float, default=0.0, metavar="S",
                     help="seconds of idle between the one-at-a-time requests (default 0: back to back). Why: vLLM "
                          "CPU's engine core and worker spin (sched_yield) for 1 s after every message, so on a 2-core "

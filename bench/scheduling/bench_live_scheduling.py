@@ -681,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
                          "prefills batch their queue, and the TTFT check keeps the requests already queued within "
                          "the SLO. Off by default: on this box it sent requests the check would have queued behind "
                          "others to other prefills, and the prefills slowed each other more than it saved "
-                         "(BENCHMARKS.md, issue 16, runs k10-k16)")
+                         "(docs/benchmarks-log.md, issue 16, runs k10-k16)")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for the vLLM servers (and each proxy)")
     ap.add_argument("--request-timeout", type=float, default=600.0, help="per-request timeout of the replay (s)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompt text")

@@ -3,7 +3,7 @@
 
 Why: vLLM 0.32's ``shm_broadcast.SpinCondition`` keeps each reader spinning on ``sched_yield`` for
 ``busy_loop_s`` (hard-coded 1 s) after every message. On a 2-core box two co-located instances
-then take CPU from each other for the second after every request (BENCHMARKS.md, issue 19), a
+then take CPU from each other for the second after every request (docs/benchmarks-log.md, issue 19), a
 cost of co-location, not of the hand-off. With this module the readers poll with a short timeout
 instead (``BENCH_VLLM_SPIN_S``, default 0.002 s of spinning), for *every* mode of the bench alike,
 so a run with and without it separates the two. Never used by the product.
@@ -14,7 +14,7 @@ It also lowers ``SHM_READER_RECHECK_INTERVAL_MS`` (5000 in vLLM 0.32) to ``BENCH
 asleep until the recheck -- 5 s. With a 2 ms spin readers go idle between nearly every message,
 so they meet that race far more often than with vLLM's 1 s spin. A reader now rechecks the
 shared-memory flag every 20 ms when no ping comes: a lost ping costs at most 20 ms. (The live
-scheduling bench's 5-6 s prefill stalls did not all go with it: BENCHMARKS.md, issue 16.)
+scheduling bench's 5-6 s prefill stalls did not all go with it: docs/benchmarks-log.md, issue 16.)
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def test_tbt_slo_and_prediction_based_rejection(subset) -> None:
 def test_decode_stage_rejection_baseline(subset) -> None:
     """The paper's Table 3 baseline: rejecting at the decode stage wastes the prefill of every
     rejected request; neither it nor prediction-based early rejection admits a TBT violator.
-    (Which rejects fewer depends on the regime: see BENCHMARKS.md.)"""
+    (Which rejects fewer depends on the regime: see BENCHMARKS.md, "Scheduling: simulated".)"""
     base = dict(policy="conductor", prefill=8, decode=1, cache_blocks=5000, speed=4.0)
     res = simulate(subset, SimConfig(**base, slo=SloConfig(tbt_s=0.04), rejection="decode"))
     late = [o for o in res.outcomes if o.rejected]
