@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mooncake_core.dashboard.samples import metric_names
 from mooncake_core.utils.net import free_port, wait_for_port
 from tests.proxy.conftest import spawn  # noqa: F401  (fixture)
-from tests.store.helpers import Master, make_client
+from mooncake_lab.store_procs import Master, make_client
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pytest
 
 from mooncake_core.utils.net import free_port
-from tests.store.helpers import Master, Worker
+from mooncake_lab.store_procs import Master, Worker
 
 pytestmark = pytest.mark.integration
 
