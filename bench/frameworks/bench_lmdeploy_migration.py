@@ -5,7 +5,7 @@
 
 Two processes per variant (LMDeploy venv: scripts/install_lmdeploy.sh): a prefill and a decode,
 each a real LMDeploy ``CacheEngine`` (made with ``__new__`` over a CPU pool in LMDeploy's
-``(layers, blocks, block bytes)`` layout, tests/lmdeploy/lmdeploy_node.make_cache_engine),
+``(layers, blocks, block bytes)`` layout, mooncake_lab/lmdeploy_node.make_cache_engine),
 connected the way LMDeploy's ``PDConnectionPool`` does it (``p2p_initialize`` on both, then
 ``p2p_connect`` on both, endpoint info through JSON). The decode then runs
 ``CacheEngine.migrate`` for every block of the pool -- LMDeploy builds one assignment entry per

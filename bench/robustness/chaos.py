@@ -4,7 +4,7 @@
 A ``mooncake_master`` (or, with ``--ha``, two masters on a real etcd cluster), several store
 clients that contribute segments and run load threads through the public
 ``MooncakeDistributedStore`` API, and a nemesis that kills, pauses and cuts them off (see
-chaoslib/nemesis.py for the kinds; the network ones run the clients in network namespaces
+mooncake_lab/chaos/nemesis.py for the kinds; the network ones run the clients in network namespaces
 joined by veth pairs on a bridge, where this machine allows it -- probed at start, and a
 kind the kernel refuses is skipped with its reason). Every value is self-describing, every
 operation logged; afterwards the checker classifies every read (latest / in flight / stale /
