@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from mooncake_core.utils.proc import close_piped
 from mooncake_lab.fuzz.targets import TeTarget, start_te_target
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = int(os.environ.get("MOONCAKE_FUZZ_EXAMPLES", "300"))
 
 FUZZ_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=False,

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from mooncake_lab.lmcache_harness import HERE, peer_env
+from mooncake_lab.lmcache_harness import peer_env
 from mooncake_core.utils.net import free_port
 from mooncake_core.utils.proc import readline_timeout, stop_process
+
+HERE = Path(__file__).resolve().parent  # te_channel_peer.py
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
