@@ -214,10 +214,19 @@ def inline_spans(text: str, path: str) -> list[tuple[str, str]]:
     return out
 
 
-def load_docs(root: Path) -> list[DocBlock]:
-    """The blocks of README.md and docs/*.md under ``root``."""
+#: Run-by-run history, kept as it ran: its commands name the bench paths and flags of their day.
+HISTORY = ("docs/benchmarks-log.md",)
+
+
+def doc_files(root: Path) -> list[Path]:
+    """README.md and docs/*.md under ``root``, less the history."""
     files = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return [f for f in files if str(f.relative_to(root)) not in HISTORY]
+
+
+def load_docs(root: Path) -> list[DocBlock]:
+    """The blocks of the docs under ``root`` (:func:`doc_files`)."""
     blocks: list[DocBlock] = []
-    for f in files:
+    for f in doc_files(root):
         blocks.extend(extract_blocks(f.read_text(encoding="utf-8"), str(f.relative_to(root))))
     return blocks

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from .doc_blocks import (
-    assignments, commands, expand, extract_blocks, inline_spans, load_docs, logical_lines, marker_problems,
+    assignments, commands, doc_files, expand, extract_blocks, inline_spans, load_docs, logical_lines, marker_problems,
 )
 from .doc_runs import RUNS
 from .our_clis import console_scripts, parse_error, program
@@ -157,7 +157,7 @@ def test_our_commands_in_the_docs_parse(block) -> None:
 def test_inline_commands_use_flags_that_exist() -> None:
     """Commands quoted in sentences (``mooncake_master --port 50051 ...``) often stand for a
     family (``--policy NAME``, ``[--quick]``), so only a flag the program does not have fails."""
-    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    docs = doc_files(REPO)
     bad, checked = [], 0
     for f in docs:
         for where, span in inline_spans(f.read_text(encoding="utf-8"), str(f.relative_to(REPO))):
