@@ -14,9 +14,10 @@ import json
 from hypothesis import given, settings, strategies as st
 
 from fuzz.conftest import EXAMPLES
-from fuzz.test_fuzz_vllm_params import KEYS, _valid, hostile
+from fuzz.test_fuzz_vllm_params import hostile
 from mooncake_core.pd.notify import CONFIRMATIONS, MAX_SEGMENT, Confirmation, NotifyError, Ready, Want, decode, encode
 from mooncake_core.pd.params import MAX_TP
+from mooncake_lab.fuzz.vllm_params import KEYS, valid_params
 
 
 def _check(text: str) -> None:
@@ -54,7 +55,7 @@ def test_confirmations_of_any_counts(kind: str, sender: int, readers: int, slash
 @settings(max_examples=EXAMPLES * 3, deadline=None)
 @given(st.dictionaries(st.sampled_from(KEYS), hostile, max_size=4), st.sets(st.sampled_from(KEYS), max_size=2))
 def test_ready_with_hostile_fields(over: dict, dropped: set) -> None:
-    d = _valid()
+    d = valid_params()
     d.update(over)
     for k in dropped:
         d.pop(k, None)
@@ -66,13 +67,13 @@ def test_ready_with_hostile_fields(over: dict, dropped: set) -> None:
 
 
 def test_round_trips_and_errors_name_the_problem() -> None:
-    ready = decode("ready " + json.dumps(_valid()))
+    ready = decode("ready " + json.dumps(valid_params()))
     assert isinstance(ready, Ready) and decode(encode(ready)) == ready
     assert decode("want 10.0.0.2:17000") == Want("10.0.0.2:17000")
     assert encode(Confirmation("failed", 1, 2)) == "failed 1/2"
     for text, needle in (("ready {", "not JSON"), ("ready []", "JSON object"), ("want ", "decode segment"),
                          ("done 3/2", "rank 3 of 2"), ("hello", "not a P2P notification"),
-                         ("ready " + json.dumps({**_valid(), "mooncake_segment": "nohost"}), "mooncake_segment")):
+                         ("ready " + json.dumps({**valid_params(), "mooncake_segment": "nohost"}), "mooncake_segment")):
         try:
             decode(text)
         except NotifyError as e:
