@@ -139,6 +139,12 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MC_DEVICE_STAGING_BYTES", _int(4096), 64 << 20,
            "bytes per pinned host buffer that stages an initiator's GPU memory over tcp/cma (three per "
            "transfer in flight: two on the wire, one being copied)", _TE, "64 MiB"),
+    EnvVar("MC_UCX_LIBRARY", _str, "",
+           "which UCX (libucp) the `rdma` transport loads: `system`, `nixl`, `wheel` or a path to `libucp.so` "
+           "(docs/transfer-engine.md)", _TE, "already loaded, then system, NIXL's, the libucx wheel"),
+    EnvVar("MC_UCX_PEER_ERRORS", _flag, False,
+           "UCX endpoints with peer error handling (a dead peer fails fast; UCX then drops shared-memory "
+           "lanes and halves tcp PUT), otherwise a dead peer is found by the transfer deadline", _TE),
     EnvVar("MC_METRICS_PORT", _int(0), None, "serve the engine's Prometheus `/metrics` on this port", _TE),
     EnvVar("MC_METADATA_REFRESH_S", _float, 2.0,
            "seconds between checks that our segment descriptor is still published", _TE),
@@ -219,6 +225,8 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MC_TCP_BUSY_POLL_US: int
     MC_TCP_MAX_CONNS_PER_PEER: int
     MC_DEVICE_STAGING_BYTES: int
+    MC_UCX_LIBRARY: str
+    MC_UCX_PEER_ERRORS: bool
     MC_METRICS_PORT: int | None
     MC_METADATA_REFRESH_S: float
     MC_MANAGED_POOL_SIZE: int

@@ -1,0 +1,126 @@
+"""Pure helpers of the UCX transport: device names, lanes, the "no RDMA here" message.
+
+Kept apart from the I/O so they are unit-tested with plain strings (tests/unit/test_ucx_lanes.py):
+what UCX printed is parsed here, never in the transport.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+__all__ = ["RDMA_TLS", "Resource", "ep_lanes", "is_rdma", "net_devices", "no_rdma_warning", "resources"]
+
+#: UCX transports that run on an RDMA NIC (InfiniBand, RoCE, EFA): one-sided in hardware
+RDMA_TLS = frozenset({"rc", "rc_v", "rc_verbs", "rc_x", "rc_mlx5", "dc", "dc_x", "dc_mlx5", "ud", "ud_v",
+                      "ud_verbs", "ud_x", "ud_mlx5", "srd", "efa", "gga", "gga_mlx5"})
+
+_RESOURCE = re.compile(r"resource\s+\d+\s*:.*--\s+([\w.-]+)/(\S+)")
+_LANE = re.compile(r"lane\[(\d+)\]:\s+\d+:([\w.-]+)/([^\s]+?)(?:\.\d+)?\s+md\[\d+\][^>]*->\s*(.*)$")
+_ROLE = re.compile(r"^(am|wireup|keepalive|cm|rma(_bw)?#\d+|amo#\d+|tag_\w+)$")
+
+
+@dataclass(frozen=True)
+class Resource:
+    tl: str      # UCX transport: tcp, posix, cma, rc_mlx5, ...
+    dev: str     # its device: eth0, memory, mlx5_0:1, ...
+
+    @property
+    def lane(self) -> str:
+        return f"{self.tl}/{self.dev}"
+
+
+def resources(context_info: str) -> list[Resource]:
+    """The transports/devices a UCP context found (``ucp_context_print_info`` text)."""
+    return [Resource(m.group(1), m.group(2)) for m in _RESOURCE.finditer(context_info)]
+
+
+def is_rdma(tl: str) -> bool:
+    return tl in RDMA_TLS
+
+
+@dataclass(frozen=True)
+class Lane:
+    index: int
+    tl: str
+    dev: str
+    roles: tuple[str, ...]  # am, rma_bw#0, wireup, ...
+
+    @property
+    def name(self) -> str:
+        return f"{self.tl}/{self.dev}"
+
+
+def ep_lanes(ep_info: str) -> list[Lane]:
+    """The lanes of one endpoint (``ucp_ep_print_info`` text)."""
+    out = []
+    for line in ep_info.splitlines():
+        m = _LANE.search(line)
+        if m:
+            roles = tuple(t for t in m.group(4).split() if _ROLE.match(t))
+            out.append(Lane(int(m.group(1)), m.group(2), m.group(3), roles))
+    return out
+
+
+def rma_lanes(lanes: Sequence[Lane]) -> list[str]:
+    """Names of the lanes that carry one-sided data (``rma_bw``), else every lane (sorted, unique)."""
+    rma = sorted({ln.name for ln in lanes if any(r.startswith("rma") for r in ln.roles)})
+    return rma or sorted({ln.name for ln in lanes})
+
+
+def net_devices(device_name: str, rdma_ports: Mapping[str, Sequence[int]], netdevs: Iterable[str]) -> str:
+    """``device_name`` as Mooncake takes it ("mlx5_0,mlx5_1") -> ``UCX_NET_DEVICES`` ("mlx5_0:1,mlx5_1:1").
+
+    An RDMA device without a port gets each of its ports; "dev:port" is checked; a network
+    interface (eth0) passes as is. An unknown name is a ValueError naming it and what exists.
+    Empty: "" (UCX picks every device).
+    """
+    names = [n.strip() for n in device_name.replace(";", ",").split(",") if n.strip()]
+    nets = set(netdevs)
+    out: list[str] = []
+    unknown: list[str] = []
+    for n in names:
+        dev, _, port = n.partition(":")
+        if dev in rdma_ports:
+            ports = [int(p) for p in rdma_ports[dev]] or [1]
+            if port:
+                if not port.isdigit() or int(port) not in ports:
+                    unknown.append(n)
+                    continue
+                out.append(n)
+            else:
+                out += [f"{dev}:{p}" for p in ports]
+        elif not port and dev in nets:
+            out.append(dev)
+        else:
+            unknown.append(n)
+    if unknown:
+        have = sorted(rdma_ports) + sorted(nets)
+        raise ValueError(f"device_name {device_name!r}: unknown device(s) {', '.join(unknown)} (RDMA devices here: "
+                         f"{', '.join(sorted(rdma_ports)) or 'none'}; network interfaces: "
+                         f"{', '.join(sorted(nets)) or 'none'}); name devices as UCX_NET_DEVICES does "
+                         f"(mlx5_0, mlx5_0:1, eth0)" + ("" if have else ""))
+    return ",".join(dict.fromkeys(out))
+
+
+def no_rdma_warning(found: Sequence[Resource], library_source: str, library_path: str,
+                    rdma_devices: Sequence[str]) -> str | None:
+    """The one loud message when ``protocol="rdma"`` has no RDMA lane; None when one exists."""
+    if any(is_rdma(r.tl) for r in found):
+        return None
+    lanes = ", ".join(sorted({r.lane for r in found})) or "none"
+    if not rdma_devices:
+        why = "this host has no RDMA device (/sys/class/infiniband is empty)"
+        fix = ("run on a host with an RDMA NIC (InfiniBand, RoCE or EFA) and its driver (MOFED/DOCA, rdma-core)")
+    elif library_source == "wheel":
+        why = (f"RDMA devices {', '.join(rdma_devices)} exist, but the UCX loaded ({library_path}) is the libucx "
+               "wheel, built without verbs")
+        fix = ("install a verbs-capable UCX -- MOFED/DOCA or the distribution's ucx + rdma-core (system), HPC-X, "
+               "or the NIXL wheel (pip install nixl-cu12) -- or point MC_UCX_LIBRARY at one")
+    else:
+        why = (f"RDMA devices {', '.join(rdma_devices)} exist, but the UCX loaded ({library_path}) found no lane on "
+               "them (libibverbs / the provider missing, UCX_TLS or device_name excluding them, or memlock too low)")
+        fix = ("check `ucx_info -d`, `ibv_devinfo`, `ulimit -l` (unlimited), UCX_TLS, and device_name")
+    return (f"protocol 'rdma' asked, but UCX has no RDMA lane: {why}; lanes found: {lanes}. Transfers run "
+            f"one-sided over those lanes (not RDMA speed). To get RDMA: {fix}.")

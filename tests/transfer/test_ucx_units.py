@@ -1,0 +1,80 @@
+"""Pure parts of the UCX transport: library order, device names, lanes, the no-RDMA message."""
+
+from __future__ import annotations
+
+import pytest
+
+from mooncake_core.transfer.ucx import lanes, library
+
+CONTEXT_INFO = """#
+# UCP context
+#
+#      resource 0  :  md 0  dev 0  flags -- self/memory
+#      resource 1  :  md 1  dev 1  flags -- tcp/eth0
+#      resource 2  :  md 5  dev 3  flags -- rc_mlx5/mlx5_0:1
+#      resource 3  :  md 2  dev 0  flags -- posix/memory
+#"""
+
+EP_INFO = """#
+# UCP endpoint
+#
+#               peer: <no debug data>
+#                 lane[0]:  1:tcp/lo.0 md[0]                -> md[0]/tcp/sysdev[255] seg 4294967295 rma_bw#0 am
+#                 lane[1]:  0:tcp/eth0.0 md[0]              -> md[0]/tcp/sysdev[255] seg 4294967295 rma_bw#1 wireup
+#                 lane[2]:  3:rc_mlx5/mlx5_0:1 md[5]         -> md[5]/ib/sysdev[3] rma_bw#2
+#"""
+
+
+def test_override_means_one_source_or_a_path():
+    assert library._sources_for("") == (("loaded", "system", "nixl", "wheel"), "")
+    assert library._sources_for(" NIXL ") == (("nixl",), "")
+    assert library._sources_for("/opt/hpcx/ucx/lib/libucp.so") == (("path",), "/opt/hpcx/ucx/lib/libucp.so")
+
+
+def test_candidates_keep_the_order_and_every_path_of_a_source():
+    found = {"loaded": lambda: [], "system": lambda: ["libucp.so.0"], "nixl": lambda: ["/a/libucp-1.so", "/b/x.so"],
+             "wheel": lambda: ["/w/libucp.so.0"]}
+    got = library.candidates(("loaded", "system", "nixl", "wheel"), finders=found)
+    assert got == [("system", "libucp.so.0"), ("nixl", "/a/libucp-1.so"), ("nixl", "/b/x.so"),
+                   ("wheel", "/w/libucp.so.0")]
+
+
+def test_unloadable_override_names_every_place_tried(monkeypatch, tmp_path):
+    monkeypatch.setattr(library, "_loaded", None)
+    monkeypatch.setenv("MC_UCX_LIBRARY", str(tmp_path / "nope" / "libucp.so"))
+    with pytest.raises(library.UcxNotFound) as e:
+        library.load()
+    assert "nope/libucp.so" in str(e.value) and "mooncake-core[ucx]" in str(e.value)
+
+
+def test_resources_and_lanes_are_parsed():
+    assert [r.lane for r in lanes.resources(CONTEXT_INFO)] == ["self/memory", "tcp/eth0", "rc_mlx5/mlx5_0:1",
+                                                               "posix/memory"]
+    eps = lanes.ep_lanes(EP_INFO)
+    assert [(ln.index, ln.name) for ln in eps] == [(0, "tcp/lo"), (1, "tcp/eth0"), (2, "rc_mlx5/mlx5_0:1")]
+    assert eps[0].roles == ("rma_bw#0", "am")
+    assert lanes.rma_lanes(eps) == ["rc_mlx5/mlx5_0:1", "tcp/eth0", "tcp/lo"]
+
+
+def test_device_names_map_to_ucx_net_devices():
+    rdma = {"mlx5_0": [1], "mlx5_1": [1, 2]}
+    nets = ["eth0", "lo"]
+    assert lanes.net_devices("", rdma, nets) == ""
+    assert lanes.net_devices("mlx5_0,mlx5_1", rdma, nets) == "mlx5_0:1,mlx5_1:1,mlx5_1:2"
+    assert lanes.net_devices("mlx5_1:2, eth0", rdma, nets) == "mlx5_1:2,eth0"
+    with pytest.raises(ValueError) as e:
+        lanes.net_devices("mlx5_0,mlx5_9", rdma, nets)
+    assert "mlx5_9" in str(e.value) and "mlx5_0, mlx5_1" in str(e.value) and "eth0" in str(e.value)
+    with pytest.raises(ValueError, match="mlx5_0:3"):
+        lanes.net_devices("mlx5_0:3", rdma, nets)
+
+
+def test_no_rdma_warning_names_lanes_and_the_fix():
+    tcp_only = lanes.resources(CONTEXT_INFO.replace("rc_mlx5/mlx5_0:1", "tcp/lo"))
+    assert lanes.no_rdma_warning(lanes.resources(CONTEXT_INFO), "system", "/usr/lib/libucp.so.0", ["mlx5_0"]) is None
+    msg = lanes.no_rdma_warning(tcp_only, "wheel", "/site/libucx/lib/libucp.so.0", ["mlx5_0"])
+    assert msg is not None and "tcp/eth0" in msg and "built without verbs" in msg and "MC_UCX_LIBRARY" in msg
+    msg = lanes.no_rdma_warning(tcp_only, "wheel", "/x", [])
+    assert msg is not None and "no RDMA device" in msg
+    msg = lanes.no_rdma_warning(tcp_only, "system", "/usr/lib/libucp.so.0", ["mlx5_0"])
+    assert msg is not None and "ulimit -l" in msg
