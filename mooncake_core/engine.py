@@ -155,9 +155,10 @@ class TransferEngine:
         protocol = (protocol or "tcp").lower()
         if protocol not in SUPPORTED_PROTOCOLS:
             raise ValueError(f"protocol {protocol!r} is not supported (supported: {', '.join(SUPPORTED_PROTOCOLS)})")
-        self._transports = [cls(TransportContext(lambda: self._seg.name, self.regions, self._seg.boot_id,
-                                                 self._seg.pidns)) for cls in plugins.transport_classes()]
-        if protocol == "rdma" and "rdma" not in {t.name for t in self._transports}:
+        for cls in plugins.transport_classes():  # one by one: a refusal (unknown device) leaves the built ones to close
+            self._transports.append(cls(TransportContext(lambda: self._seg.name, self.regions, self._seg.boot_id,
+                                                         self._seg.pidns, protocol, device_name or "")))
+        if protocol == "rdma" and not any("rdma" in (t.name, *t.hints) for t in self._transports):
             devs = _rdma_devices()
             log.warning("protocol 'rdma' requested but no RDMA transport is registered"
                         + (f" (devices present: {devs})" if devs else " and no RDMA devices were found")

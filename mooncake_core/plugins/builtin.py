@@ -67,6 +67,18 @@ class CudaTransportPlugin:
         return [CudaIpcTransport]
 
 
+class UcxTransportPlugin:
+    """One-sided transfers through UCX (``protocol="rdma"``; RDMA NICs, or tcp / shared memory).
+
+    Always offered: the transport loads libucp only when an engine asks for ``rdma``, and stays
+    inert otherwise (``mooncake_core/transfer/ucx/``)."""
+
+    @hookimpl
+    def mooncake_transports(self) -> "list[type[Transport]]":
+        from mooncake_core.transfer.ucx.transport import UcxTransport
+        return [UcxTransport]
+
+
 def _open_http(spec: Any, timeout: float) -> "MetadataBackend":
     from mooncake_core.metadata.http_backend import HttpMetadataBackend
     return HttpMetadataBackend(spec, timeout=timeout)
@@ -130,6 +142,7 @@ BUILTINS: tuple[tuple[str, object], ...] = (
     ("mooncake_core.transport.local", LocalTransportPlugin()),
     ("mooncake_core.transport.cma", CmaTransportPlugin()),
     ("mooncake_core.transport.tcp", TcpTransportPlugin()),
+    ("mooncake_core.transport.ucx", UcxTransportPlugin()),
     ("mooncake_core.transport.cuda", CudaTransportPlugin()),
     ("mooncake_core.metadata.http", HttpMetadataPlugin()),
     ("mooncake_core.metadata.etcd", EtcdMetadataPlugin()),

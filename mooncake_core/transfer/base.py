@@ -150,6 +150,10 @@ class TransportContext:
     #: (boot_id, pid namespace) of this host/process, see descriptor.host_identity()
     boot_id: str = ""
     pidns: str = ""
+    #: ``initialize``'s protocol ("tcp", "rdma") and device_name ("mlx5_0,mlx5_1"): an RDMA
+    #: transport stays inert unless asked, and uses only the devices named
+    protocol: str = "tcp"
+    device_name: str = ""
 
 
 class Transport(ABC):

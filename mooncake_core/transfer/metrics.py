@@ -42,6 +42,7 @@ class _Stat:
 _stats: dict[tuple[str, str], _Stat] = {}
 _served: dict[str, int] = {"write": 0, "read": 0}
 _refused: dict[str, int] = {}
+_lanes: dict[tuple[str, str, str], int] = {}  # (transport, lanes, op) -> bytes
 _lock = threading.Lock()
 
 
@@ -68,6 +69,18 @@ def record(transport: str, op: str, nbytes: int, nreq: int, seconds: float, ok: 
 def served(op: str, nbytes: int) -> None:
     """Bytes this engine's rpc port moved for peers (target side)."""
     _served[op] = _served.get(op, 0) + nbytes
+
+
+def lane_bytes(transport: str, lanes: str, op: str, nbytes: int) -> None:
+    """Bytes a transport moved over a set of lanes (UCX: the endpoint's one-sided lanes, e.g.
+    ``rc_mlx5/mlx5_0:1`` or ``tcp/eth0``): which NICs and transports really carried the data."""
+    key = (transport, lanes, op)
+    _lanes[key] = _lanes.get(key, 0) + nbytes
+
+
+def lanes_snapshot() -> dict[tuple[str, str, str], int]:
+    """(transport, lanes, op) -> bytes so far (for tests, benches and the dashboard)."""
+    return dict(_lanes)
 
 
 def refused(reason: str) -> None:
@@ -104,6 +117,12 @@ class _Collector:
         for reason, n in sorted(_refused.items()):
             rf.add_metric([reason], n)
         yield rf
+        ln = CounterMetricFamily("mooncake_te_lane_bytes",
+                                 "Payload bytes per transport and the lanes (NIC/transport) that carried them",
+                                 labels=["transport", "lanes", "op"])
+        for (t, lanes, op), n in sorted(_lanes.items()):
+            ln.add_metric([t, lanes, op], n)
+        yield ln
 
 
 REGISTRY.register(_Collector())

@@ -13,10 +13,11 @@ def start_peer(python_exe):
     started: list[Peer] = []
 
     def start(metadata: str, size: int = 1 << 20, seed: int = 7, hostname: str = "127.0.0.1",
-              env: dict | None = None, wrap: list[str] | None = None) -> Peer:
+              env: dict | None = None, wrap: list[str] | None = None, protocol: str = "tcp",
+              device: str = "") -> Peer:
         """``wrap``: a command prefix, e.g. ``["unshare", "--pid", "--fork"]``."""
         p = spawn_peer(python_exe, metadata, size=size, seed=seed, hostname=hostname,
-                       env={**os.environ, **(env or {})}, wrap=wrap)
+                       env={**os.environ, **(env or {})}, wrap=wrap, protocol=protocol, device=device)
         started.append(p)
         return p
 
@@ -38,9 +39,9 @@ def engine_factory():
     from mooncake_core.engine import TransferEngine
     made = []
 
-    def make(metadata: str, hostname: str = "127.0.0.1") -> TransferEngine:
+    def make(metadata: str, hostname: str = "127.0.0.1", protocol: str = "tcp", device: str = "") -> TransferEngine:
         e = TransferEngine()
-        rc = e.initialize(hostname, metadata, "tcp", "")
+        rc = e.initialize(hostname, metadata, protocol, device)
         assert rc == 0, e.last_error
         made.append(e)
         return e

@@ -46,8 +46,10 @@ class Peer(LinePeer):
 
 
 def spawn_peer(python_exe: str, metadata: str, *, size: int = 1 << 20, seed: int = 7, hostname: str = "127.0.0.1",
-               env: dict | None = None, wrap: list[str] | None = None, stderr: IO | None = None) -> Peer:
+               env: dict | None = None, wrap: list[str] | None = None, stderr: IO | None = None,
+               protocol: str = "tcp", device: str = "") -> Peer:
     """Start te_peer.py and wait for its ready line (RuntimeError naming why it did not start)."""
     proc, info = spawn_line_peer([*(wrap or []), python_exe, PEER, "--metadata", metadata, "--size", str(size),
-                                  "--seed", str(seed), "--hostname", hostname], Peer.what, env=env, stderr=stderr)
+                                  "--seed", str(seed), "--hostname", hostname, "--protocol", protocol,
+                                  "--device", device], Peer.what, env=env, stderr=stderr)
     return Peer(proc, info["segment"], info["addr"], info["size"], info["pid"], info["rpc_port"], seed)

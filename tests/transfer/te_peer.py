@@ -4,6 +4,7 @@ Started by the tests with the ``python_exe`` fixture. Prints one JSON line
 {segment, addr, size, pid, rpc_port} once ready, then obeys one command per stdin line:
   sha OFF LEN      -> sha256 hex of buffer[OFF:OFF+LEN]
   reg SIZE SEED    -> register another random buffer, prints its address
+  unreg ADDR       -> unregister the region at ADDR, prints the return code
   notifies         -> JSON list of [name, msg] received
   exit             -> close the engine and exit 0
 """
@@ -28,10 +29,12 @@ def main() -> int:
     p.add_argument("--hostname", default="127.0.0.1")
     p.add_argument("--size", type=int, default=1 << 20)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--protocol", default="tcp")
+    p.add_argument("--device", default="")
     a = p.parse_args()
     setup_logging("WARNING")
     eng = TransferEngine()
-    if eng.initialize(a.hostname, a.metadata, "tcp", "") != 0:
+    if eng.initialize(a.hostname, a.metadata, a.protocol, a.device) != 0:
         print(json.dumps({"error": eng.last_error}), flush=True)
         return 1
     keep = [np.random.default_rng(a.seed).integers(0, 256, a.size, dtype=np.uint8)]
@@ -52,6 +55,8 @@ def main() -> int:
             keep.append(extra)
             rc = eng.register_memory(extra.ctypes.data, extra.nbytes)
             print(extra.ctypes.data if rc == 0 else -1, flush=True)
+        elif cmd == "unreg":
+            print(eng.unregister_memory(int(parts[1])), flush=True)
         elif cmd == "notifies":
             print(json.dumps([[n.name, n.msg] for n in eng.get_notifies()]), flush=True)
         elif cmd == "exit":

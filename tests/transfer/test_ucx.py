@@ -1,0 +1,256 @@
+"""The UCX transport (``protocol="rdma"``) between two processes, over the lanes CI has:
+``UCX_TLS=tcp`` and ``UCX_TLS=sm,self`` -- the same UCP calls an RDMA NIC runs (put/get with
+packed remote keys, endpoint flush, deadlines), docs/transfer-engine.md.
+
+CI installs the libucx wheel (the ``ucx`` extra is in ``test``): there a missing UCX fails;
+elsewhere these tests skip, naming the extra."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from mooncake_core.engine import TransferEngine, TransferNotify, TransferOpcode
+from mooncake_core.transfer import metrics
+from mooncake_core.transfer.ucx import library
+from te_helpers import sha
+
+pytestmark = pytest.mark.integration
+
+MB = 1 << 20
+TLS = {"tcp": "tcp", "sm": "sm,self"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ucx_present():
+    try:
+        library.load()
+    except library.UcxNotFound as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the UCX transport: {e}")
+        pytest.skip(f"no UCX here: {e}")
+
+
+@pytest.fixture(params=sorted(TLS))
+def lanes(request, monkeypatch):
+    monkeypatch.setenv("UCX_TLS", TLS[request.param])
+    return request.param
+
+
+def _pair(start_peer, lanes: str, *, size: int = 4 * MB, wrap: list[str] | None = None,
+          timeout: str | None = None, monkeypatch=None):
+    if timeout is not None:
+        monkeypatch.setenv("MC_TRANSFER_TIMEOUT", timeout)
+    peer = start_peer("P2PHANDSHAKE", size=size, protocol="rdma", env={"UCX_TLS": TLS[lanes]}, wrap=wrap)
+    eng = TransferEngine()
+    assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0, eng.last_error
+    return peer, eng
+
+
+def _lane_bytes(kind: str) -> int:
+    want = ("tcp/",) if kind == "tcp" else ("cma/", "posix/", "sysv/")
+    return sum(n for (t, ln, _), n in metrics.lanes_snapshot().items() if t == "ucx" and any(w in ln for w in want))
+
+
+def test_single_batch_async_notify_byte_exact(start_peer, lanes):
+    """Every API shape over UCX, random data, checked byte for byte on the target."""
+    size = 4 * MB
+    peer, eng = _pair(start_peer, lanes, size=size)
+    try:
+        before = _lane_bytes(lanes)
+        rng = np.random.default_rng(11)
+        src = rng.integers(0, 256, size, dtype=np.uint8)
+        assert eng.register_memory(src.ctypes.data, src.nbytes) == 0
+        image = peer.expected()
+
+        # single 4 KiB write (the latency path)
+        assert eng.transfer_sync_write(peer.segment, src.ctypes.data, peer.addr + 4096, 4096, "rdma") == 0
+        image[4096:8192] = src[:4096]
+        # a batch of 2,000 random 1 KiB blocks (the array path) to distinct places
+        slots = rng.permutation(size // 1024)[:2000]
+        locs = [src.ctypes.data + 8192 + i * 1024 for i in range(2000)]
+        rems = [peer.addr + int(s) * 1024 for s in slots]
+        assert eng.batch_transfer_sync_write(peer.segment, locs, rems, [1024] * 2000, "rdma") == 0, eng.last_error
+        for i, s in enumerate(slots):
+            image[s * 1024:(s + 1) * 1024] = src[8192 + i * 1024:8192 + (i + 1) * 1024]
+        assert peer.sha(0, size) == sha(image)
+
+        # whole-buffer read back, then an async write of 3 MiB and its status
+        dst = np.zeros(size, dtype=np.uint8)
+        assert eng.register_memory(dst.ctypes.data, dst.nbytes) == 0
+        assert eng.batch_transfer_sync_read(peer.segment, [dst.ctypes.data], [peer.addr], [size], "rdma") == 0
+        assert sha(dst) == sha(image)
+        bid = eng.batch_transfer_async_write(peer.segment, [src.ctypes.data + MB], [peer.addr + MB], [3 * MB], "rdma")
+        assert bid > 0
+        deadline = time.monotonic() + 30
+        while (st := eng.transfer_check_status(bid)) == 0 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert st == 1, eng.last_error
+        image[MB:4 * MB] = src[MB:4 * MB]
+
+        # a notification after the data: once the target has it, the bytes are there
+        assert eng.batch_transfer_sync(peer.segment, [src.ctypes.data], [peer.addr], [MB], TransferOpcode.WRITE,
+                                       TransferNotify("kv", "layer-0 done"), "rdma") == 0
+        image[:MB] = src[:MB]
+        assert json.loads(peer.cmd("notifies")) == [["kv", "layer-0 done"]]
+        assert peer.sha(0, size) == sha(image)
+        assert _lane_bytes(lanes) - before >= 4096 + 2000 * 1024 + 3 * MB + size + MB  # bytes counted per lane
+    finally:
+        eng.close()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare (util-linux) not installed")
+def test_rdma_is_chosen_per_peer_without_a_hint(start_peer, monkeypatch):
+    """A peer that cma cannot reach (another pid namespace) gets ucx by priority; a peer on
+    protocol tcp publishes no UCX address and gets tcp: a mixed cluster negotiates per peer."""
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    far = start_peer("P2PHANDSHAKE", protocol="rdma", env={"UCX_TLS": "tcp"}, wrap=["unshare", "--pid", "--fork"])
+    plain = start_peer("P2PHANDSHAKE", seed=3, wrap=["unshare", "--pid", "--fork"])
+    eng = TransferEngine()
+    assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
+    try:
+        src = np.random.default_rng(5).integers(0, 256, MB, dtype=np.uint8)
+        assert eng.register_memory(src.ctypes.data, src.nbytes) == 0
+        for p in (far, plain):
+            assert eng.transfer_sync_write(p.segment, src.ctypes.data, p.addr, MB) == 0, eng.last_error
+            assert p.sha(0, MB) == sha(src)
+        assert eng.transport_for(far.segment) == "ucx"
+        assert eng.transport_for(plain.segment) == "tcp"
+    finally:
+        eng.close()
+
+
+def test_bounds_refused_and_unregister_during_a_transfer(start_peer, lanes):
+    peer, eng = _pair(start_peer, lanes, size=MB)
+    try:
+        src = np.random.default_rng(2).integers(0, 256, 32 * MB, dtype=np.uint8)
+        assert eng.register_memory(src.ctypes.data, src.nbytes) == 0
+        # a range past the end of the target's region: refused whole, nothing written
+        assert eng.batch_transfer_sync_write(peer.segment, [src.ctypes.data, src.ctypes.data],
+                                             [peer.addr, peer.addr + MB - 100], [100, 200], "rdma") < 0
+        assert "outside" in eng.last_error
+        assert peer.sha(0, MB) == sha(peer.expected())
+        # the target unregisters a region while a 32 MiB write into it is in flight: the write
+        # ends (done or failed) within its deadline, both sides live on, ucx keeps working
+        extra = int(peer.cmd(f"reg {32 * MB} 9"))
+        assert extra > 0
+        bid = eng.batch_transfer_async_write(peer.segment, [src.ctypes.data], [extra], [32 * MB], "rdma")
+        assert bid > 0
+        assert peer.cmd(f"unreg {extra}") == "0"
+        deadline = time.monotonic() + 30
+        while (st := eng.transfer_check_status(bid)) == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert st in (1, -1)
+        assert eng.transfer_sync_write(peer.segment, src.ctypes.data, peer.addr, MB, "rdma") == 0, eng.last_error
+        assert peer.sha(0, MB) == sha(src[:MB])
+    finally:
+        eng.close()
+
+
+def test_killed_peer_fails_within_the_timeout(start_peer, lanes, monkeypatch):
+    peer, eng = _pair(start_peer, lanes, size=8 * MB, timeout="3", monkeypatch=monkeypatch)
+    try:
+        src = np.random.default_rng(4).integers(0, 256, 8 * MB, dtype=np.uint8)
+        assert eng.register_memory(src.ctypes.data, src.nbytes) == 0
+        assert eng.transfer_sync_write(peer.segment, src.ctypes.data, peer.addr, MB, "rdma") == 0
+        os.kill(peer.pid, signal.SIGKILL)
+        peer.proc.wait(10)
+        t0 = time.monotonic()
+        rc = eng.batch_transfer_sync_write(peer.segment, [src.ctypes.data], [peer.addr], [8 * MB], "rdma")
+        took = time.monotonic() - t0
+        assert rc < 0 and took < 3 + 8 / 1024 + 3, (rc, took)
+        assert eng.last_error
+    finally:
+        eng.close()
+
+
+def test_deadline_honoured_when_the_target_stops_progressing(start_peer, monkeypatch):
+    """Over tcp lanes the target's progress completes a PUT; a stopped target (SIGSTOP) must
+    make a large write fail at its deadline, not hang."""
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    peer, eng = _pair(start_peer, "tcp", size=32 * MB, timeout="2", monkeypatch=monkeypatch)
+    src = np.full(32 * MB, 6, dtype=np.uint8)
+    try:
+        assert eng.register_memory(src.ctypes.data, src.nbytes) == 0
+        assert eng.transfer_sync_write(peer.segment, src.ctypes.data, peer.addr, 4096, "rdma") == 0
+        os.kill(peer.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        rc = eng.batch_transfer_sync_write(peer.segment, [src.ctypes.data], [peer.addr], [32 * MB], "rdma")
+        took = time.monotonic() - t0
+        assert rc < 0 and 1.5 < took < 2 + 32 / 1024 + 3, (rc, took)
+        assert "timed out" in eng.last_error
+    finally:
+        os.kill(peer.pid, signal.SIGCONT)
+        eng.close()
+
+
+def test_unknown_device_fails_initialize_naming_it():
+    eng = TransferEngine()
+    assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0,no_such_nic") == -1
+    assert "no_such_nic" in eng.last_error and "mlx5_0" in eng.last_error
+    eng.close()
+
+
+def test_rdma_without_rdma_lanes_says_so(caplog, monkeypatch):
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    eng = TransferEngine()
+    with caplog.at_level(logging.WARNING, logger="mooncake.te.ucx"):
+        assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "lo") == 0
+    eng.close()
+    msgs = [r.getMessage() for r in caplog.records if "no RDMA lane" in r.getMessage()]
+    assert len(msgs) == 1 and "tcp/lo" in msgs[0] and "To get RDMA" in msgs[0]
+
+
+def test_compiled_batch_loop_matches_the_python_loop(monkeypatch):
+    """``Ucp.post_many`` from the compiled C loop and from Python move the same bytes (one
+    process, ``UCX_TLS=self``), and a bad remote key is an error naming the block."""
+    from mooncake_core.transfer.ucx import binding
+
+    monkeypatch.setenv("UCX_TLS", "self")
+    u = binding.Ucp(library.load().lib)
+    ctx = u.init({})
+    w = u.worker_create(ctx)
+    try:
+        ep = u.ep_create(w, u.worker_address(w), False)
+        src = np.random.default_rng(8).integers(0, 256, 4 * MB, dtype=np.uint8)
+        dst = np.zeros_like(src)
+        memh = u.mem_map(ctx, dst.ctypes.data, dst.nbytes)
+        rk = u.rkey_unpack(ep, u.rkey_pack(ctx, memh))
+        perm = np.random.default_rng(9).permutation(1024).astype(np.int64)
+        local = src.ctypes.data + np.arange(1024, dtype=np.int64) * 4096
+        remote = dst.ctypes.data + perm * 4096
+        length = np.full(1024, 4096, dtype=np.int64)
+        length[7] = 0  # skipped
+        keys = np.full(1024, rk, dtype=np.int64)
+        want = np.zeros_like(src)
+        for i, j in enumerate(perm):
+            if i != 7:
+                want[j * 4096:(j + 1) * 4096] = src[i * 4096:(i + 1) * 4096]
+        for compiled in (True, False):
+            dst[:] = 0
+            if not compiled:
+                monkeypatch.setattr(binding, "_helper", [None])
+            elif binding.batch_helper() is None:
+                continue
+            u.post_many(True, ep, local, remote, length, keys)
+            req = u.ep_flush(ep)
+            while req is not None and u.request_status(req) == binding.UCS_INPROGRESS:
+                u.progress(w)
+            if req is not None:
+                u.request_free(req)
+            assert (dst == want).all(), f"compiled={compiled}"
+        u.rkey_destroy(rk)
+        u.mem_unmap(ctx, memh)
+        req = u.ep_close_force(ep)
+        while req is not None and u.request_status(req) == binding.UCS_INPROGRESS:
+            u.progress(w)
+    finally:
+        u.worker_destroy(w)
+        u.cleanup(ctx)
