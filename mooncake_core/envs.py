@@ -145,6 +145,12 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MC_UCX_PEER_ERRORS", _flag, False,
            "UCX endpoints with peer error handling (a dead peer fails fast; UCX then drops shared-memory "
            "lanes and halves tcp PUT), otherwise a dead peer is found by the transfer deadline", _TE),
+    EnvVar("MC_IB_PORT", _int(1), None, "`rdma`: port of an RDMA device named without one (default: all)", _TE),
+    EnvVar("MC_GID_INDEX", _int(0), None, "`rdma`: RoCE GID index (UCX_IB_GID_INDEX)", _TE),
+    EnvVar("MC_MTU", _int(256), None, "`rdma`: path MTU in bytes (UCX_IB_PATH_MTU)", _TE),
+    EnvVar("MC_IB_SL", _int(0), None, "`rdma`: InfiniBand service level (UCX_IB_SL)", _TE),
+    EnvVar("MC_IB_TC", _int(0), None, "`rdma`: traffic class (UCX_IB_TRAFFIC_CLASS)", _TE),
+    EnvVar("MC_RETRY_CNT", _int(0), None, "`rdma`: RC retry count (UCX_RC_RETRY_COUNT)", _TE),
     EnvVar("MC_METRICS_PORT", _int(0), None, "serve the engine's Prometheus `/metrics` on this port", _TE),
     EnvVar("MC_METADATA_REFRESH_S", _float, 2.0,
            "seconds between checks that our segment descriptor is still published", _TE),
@@ -227,6 +233,12 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MC_DEVICE_STAGING_BYTES: int
     MC_UCX_LIBRARY: str
     MC_UCX_PEER_ERRORS: bool
+    MC_IB_PORT: int | None
+    MC_GID_INDEX: int | None
+    MC_MTU: int | None
+    MC_IB_SL: int | None
+    MC_IB_TC: int | None
+    MC_RETRY_CNT: int | None
     MC_METRICS_PORT: int | None
     MC_METADATA_REFRESH_S: float
     MC_MANAGED_POOL_SIZE: int

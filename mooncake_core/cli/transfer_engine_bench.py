@@ -40,8 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segment_id", default="",
                    help="initiator: the target's segment name (printed by the target as segment_id=...)")
     p.add_argument("--protocol", default="tcp",
-                   help="transport protocol: tcp (rdma is accepted and falls back to tcp/same-host)")
-    p.add_argument("--device_name", default="", help="accepted for compatibility (RDMA NIC names); unused")
+                   help="transport protocol: tcp, or rdma (one-sided through UCX: RDMA NICs, else its tcp / "
+                        "shared-memory lanes; docs/transfer-engine.md)")
+    p.add_argument("--device_name", default="", help="NICs for --protocol rdma, as UCX_NET_DEVICES names them "
+                   "(mlx5_0,mlx5_1 or eth0; empty: all); an unknown name is refused")
     p.add_argument("--operation", choices=["read", "write"], default="read", help="one-sided operation to run")
     p.add_argument("--block_size", default="64KB", help="bytes per transfer request, e.g. 65536 or 1MB")
     p.add_argument("--batch_size", type=int, default=128, help="requests submitted together per batch")

@@ -33,7 +33,7 @@ def register() -> Iterator[Any]:
 
 def test_builtins_are_plugins_in_priority_order() -> None:
     names = [c.name for c in transport_classes()]
-    assert names == ["local", "cma", "tcp"]
+    assert names == ["local", "cma", "ucx", "tcp"]
     pm = get_plugin_manager()
     for n in ("mooncake_core.transport.tcp", "mooncake_core.metadata.etcd"):
         assert pm.get_plugin(n) is not None

@@ -5,6 +5,9 @@ Started by the tests with the ``python_exe`` fixture. Prints one JSON line
   sha OFF LEN      -> sha256 hex of buffer[OFF:OFF+LEN]
   reg SIZE SEED    -> register another random buffer, prints its address
   unreg ADDR       -> unregister the region at ADDR, prints the return code
+  xfer OP SEG REMOTE OFF LEN [HINT] -> as initiator: write (OP=w) buffer[OFF:OFF+LEN] to REMOTE in
+                      segment SEG, or read (OP=r) it into the buffer; prints {"rc", "s", "error"}
+  lanes            -> JSON list of [transport, lanes, op, bytes] this process moved
   notifies         -> JSON list of [name, msg] received
   exit             -> close the engine and exit 0
 """
@@ -16,6 +19,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -57,6 +61,17 @@ def main() -> int:
             print(extra.ctypes.data if rc == 0 else -1, flush=True)
         elif cmd == "unreg":
             print(eng.unregister_memory(int(parts[1])), flush=True)
+        elif cmd == "xfer":
+            op, seg, remote, off, ln = parts[1], parts[2], int(parts[3]), int(parts[4]), int(parts[5])
+            hint = parts[6] if len(parts) > 6 else ""
+            fn = eng.transfer_sync_write if op == "w" else eng.transfer_sync_read
+            t0 = time.perf_counter()
+            rc = fn(seg, buf.ctypes.data + off, remote, ln, hint)
+            print(json.dumps({"rc": rc, "s": time.perf_counter() - t0, "error": eng.last_error if rc else ""}),
+                  flush=True)
+        elif cmd == "lanes":
+            from mooncake_core.transfer import metrics
+            print(json.dumps([[*k, n] for k, n in metrics.lanes_snapshot().items()]), flush=True)
         elif cmd == "notifies":
             print(json.dumps([[n.name, n.msg] for n in eng.get_notifies()]), flush=True)
         elif cmd == "exit":

@@ -150,12 +150,19 @@ def test_metadata_keys_published_and_removed(redis_endpoint, start_peer):
         meta.close()
 
 
-def test_rdma_protocol_falls_back_with_warning(caplog):
+def test_rdma_protocol_without_ucx_falls_back_loudly(caplog, monkeypatch):
+    """No libucp to be had: initialize still works (tcp / same-host), and says why and how to
+    get one. (With UCX: tests/transfer/test_ucx.py.)"""
+    from mooncake_core.transfer.ucx import library
+    monkeypatch.setattr(library, "_loaded", None)
+    monkeypatch.setenv("MC_UCX_LIBRARY", "/nonexistent/libucp.so")
     eng = TransferEngine()
     with caplog.at_level("WARNING", logger="mooncake.te"):
-        assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
+        assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
     try:
-        assert any("rdma" in r.getMessage() and "tcp" in r.getMessage() for r in caplog.records)
+        msgs = [r.getMessage() for r in caplog.records if "rdma" in r.getMessage()]
+        assert any("tcp" in m and "mooncake-core[ucx]" in m and "/nonexistent/libucp.so" in m for m in msgs), msgs
         assert eng.get_rpc_port() > 0 and json.loads(eng.get_local_topology())["transports"]
     finally:
         eng.close()
+    monkeypatch.setattr(library, "_loaded", None)  # the next engine loads the real one again

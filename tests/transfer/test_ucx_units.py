@@ -78,3 +78,12 @@ def test_no_rdma_warning_names_lanes_and_the_fix():
     assert msg is not None and "no RDMA device" in msg
     msg = lanes.no_rdma_warning(tcp_only, "system", "/usr/lib/libucp.so.0", ["mlx5_0"])
     assert msg is not None and "ulimit -l" in msg
+
+
+def test_original_rdma_variables_map_to_ucx_unless_ucx_is_set():
+    env = {"MC_GID_INDEX": "3", "MC_MTU": "4096", "MC_IB_TC": "106", "UCX_IB_TRAFFIC_CLASS": "96", "MC_MAX_WR": "9"}
+    assert lanes.mc_config(env) == {"IB_GID_INDEX": "3", "IB_PATH_MTU": "4096"}
+    rdma = {"mlx5_0": [1, 2]}
+    assert lanes.net_devices("mlx5_0", rdma, [], default_port=2) == "mlx5_0:2"
+    with pytest.raises(ValueError, match="MC_IB_PORT"):
+        lanes.net_devices("mlx5_0", rdma, [], default_port=3)

@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-__all__ = ["RDMA_TLS", "Resource", "ep_lanes", "is_rdma", "net_devices", "no_rdma_warning", "resources"]
+__all__ = ["ORIGINAL_TO_UCX", "RDMA_TLS", "Resource", "ep_lanes", "is_rdma", "mc_config", "net_devices",
+           "no_rdma_warning", "resources"]
 
 #: UCX transports that run on an RDMA NIC (InfiniBand, RoCE, EFA): one-sided in hardware
 RDMA_TLS = frozenset({"rc", "rc_v", "rc_verbs", "rc_x", "rc_mlx5", "dc", "dc_x", "dc_mlx5", "ud", "ud_v",
@@ -69,10 +70,30 @@ def rma_lanes(lanes: Sequence[Lane]) -> list[str]:
     return rma or sorted({ln.name for ln in lanes})
 
 
-def net_devices(device_name: str, rdma_ports: Mapping[str, Sequence[int]], netdevs: Iterable[str]) -> str:
+#: the original's RDMA variables that have a UCX equivalent (UCX name without ``UCX_``); the
+#: others size queues and work requests, which UCX sizes itself (docs/transfer-engine.md lists
+#: them), and MC_IB_PORT is the port given to a device named without one (``net_devices``)
+ORIGINAL_TO_UCX: dict[str, str] = {"MC_GID_INDEX": "IB_GID_INDEX", "MC_MTU": "IB_PATH_MTU", "MC_IB_SL": "IB_SL",
+                             "MC_IB_TC": "IB_TRAFFIC_CLASS", "MC_RETRY_CNT": "RC_RETRY_COUNT"}
+
+
+def mc_config(env: Mapping[str, str]) -> dict[str, str]:
+    """UCX settings from the original's ``MC_*`` variables in ``env``; a ``UCX_*`` the user set
+    for the same knob wins (UCX reads it itself)."""
+    out: dict[str, str] = {}
+    for mc, ucx in ORIGINAL_TO_UCX.items():
+        v = env.get(mc, "").strip()
+        if v and not env.get(f"UCX_{ucx}", "").strip():
+            out[ucx] = v
+    return out
+
+
+def net_devices(device_name: str, rdma_ports: Mapping[str, Sequence[int]], netdevs: Iterable[str],
+                default_port: int | None = None) -> str:
     """``device_name`` as Mooncake takes it ("mlx5_0,mlx5_1") -> ``UCX_NET_DEVICES`` ("mlx5_0:1,mlx5_1:1").
 
-    An RDMA device without a port gets each of its ports; "dev:port" is checked; a network
+    An RDMA device without a port gets each of its ports (or ``default_port``: MC_IB_PORT, as
+    the original); "dev:port" is checked; a network
     interface (eth0) passes as is. An unknown name is a ValueError naming it and what exists.
     Empty: "" (UCX picks every device).
     """
@@ -89,6 +110,11 @@ def net_devices(device_name: str, rdma_ports: Mapping[str, Sequence[int]], netde
                     unknown.append(n)
                     continue
                 out.append(n)
+            elif default_port is not None:
+                if default_port not in ports:
+                    unknown.append(f"{dev}:{default_port} (MC_IB_PORT)")
+                    continue
+                out.append(f"{dev}:{default_port}")
             else:
                 out += [f"{dev}:{p}" for p in ports]
         elif not port and dev in nets:

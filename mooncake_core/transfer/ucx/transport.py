@@ -242,15 +242,18 @@ class UcxTransport(Transport):
             log.warning(f"protocol 'rdma' asked, but {e}; using tcp / same-host transports instead",
                         extra={"device_name": ctx.device_name})
             return
-        config = {}
-        net = lanes_mod.net_devices(ctx.device_name, rdma_devices(), net_interfaces())  # ValueError: unknown name
+        for mc in lanes_mod.ORIGINAL_TO_UCX:  # parsed (a bad value is a ValueError naming it) before UCX sees it
+            getattr(envs, mc)
+        config = lanes_mod.mc_config(os.environ)
+        # ValueError naming an unknown device: initialize fails
+        net = lanes_mod.net_devices(ctx.device_name, rdma_devices(), net_interfaces(), envs.MC_IB_PORT)
         if net:
             config["NET_DEVICES"] = net
         ucp = Ucp(self.library.lib)
         self._w = _Worker(ucp, config)
         self.lanes = lanes_mod.resources(self._w.context_info())
         log.info("UCX loaded", extra={"library": self.library.path, "source": self.library.source,
-                                      "version": ucp.version(), "net_devices": net or "all",
+                                      "version": ucp.version(), "net_devices": net or "all", "config": config,
                                       "lanes": sorted({r.lane for r in self.lanes})})
         warning = lanes_mod.no_rdma_warning(self.lanes, self.library.source, self.library.path,
                                             sorted(rdma_devices()))
@@ -301,8 +304,9 @@ class UcxTransport(Transport):
         if self._w is None:
             return False
         sec = desc.section(self.name, self.section_version)
-        return bool(sec and sec.get("worker")) and not (desc.pid == os.getpid() and
-                                                        desc.boot_id == (self.ctx.boot_id if self.ctx else ""))
+        c = self.ctx
+        ourselves = c is not None and desc.same_host_as(c.boot_id, c.pidns) and desc.pid == os.getpid()
+        return bool(sec and sec.get("worker")) and not ourselves
 
     def _peer(self, desc: SegmentDescriptor) -> tuple[_Peer, dict[str, str]]:
         w = self._w
