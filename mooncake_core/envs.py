@@ -151,6 +151,11 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MC_IB_SL", _int(0), None, "`rdma`: InfiniBand service level (UCX_IB_SL)", _TE),
     EnvVar("MC_IB_TC", _int(0), None, "`rdma`: traffic class (UCX_IB_TRAFFIC_CLASS)", _TE),
     EnvVar("MC_RETRY_CNT", _int(0), None, "`rdma`: RC retry count (UCX_RC_RETRY_COUNT)", _TE),
+    EnvVar("MC_SLICE_TIMEOUT", _float, 2.0,
+           "`rdma` with several NICs: seconds a NIC may make no progress before it is taken out and its "
+           "slices retried on the others (0 = only the transfer deadline)", _TE),
+    EnvVar("MC_RDMA_RAIL_PAUSE_SECONDS", _float, 30.0, "`rdma`: seconds a failed NIC stays out before it is "
+           "tried again", _TE),
     EnvVar("MC_METRICS_PORT", _int(0), None, "serve the engine's Prometheus `/metrics` on this port", _TE),
     EnvVar("MC_METADATA_REFRESH_S", _float, 2.0,
            "seconds between checks that our segment descriptor is still published", _TE),
@@ -239,6 +244,8 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MC_IB_SL: int | None
     MC_IB_TC: int | None
     MC_RETRY_CNT: int | None
+    MC_SLICE_TIMEOUT: float
+    MC_RDMA_RAIL_PAUSE_SECONDS: float
     MC_METRICS_PORT: int | None
     MC_METADATA_REFRESH_S: float
     MC_MANAGED_POOL_SIZE: int

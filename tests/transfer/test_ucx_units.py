@@ -87,3 +87,22 @@ def test_original_rdma_variables_map_to_ucx_unless_ucx_is_set():
     assert lanes.net_devices("mlx5_0", rdma, [], default_port=2) == "mlx5_0:2"
     with pytest.raises(ValueError, match="MC_IB_PORT"):
         lanes.net_devices("mlx5_0", rdma, [], default_port=3)
+
+
+def test_rails_slices_windows_pairing():
+    import numpy as np
+
+    from mooncake_core.transfer.ucx import plan
+    assert plan.rail_groups("") == [""] and plan.rail_groups("d0") == ["d0"]
+    assert plan.rail_groups("mlx5_0:1,mlx5_0:2,mlx5_1:1") == ["mlx5_0:1,mlx5_0:2", "mlx5_1:1"]
+    assert plan.rail_groups("mlx5_0:1,mlx5_0:2") == ["mlx5_0:1,mlx5_0:2"]
+    assert [plan.rail_name(g) for g in ("", "mlx5_0:1,mlx5_0:2", "eth1")] == ["all", "mlx5_0", "eth1"]
+    assert plan.pair("d1", 0, ["d0", "d1"]) == 1 and plan.pair("mlx5_2", 3, ["d0", "d1"]) == 1
+    a = np.array
+    loc, rem, n, reg = plan.slice_blocks(a([0, 1000]), a([5000, 9000]), a([25, 3]), a([0, 1]), 10)
+    assert loc.tolist() == [0, 10, 20, 1000] and rem.tolist() == [5000, 5010, 5020, 9000]
+    assert n.tolist() == [10, 10, 5, 3] and reg.tolist() == [0, 0, 0, 1]
+    assert plan.windows(a([4, 4, 4, 20, 1, 1]), 8) == [(0, 2), (2, 3), (3, 4), (4, 6)]
+    assert plan.windows(a([], dtype=np.int64), 8) == []
+    with pytest.raises(ValueError):
+        plan.slice_blocks(a([0]), a([0]), a([1]), a([0]), 0)

@@ -4,7 +4,8 @@ The same calls run over verbs / RoCE / EFA lanes on RDMA NICs and over tcp / sha
 lanes elsewhere, so CI exercises the real code path (docs/transfer-engine.md says what was
 measured on which lanes).
 
-* **One UCP context and worker per engine**, with a progress thread. A peer's one-sided
+* **One UCP context and worker per NIC** (a *rail*; one rail for every device when
+  ``device_name`` names at most one), each with a progress thread. A peer's one-sided
   operations need no help from us on RDMA lanes, but on tcp lanes UCX emulates GET (and
   completes PUT) with messages the *target* must progress, so every engine keeps
   progressing. The thread sleeps on the worker's event fd (``ucp_worker_arm``) when idle
@@ -13,13 +14,18 @@ measured on which lanes).
 * **Registration**: each region the engine registers is ``ucp_mem_map``-ed; its packed
   remote key, and this worker's address, go into our section of the segment descriptor
   (``descriptor["transports"]["ucx"]``) -- peers need no second listener or handshake.
-* **A transfer**: the endpoint to the peer is created on first use from its worker address
-  (its lanes logged once), remote keys are unpacked once per region, each request is one
-  ``ucp_put_nbx`` / ``ucp_get_nbx``, and completion is one ``ucp_ep_flush_nbx`` progressed
-  until done or the deadline -- never ``ucp_worker_flush``, which cannot time out. On a
-  deadline or an error the endpoint is force-closed (its outstanding operations are
-  cancelled, so no late byte lands in a buffer the caller reuses) and the peer is reported
-  down; the next call reconnects.
+* **A transfer**: endpoints to the peer are created on first use from its rails' worker
+  addresses (our rail on NIC ``d0`` to the peer's ``d0``; lanes logged once), remote keys
+  unpacked once per region, each slice is one ``ucp_put_nbx`` / ``ucp_get_nbx``. Slices go
+  in windows of a few MiB, each closed by a ``ucp_ep_flush_nbx``; rails pull windows from one
+  queue (``plan.py``), progressed until done or the deadline -- never ``ucp_worker_flush``,
+  which cannot time out.
+* **A NIC that fails** (a window errors, or makes no progress for ``MC_SLICE_TIMEOUT`` while
+  another rail is up) is taken out for ``MC_RDMA_RAIL_PAUSE_SECONDS``: its endpoint is
+  force-closed (outstanding operations cancelled: no late byte lands in a buffer the caller
+  reuses) and its unfinished windows go back to the queue for the other rails, within the
+  same deadline. After the pause it is used again. When no rail is left, or at the deadline,
+  the peer is reported down; the next call reconnects.
 * **Notifications** go over the engine's control channel after ``transfer`` returned, i.e.
   after the flush completed: in order after the data.
 
@@ -48,6 +54,7 @@ from mooncake_core.transfer.base import (Capabilities, Transport, TransportConte
 from mooncake_core.transfer.descriptor import SegmentDescriptor, process_start_time
 from mooncake_core.transfer.memory import Region
 from mooncake_core.transfer.ucx import lanes as lanes_mod
+from mooncake_core.transfer.ucx import plan
 from mooncake_core.transfer.ucx.binding import UCS_INPROGRESS, UCS_OK, Ucp, UcxError
 from mooncake_core.transfer.ucx.library import LoadedUcp, UcxNotFound, load
 from mooncake_core.utils.log import get_logger
@@ -56,10 +63,20 @@ log = get_logger("mooncake.te.ucx")
 
 __all__ = ["UcxTransport", "rdma_devices", "net_interfaces"]
 
-#: progress calls a waiter spins before it sleeps on the worker's event fd
-SPIN = 2000
+#: progress calls without an event a waiter spins before it sleeps on the worker's event fd
+#: (~50-100 us: a reply on a fast lane comes sooner; a busy-spinning waiter on a small box
+#: would steal the core the peer needs)
+SPIN = 32
+#: longest such sleep (events wake it first; the deadline is checked after it)
+WAIT_S = 0.005
 #: longest sleep on the event fd (a safety net: events should wake us first)
 IDLE_WAIT_S = 0.05
+#: bytes per slice when a batch is spread over several rails (one request may span them)
+SLICE_BYTES = 1 << 20
+#: bytes per window: posted together, closed by one flush (the unit a failed rail gives back)
+WINDOW_BYTES = 4 << 20
+#: windows in flight per rail (the next is posted while the previous one drains)
+DEPTH = 2
 
 
 def rdma_devices() -> dict[str, list[int]]:
@@ -93,9 +110,10 @@ class _Peer:
     pidfd turns readable when the process exits, so one poll after the flush tells.
     """
 
-    __slots__ = ("ep", "address", "rkeys", "lanes", "lane_label", "pidfd")
+    __slots__ = ("ep", "address", "rkeys", "lanes", "lane_label", "pidfd", "rail")
 
-    def __init__(self, ep: int, address: bytes, lanes: list[str], pidfd: int) -> None:
+    def __init__(self, ep: int, address: bytes, lanes: list[str], pidfd: int, rail: "_Rail") -> None:
+        self.rail = rail
         self.ep = ep
         self.address = address
         self.rkeys: dict[int, int] = {}  # remote region addr -> unpacked rkey handle
@@ -171,15 +189,23 @@ class _Worker:
                 select.select([self.efd], [], [], IDLE_WAIT_S)
             idle = 0
 
+    def enter(self) -> None:
+        """A caller progresses this worker itself from now on (the thread stands aside)."""
+        with self.lock:
+            self.waiters += 1
+
+    def leave(self) -> None:
+        with self.lock:
+            self.waiters -= 1
+
     def wait(self, req: int | None, deadline: float) -> int:
         """Progress until ``req`` completes (its status) or the deadline (UCS_INPROGRESS)."""
         if req is None:
             return UCS_OK
         ucp, w = self.ucp, self.worker
-        with self.lock:
-            self.waiters += 1
+        self.enter()
         try:
-            spins = 0
+            it = quiet = 0
             while True:
                 with self.lock:
                     n = ucp.progress(w)
@@ -188,23 +214,20 @@ class _Worker:
                     with self.lock:
                         ucp.request_free(req)
                     return st
-                if n:
-                    spins = 0
-                    continue
-                spins += 1
-                if spins & 255 == 0 and time.monotonic() > deadline:
+                it += 1
+                if it & 255 == 0 and time.monotonic() > deadline:
                     with self.lock:
                         ucp.request_free(req)  # released when UCX completes it (cancelled by the close)
                     return UCS_INPROGRESS
-                if spins > SPIN:
+                quiet = 0 if n else quiet + 1
+                if quiet > SPIN:  # nothing happening: sleep until the worker has an event
                     with self.lock:
                         armed = ucp.worker_arm(w)
                     if armed:
-                        select.select([self.efd], [], [], min(0.001, max(0.0, deadline - time.monotonic())))
-                    spins = 0
+                        select.select([self.efd], [], [], min(WAIT_S, max(0.0, deadline - time.monotonic())))
+                    quiet = 0
         finally:
-            with self.lock:
-                self.waiters -= 1
+            self.leave()
 
     def close(self) -> None:
         self._stop.set()
@@ -212,6 +235,35 @@ class _Worker:
         with self.lock:
             self.ucp.worker_destroy(self.worker)
             self.ucp.cleanup(self.ctx)
+
+
+class _Rail:
+    """One NIC (or every device, for a single rail): its worker, memory handles, and state."""
+
+    def __init__(self, index: int, group: str, worker: _Worker) -> None:
+        self.index = index
+        self.group = group              # UCX_NET_DEVICES of this rail ("" = all)
+        self.name = plan.rail_name(group)
+        self.w = worker
+        self.memh: dict[int, tuple[int, str]] = {}  # region addr -> (memh, packed rkey b64)
+        self.down_until = 0.0           # monotonic time before which this rail is not used
+
+    def up(self, now: float) -> bool:
+        return now >= self.down_until
+
+    def section(self) -> dict[str, Any]:
+        return {"dev": self.name, "worker": base64.b64encode(self.w.address).decode(),
+                "rkeys": {str(a): packed for a, (_, packed) in self.memh.items()}}
+
+
+class _Window:
+    __slots__ = ("start", "end", "nbytes", "req", "t0", "peer")
+
+    def __init__(self, start: int, end: int, nbytes: int) -> None:
+        self.start, self.end, self.nbytes = start, end, nbytes
+        self.req: int | None = None
+        self.t0 = 0.0
+        self.peer: _Peer | None = None
 
 
 class UcxTransport(Transport):
@@ -227,11 +279,10 @@ class UcxTransport(Transport):
 
     def __init__(self, ctx: TransportContext | None = None) -> None:
         super().__init__(ctx)
-        self._w: _Worker | None = None
+        self.rails: list[_Rail] = []
         self.library: LoadedUcp | None = None
         self.lanes: list[lanes_mod.Resource] = []
-        self._memh: dict[int, tuple[int, str]] = {}  # region addr -> (memh, packed rkey b64)
-        self._peers: dict[tuple[str, bytes], _Peer] = {}
+        self._peers: dict[tuple[str, int, bytes], _Peer] = {}
         self._plock = threading.Lock()
         self._section: dict[str, Any] | None = None
         if ctx is None or ctx.protocol != "rdma":
@@ -247,106 +298,129 @@ class UcxTransport(Transport):
         config = lanes_mod.mc_config(os.environ)
         # ValueError naming an unknown device: initialize fails
         net = lanes_mod.net_devices(ctx.device_name, rdma_devices(), net_interfaces(), envs.MC_IB_PORT)
-        if net:
-            config["NET_DEVICES"] = net
         ucp = Ucp(self.library.lib)
-        self._w = _Worker(ucp, config)
-        self.lanes = lanes_mod.resources(self._w.context_info())
+        try:
+            for i, group in enumerate(plan.rail_groups(net)):
+                cfg = {**config, **({"NET_DEVICES": group} if group else {})}
+                self.rails.append(_Rail(i, group, _Worker(ucp, cfg)))
+        except BaseException:
+            self.close()
+            raise
+        self.lanes = [r for rail in self.rails for r in lanes_mod.resources(rail.w.context_info())]
         log.info("UCX loaded", extra={"library": self.library.path, "source": self.library.source,
                                       "version": ucp.version(), "net_devices": net or "all", "config": config,
+                                      "rails": [r.name for r in self.rails],
                                       "lanes": sorted({r.lane for r in self.lanes})})
         warning = lanes_mod.no_rdma_warning(self.lanes, self.library.source, self.library.path,
                                             sorted(rdma_devices()))
         if warning:
             log.warning(warning)
-        self._section = {"worker": base64.b64encode(self._w.address).decode(), "rkeys": {}}
+        self._section = {"rails": [r.section() for r in self.rails]}
 
     @property
     def active(self) -> bool:
-        return self._w is not None
+        return bool(self.rails)
 
     # ------------------------------------------------------------------ registration
     def register_region(self, region: Region) -> None:
-        w = self._w
-        if w is None:
-            return
-        with w.lock:
-            memh = w.ucp.mem_map(w.ctx, region.addr, region.length)
-            try:
-                packed = base64.b64encode(w.ucp.rkey_pack(w.ctx, memh)).decode()
-            except BaseException:
-                w.ucp.mem_unmap(w.ctx, memh)
-                raise
+        done: list[_Rail] = []
+        try:
+            for rail in self.rails:
+                w = rail.w
+                with w.lock:
+                    memh = w.ucp.mem_map(w.ctx, region.addr, region.length)
+                    try:
+                        packed = base64.b64encode(w.ucp.rkey_pack(w.ctx, memh)).decode()
+                    except BaseException:
+                        w.ucp.mem_unmap(w.ctx, memh)
+                        raise
+                with self._plock:
+                    rail.memh[region.addr] = (memh, packed)
+                done.append(rail)
+        except BaseException:
+            for rail in done:
+                self._unmap(rail, region.addr)
+            raise
+        finally:
+            self._republish()
+
+    def _unmap(self, rail: _Rail, addr: int) -> None:
         with self._plock:
-            self._memh[region.addr] = (memh, packed)
-            self._section = {**(self._section or {}), "rkeys": {**(self._section or {}).get("rkeys", {}),
-                                                                str(region.addr): packed}}
+            got = rail.memh.pop(addr, None)
+        if got is not None:
+            with rail.w.lock:
+                rail.w.ucp.mem_unmap(rail.w.ctx, got[0])
+
+    def _republish(self) -> None:
+        if self.rails:
+            with self._plock:
+                self._section = {"rails": [r.section() for r in self.rails]}
 
     def unregister_region(self, region: Region) -> None:
-        w = self._w
-        if w is None:
-            return
-        with self._plock:
-            got = self._memh.pop(region.addr, None)
-            if self._section is not None:
-                rk = dict(self._section.get("rkeys", {}))
-                rk.pop(str(region.addr), None)
-                self._section = {**self._section, "rkeys": rk}
-        if got is not None:
-            with w.lock:
-                w.ucp.mem_unmap(w.ctx, got[0])
+        for rail in self.rails:
+            self._unmap(rail, region.addr)
+        self._republish()
 
     def descriptor_section(self) -> dict[str, Any] | None:
         return self._section
 
     # ------------------------------------------------------------------ peers
     def can_reach(self, desc: SegmentDescriptor) -> bool:
-        if self._w is None:
+        if not self.rails:
             return False
         sec = desc.section(self.name, self.section_version)
         c = self.ctx
         ourselves = c is not None and desc.same_host_as(c.boot_id, c.pidns) and desc.pid == os.getpid()
-        return bool(sec and sec.get("worker")) and not ourselves
+        return bool(sec and sec.get("rails")) and not ourselves
 
-    def _peer(self, desc: SegmentDescriptor) -> tuple[_Peer, dict[str, str]]:
-        w = self._w
-        assert w is not None
+    def _remote(self, desc: SegmentDescriptor) -> list[dict[str, Any]]:
         sec = desc.section(self.name, self.section_version)
-        if not sec or not sec.get("worker"):
+        rails = sec.get("rails") if sec else None
+        if not rails:
             raise TransferError(f"segment {desc.name!r} publishes no UCX worker address (peer not on protocol "
                                 "'rdma', or another version)")
-        address = base64.b64decode(sec["worker"])
-        key = (desc.name, address)
+        return list(rails)
+
+    def _peer(self, desc: SegmentDescriptor, rail: _Rail, remote: list[dict[str, Any]]) -> tuple[_Peer, dict]:
+        """The endpoint from ``rail`` to the peer rail it pairs with, and that rail's rkeys."""
+        r = remote[plan.pair(rail.name, rail.index, [str(x.get("dev", "")) for x in remote])]
+        address = base64.b64decode(r["worker"])
+        key = (desc.name, rail.index, address)
         p = self._peers.get(key)
         if p is None:
             with self._plock:
                 p = self._peers.get(key)
                 if p is None:
+                    w = rail.w
                     with w.lock:
                         ep = w.ucp.ep_create(w.worker, address, envs.MC_UCX_PEER_ERRORS)
                         info = w.ucp.ep_info(ep)
                     found = lanes_mod.ep_lanes(info)
                     c = self.ctx
                     pidfd = _pidfd_of(desc, c.boot_id, c.pidns) if c is not None else -1
-                    p = _Peer(ep, address, lanes_mod.rma_lanes(found), pidfd)
+                    p = _Peer(ep, address, lanes_mod.rma_lanes(found), pidfd, rail)
                     self._peers[key] = p
-                    log.info("UCX endpoint to peer", extra={"segment": desc.name, "lanes": [ln.name for ln in found],
-                                                            "rma_lanes": p.lanes})
-        return p, sec.get("rkeys", {})
+                    log.info("UCX endpoint to peer", extra={"segment": desc.name, "rail": rail.name,
+                                                            "peer_rail": r.get("dev"),
+                                                            "lanes": [ln.name for ln in found], "rma_lanes": p.lanes})
+        return p, r.get("rkeys", {})
 
-    def _rkey(self, p: _Peer, rkeys: dict[str, str], desc: SegmentDescriptor, addr: int) -> int:
-        rk = p.rkeys.get(addr)
-        if rk is None:
-            packed = rkeys.get(str(addr))
-            if packed is None:
-                raise TransferError(f"segment {desc.name!r} published no UCX remote key for its region at "
-                                    f"{addr:#x}", ErrorCode.INVALID_PARAMS)
-            w = self._w
-            assert w is not None
-            with w.lock:
-                rk = w.ucp.rkey_unpack(p.ep, base64.b64decode(packed))
-            p.rkeys[addr] = rk
-        return rk
+    def _rkeys(self, p: _Peer, rkeys: dict[str, str], desc: SegmentDescriptor, addrs: list[int]) -> np.ndarray:
+        """Unpacked remote keys (handles) of the peer's regions at ``addrs`` on ``p``'s endpoint."""
+        out = np.empty(len(addrs), dtype=np.int64)
+        w = p.rail.w
+        for i, addr in enumerate(addrs):
+            rk = p.rkeys.get(addr)
+            if rk is None:
+                packed = rkeys.get(str(addr))
+                if packed is None:
+                    raise TransferError(f"segment {desc.name!r} published no UCX remote key for its region at "
+                                        f"{addr:#x}", ErrorCode.INVALID_PARAMS)
+                with w.lock:
+                    rk = w.ucp.rkey_unpack(p.ep, base64.b64decode(packed))
+                p.rkeys[addr] = rk
+            out[i] = rk
+        return out
 
     def drop_peer(self, desc: SegmentDescriptor) -> None:
         with self._plock:
@@ -356,9 +430,7 @@ class UcxTransport(Transport):
             self._close_ep(p, time.monotonic() + 2.0)
 
     def _close_ep(self, p: _Peer, deadline: float) -> None:
-        w = self._w
-        if w is None:
-            return
+        w = p.rail.w
         with w.lock:
             for rk in p.rkeys.values():
                 w.ucp.rkey_destroy(rk)
@@ -367,97 +439,254 @@ class UcxTransport(Transport):
         p.close_pidfd()
         w.wait(req, deadline)
 
-    def _fail(self, desc: SegmentDescriptor, p: _Peer, what: str) -> TransferError:
-        """Close the endpoint (cancelling what is outstanding) and report the peer down."""
+    def _forget(self, p: _Peer) -> None:
+        """Close ``p``'s endpoint (cancelling what is outstanding); the next use reconnects."""
         with self._plock:
             for k, v in list(self._peers.items()):
                 if v is p:
                     del self._peers[k]
-        self._close_ep(p, time.monotonic() + 2.0)
-        return TransferError(f"ucx transfer to segment {desc.name!r} over {p.lane_label} {what}", peer_down=True)
+        try:
+            self._close_ep(p, time.monotonic() + 1.0)
+        except UcxError as e:
+            log.warning("closing a UCX endpoint failed", extra={"error": str(e)})
 
     # ------------------------------------------------------------------ transfers
-    def _finish(self, desc: SegmentDescriptor, p: _Peer, deadline: float, write: bool, nbytes: int) -> None:
-        w = self._w
-        assert w is not None
-        try:
-            with w.lock:
-                req = w.ucp.ep_flush(p.ep)
-        except UcxError as e:
-            raise self._fail(desc, p, f"failed: {e}") from None
-        st = w.wait(req, deadline)
-        if st == UCS_INPROGRESS:
-            raise self._fail(desc, p, "timed out (deadline passed; peer dead or unreachable)")
-        if st != UCS_OK:
-            raise self._fail(desc, p, f"failed: {w.ucp.status_text(st)}")
-        if p.dead():
-            raise self._fail(desc, p, f"failed: the peer's process {desc.pid} exited")
-        metrics.lane_bytes(self.name, p.lane_label, "write" if write else "read", nbytes)
-
     def transfer(self, desc: SegmentDescriptor, reqs: list[TransferRequest], deadline: float) -> None:
-        w = self._w
-        if w is None:
+        if not self.rails:
             raise TransferError("the ucx transport is not active (protocol 'rdma' not asked, or no UCX found)")
-        p, rkeys = self._peer(desc)
-        groups: dict[bool, int] = {}
-        post = w.ucp.post
-        try:
-            for r in reqs:
-                if r.length <= 0:
-                    continue
-                region = desc.find_region(r.remote_addr, r.length)
-                if region is None:
-                    raise TransferError(f"{r.length} bytes at {r.remote_addr:#x} outside segment {desc.name!r}",
-                                        ErrorCode.INVALID_PARAMS)
-                rk = self._rkey(p, rkeys, desc, region.addr)
-                write = r.opcode == TransferOpcode.WRITE
-                with w.lock:
-                    post(write, p.ep, r.local_addr, r.length, r.remote_addr, rk)
-                groups[write] = groups.get(write, 0) + r.length
-        except UcxError as e:
-            raise self._fail(desc, p, f"failed: {e}") from None
-        if groups:
-            self._finish(desc, p, deadline, True in groups, sum(groups.values()))
+        reqs = [r for r in reqs if r.length > 0]
+        if not reqs:
+            return
+        writes = [r for r in reqs if r.opcode == TransferOpcode.WRITE]
+        for group, write in ((writes, True), ([r for r in reqs if r.opcode != TransferOpcode.WRITE], False)):
+            if group:
+                arr = np.array([(r.local_addr, r.remote_addr, r.length) for r in group], dtype=np.int64)
+                self._run(desc, write, arr[:, 0], arr[:, 1], arr[:, 2], deadline)
 
     def transfer_arrays(self, desc: SegmentDescriptor, opcode: TransferOpcode, local: np.ndarray,
                         remote: np.ndarray, length: np.ndarray, deadline: float) -> None:
-        """A large batch: the region (remote key) of every block found with numpy, then every
-        block posted under one lock hold -- from one C loop where it was compiled
-        (``binding.batch_helper``) -- and one flush. UCX queues what the wire cannot take yet."""
-        w = self._w
-        if w is None:
+        """A large batch: the region (remote key) of every block found with numpy; blocks posted
+        from one C loop per window where it was compiled (``binding.batch_helper``)."""
+        if not self.rails:
             raise TransferError("the ucx transport is not active")
-        p, rkeys = self._peer(desc)
+        self._run(desc, opcode == TransferOpcode.WRITE, local, remote, length, deadline)
+
+    def _run(self, desc: SegmentDescriptor, write: bool, local: np.ndarray, remote: np.ndarray,
+             length: np.ndarray, deadline: float) -> None:
+        remote_rails = self._remote(desc)
         regs = sorted(desc.buffers, key=lambda r: r.addr)
         starts = np.array([r.addr for r in regs], dtype=np.int64)
-        idx = np.searchsorted(starts, remote, side="right") - 1
-        keys = np.array([self._rkey(p, rkeys, desc, r.addr) for r in regs], dtype=np.int64)
+        region = np.searchsorted(starts, remote, side="right") - 1
+        if len(region) and (region < 0).any():
+            raise TransferError(f"a range at {int(remote[int(np.argmax(region < 0))]):#x} is outside segment "
+                                f"{desc.name!r}", ErrorCode.INVALID_PARAMS)
+        now = time.monotonic()
+        up = [r for r in self.rails if r.up(now)] or list(self.rails)  # every rail paused: try them all
+        if len(up) > 1:
+            local, remote, length, region = plan.slice_blocks(local, remote, length, region, SLICE_BYTES)
+        order = [w for w in plan.windows(length, WINDOW_BYTES)]
+        run = _Run(self, desc, write, local, remote, length, region, [r.addr for r in regs], remote_rails, deadline)
+        run.go(up, order)
+
+    def transfer_one(self, desc: SegmentDescriptor, opcode: int, local: int, remote: int, length: int,
+                     deadline: float) -> None:
+        """The latency path: one request on the first rail that is up -- post, flush, wait. A
+        request larger than a window, with several rails up, is spread over them instead."""
+        now = time.monotonic()
+        up = [r for r in self.rails if r.up(now)]
+        region = desc.find_region(remote, length)
+        if not up or region is None or length <= 0 or (len(up) > 1 and length > WINDOW_BYTES):
+            super().transfer_one(desc, opcode, local, remote, length, deadline)
+            return
+        rail = up[0]
         write = opcode == TransferOpcode.WRITE
+        p, rkeys = self._peer(desc, rail, self._remote(desc))
+        rk = int(self._rkeys(p, rkeys, desc, [region.addr])[0])
+        w = rail.w
         try:
             with w.lock:
-                w.ucp.post_many(write, p.ep, local, remote, length, keys[idx])
+                w.ucp.post(write, p.ep, local, length, remote, rk)
+                req = w.ucp.ep_flush(p.ep)
+            st = w.wait(req, deadline)
         except UcxError as e:
-            raise self._fail(desc, p, f"failed: {e}") from None
-        self._finish(desc, p, deadline, write, int(length.sum()))
+            self._forget(p)
+            raise TransferError(f"ucx transfer to segment {desc.name!r} over {p.lane_label} failed: {e}",
+                                peer_down=True) from None
+        why = ("timed out (deadline passed; peer dead or unreachable)" if st == UCS_INPROGRESS
+               else f"failed: {w.ucp.status_text(st)}" if st != UCS_OK
+               else f"failed: the peer's process {desc.pid} exited" if p.dead() else "")
+        if why:
+            self._forget(p)
+            raise TransferError(f"ucx transfer to segment {desc.name!r} over {p.lane_label} {why}", peer_down=True)
+        metrics.lane_bytes(self.name, p.lane_label, "write" if write else "read", length)
 
     def close(self) -> None:
-        w, self._w = self._w, None
-        if w is None:
-            return
+        rails, self.rails = self.rails, []
         with self._plock:
             peers, self._peers = list(self._peers.values()), {}
-            memhs, self._memh = list(self._memh.values()), {}
-        self._w = w  # _close_ep needs it
         for p in peers:
             try:
                 self._close_ep(p, time.monotonic() + 1.0)
             except UcxError:
                 pass
-        self._w = None
+        for rail in rails:
+            w = rail.w
+            with w.lock:
+                for memh, _ in rail.memh.values():
+                    try:
+                        w.ucp.mem_unmap(w.ctx, memh)
+                    except UcxError:
+                        pass
+                rail.memh.clear()
+            w.close()
+
+
+class _Run:
+    """One transfer spread over rails: windows pulled from one queue, a failed rail's
+    unfinished windows given back (see the module docstring)."""
+
+    def __init__(self, t: UcxTransport, desc: SegmentDescriptor, write: bool, local: np.ndarray,
+                 remote: np.ndarray, length: np.ndarray, region: np.ndarray, region_addrs: list[int],
+                 remote_rails: list[dict[str, Any]], deadline: float) -> None:
+        self.t, self.desc, self.write, self.deadline = t, desc, write, deadline
+        self.local, self.remote, self.length, self.region = local, remote, length, region
+        self.region_addrs = region_addrs
+        self.remote_rails = remote_rails
+        self.keys: dict[int, np.ndarray] = {}  # rail index -> rkey handle per block
+
+    def _open(self, rail: _Rail) -> _Peer:
+        p, rkeys = self.t._peer(self.desc, rail, self.remote_rails)
+        if rail.index not in self.keys:
+            used = np.unique(self.region)
+            handles = self.t._rkeys(p, rkeys, self.desc, [self.region_addrs[int(i)] for i in used])
+            table = np.zeros(len(self.region_addrs), dtype=np.int64)
+            table[used] = handles
+            self.keys[rail.index] = table[self.region]
+        return p
+
+    def _post(self, rail: _Rail, win: _Window) -> None:
+        p = self._open(rail)
+        a, b = win.start, win.end
+        w = rail.w
         with w.lock:
-            for memh, _ in memhs:
-                try:
-                    w.ucp.mem_unmap(w.ctx, memh)
-                except UcxError:
-                    pass
-        w.close()
+            if b - a == 1:
+                w.ucp.post(self.write, p.ep, int(self.local[a]), int(self.length[a]), int(self.remote[a]),
+                           int(self.keys[rail.index][a]))
+            else:
+                w.ucp.post_many(self.write, p.ep, self.local[a:b], self.remote[a:b], self.length[a:b],
+                                self.keys[rail.index][a:b])
+            win.req = w.ucp.ep_flush(p.ep)
+        win.t0 = time.monotonic()
+        win.peer = p
+
+    def go(self, up: list[_Rail], order: list[tuple[int, int]]) -> None:
+        from collections import deque
+        queue = deque(_Window(a, b, int(self.length[a:b].sum())) for a, b in order)
+        inflight: dict[int, deque[_Window]] = {r.index: deque() for r in up}
+        live = {r.index: r for r in up}
+        for r in up:
+            r.w.enter()
+        try:
+            quiet = it = 0
+            while queue or any(inflight.values()):
+                for idx, rail in list(live.items()):  # fill: each live rail keeps DEPTH windows in flight
+                    while queue and len(inflight[idx]) < DEPTH:
+                        win = queue.popleft()
+                        try:
+                            self._post(rail, win)
+                        except (UcxError, TransferError) as e:
+                            queue.appendleft(win)
+                            self._fail(rail, live, inflight, queue, f"failed: {e}")
+                            break
+                        inflight[idx].append(win)
+                events = 0
+                for idx, rail in list(live.items()):
+                    q = inflight[idx]
+                    if not q:
+                        continue
+                    w = rail.w
+                    with w.lock:
+                        events += w.ucp.progress(w.worker)
+                        done = []
+                        while q and (q[0].req is None or w.ucp.request_status(q[0].req) != UCS_INPROGRESS):
+                            win = q.popleft()
+                            st = UCS_OK if win.req is None else w.ucp.request_status(win.req)
+                            if win.req is not None:
+                                w.ucp.request_free(win.req)
+                            done.append((win, st))
+                    for win, st in done:
+                        if st != UCS_OK:
+                            queue.appendleft(win)
+                            self._fail(rail, live, inflight, queue, f"failed: {w.ucp.status_text(st)}")
+                            break
+                        assert win.peer is not None
+                        if win.peer.dead():
+                            queue.appendleft(win)
+                            self._fail(rail, live, inflight, queue, f"failed: the peer's process {self.desc.pid} "
+                                                                    "exited")
+                            break
+                        metrics.lane_bytes(self.t.name, win.peer.lane_label, "write" if self.write else "read",
+                                           win.nbytes)
+                it += 1
+                now = time.monotonic()
+                if it & 63 == 0 or not events:
+                    if now > self.deadline:
+                        for idx, rail in list(live.items()):
+                            self._fail(rail, live, inflight, queue, "timed out (deadline passed; peer dead or "
+                                       "unreachable)", pause=False)
+                        continue
+                    slice_timeout = envs.MC_SLICE_TIMEOUT
+                    if len(live) > 1 and slice_timeout > 0:
+                        for idx, rail in list(live.items()):
+                            q = inflight[idx]
+                            if q and now - q[0].t0 > slice_timeout and len(live) > 1:
+                                self._fail(rail, live, inflight, queue,
+                                           f"made no progress for {slice_timeout:g} s (MC_SLICE_TIMEOUT)")
+                quiet = 0 if events else quiet + 1
+                if quiet > SPIN:
+                    fds = []
+                    for idx, rail in live.items():
+                        if inflight[idx]:
+                            with rail.w.lock:
+                                if rail.w.ucp.worker_arm(rail.w.worker):
+                                    fds.append(rail.w.efd)
+                                else:
+                                    fds = []
+                                    break
+                    if fds:
+                        select.select(fds, [], [], min(WAIT_S, max(0.0, self.deadline - time.monotonic())))
+                    quiet = 0
+        finally:
+            for r in up:
+                r.w.leave()
+
+    def _fail(self, rail: _Rail, live: dict[int, _Rail], inflight: dict, queue: Any, why: str,
+              pause: bool = True) -> None:
+        """Take ``rail`` out of this transfer (and, paused, out of the next ones for a while):
+        cancel its operations, give its unfinished windows back; raise when none is left."""
+        live.pop(rail.index, None)
+        q = inflight.get(rail.index)
+        peer = None
+        while q:
+            win = q.pop()
+            peer = peer or win.peer
+            if win.req is not None:
+                with rail.w.lock:
+                    rail.w.ucp.request_free(win.req)  # released when the close cancels it
+                win.req = None
+            queue.appendleft(win)
+        peer = peer or next((p for k, p in self.t._peers.items() if k[0] == self.desc.name and k[1] == rail.index),
+                            None)
+        label = peer.lane_label if peer is not None else rail.name
+        if peer is not None:
+            self.t._forget(peer)
+        self.keys.pop(rail.index, None)
+        if pause and live:
+            rail.down_until = time.monotonic() + envs.MC_RDMA_RAIL_PAUSE_SECONDS
+            log.warning("UCX rail taken out, its slices retried on the others", extra={
+                "segment": self.desc.name, "rail": rail.name, "lanes": label, "why": why,
+                "pause_s": envs.MC_RDMA_RAIL_PAUSE_SECONDS, "remaining": [r.name for r in live.values()]})
+            return
+        if not live:
+            raise TransferError(f"ucx transfer to segment {self.desc.name!r} over {label} {why}", peer_down=True)
+
