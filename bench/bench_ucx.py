@@ -1,6 +1,7 @@
 """The UCX transport (``protocol="rdma"``) against our tcp and cma transports, same run.
 
     python bench/bench_ucx.py [--rounds 3] [--quick] [--json FILE]
+    python bench/bench_ucx.py --nics [--rate 400mbit] [--rounds 5]     (root: namespaces, veth, tc)
 
 Two target processes (engines on ``protocol="rdma"``), one with ``UCX_TLS=tcp`` and one with
 ``UCX_TLS=sm,self``; the initiator has one engine per lane set. Every row's reference is
@@ -10,6 +11,12 @@ Rounds interleave UCX and reference; medians are printed, then ratios against th
 of the issue: UCX-over-tcp >= 0.9x our tcp (64 MiB), UCX-over-sm >= 0.8x our cma (64 MiB),
 and, reported, 4 KiB latency and a 32,768 x 16 KiB scattered batch against our tcp.
 No RDMA NIC here: these are the UCX code path's costs over emulated lanes, not RDMA figures.
+
+``--nics``: two "hosts" (network + pid + UTS namespaces, tests/transfer/twohosts.py) with two
+data NICs shaped by ``tc tbf`` to ``--rate`` each; UCX over tcp on them. Writes and reads of
+32 MiB with ``device_name="d0"`` and ``"d0,d1"`` (same run, interleaved), the ratio (target
+>= 1.8x), then a 64 MiB write during which ``d1`` goes down: its time against an undisturbed
+one and a byte-exact check, and the bytes each NIC carried.
 """
 
 from __future__ import annotations
@@ -44,6 +51,67 @@ def serve(size: int) -> int:
     return 0
 
 
+def nics(rounds: int, rate: str) -> int:
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [os.path.join(here, "..", "tests"), os.path.join(here, "..", "tests", "transfer")]
+    import threading
+
+    from line_peer import spawn_line_peer
+    from te_helpers import PEER, Peer, sha
+    from twohosts import TwoHosts, available
+    why = available()
+    if why:
+        print(f"two-host lab unavailable: {why}")
+        return 1
+    env = {**os.environ, "UCX_TLS": "tcp", "MC_SLICE_TIMEOUT": "1", "MC_RDMA_RAIL_PAUSE_SECONDS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(here), os.environ.get("PYTHONPATH")]))}
+    size = 64 * MB
+    with TwoHosts(rate=rate) as lab:
+        def start(host: str, dev: str, seed: int) -> Peer:
+            argv = lab.argv(host, [sys.executable, PEER, "--metadata", "P2PHANDSHAKE", "--size", str(size),
+                                   "--seed", str(seed), "--hostname", lab.ip[host], "--protocol", "rdma",
+                                   "--device", dev])
+            proc, info = spawn_line_peer(argv, f"peer on {host}", env=env)
+            return Peer(proc, info["segment"], info["addr"], info["size"], info["pid"], info["rpc_port"], seed)
+
+        def xfer(p: Peer, tgt: Peer, op: str, n: int) -> float:
+            r = json.loads(p.cmd(f"xfer {op} {tgt.segment} {tgt.addr} 0 {n}", timeout=300))
+            assert r["rc"] == 0, r
+            return float(r["s"])
+
+        tgt = start("b", "d0,d1", 1)
+        one, two = start("a", "d0", 2), start("a", "d0,d1", 3)
+        res: dict[str, list[float]] = {}
+        for _ in range(rounds):
+            for name, p in (("one NIC", one), ("two NICs", two)):
+                for op in ("w", "r"):
+                    res.setdefault(f"{name} {op}", []).append(xfer(p, tgt, op, 32 * MB))
+        print(f"two hosts, NICs shaped to {rate} each, UCX over tcp, 32 MiB, median of {rounds}")
+        for k, v in res.items():
+            print(f"  {k:12s} {32 / statistics.median(v):7.1f} MiB/s")
+        for op, word in (("w", "write"), ("r", "read")):
+            ratio = statistics.median(res[f"one NIC {op}"]) / statistics.median(res[f"two NICs {op}"])
+            print(f"  two NICs / one, {word}: {ratio:.2f}x  (target >= 1.8)  {'OK' if ratio >= 1.8 else 'SHORT'}")
+        calm = xfer(two, tgt, "w", size)
+        cut = threading.Timer(0.2, lab.link, args=("d1", False))
+        cut.start()
+        hit = xfer(two, tgt, "w", size)
+        cut.join()
+        exact = tgt.sha(0, size) == sha(two.expected())
+        lanes = {ln: n for _t, ln, op, n in json.loads(two.cmd("lanes")) if op == "write"}
+        print(f"failover: 64 MiB write, d1 down after 0.2 s: {hit:.2f} s (undisturbed {calm:.2f} s, "
+              f"MC_SLICE_TIMEOUT=1), byte-exact: {exact}; bytes per NIC so far: {lanes}")
+        lab.link("d1", True)
+        time.sleep(1.5)
+        xfer(two, tgt, "w", size)
+        lanes2 = {ln: n for _t, ln, op, n in json.loads(two.cmd("lanes")) if op == "write"}
+        print(f"d1 back after MC_RDMA_RAIL_PAUSE_SECONDS=1: next 64 MiB write put "
+              f"{(lanes2.get('tcp/d1', 0) - lanes.get('tcp/d1', 0)) >> 20} MiB on d1")
+        for p in (one, two, tgt):
+            p.stop()
+    return 0
+
+
 def _median_time(fn, n: int) -> float:
     fn()
     ts = []
@@ -60,10 +128,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one round, fewer repetitions, an 8,192-block batch")
     ap.add_argument("--blocks", type=int, default=32768, help="blocks of 16 KiB in the batch row (default 32768)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    ap.add_argument("--nics", action="store_true", help="the two-NIC run between two namespaced hosts (root)")
+    ap.add_argument("--rate", default="400mbit", help="tc tbf rate of each data NIC with --nics (default 400mbit)")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
         return serve(a.serve)
+    if a.nics:
+        return nics(a.rounds, a.rate)
     if a.quick:
         a.rounds, a.blocks = 1, 8192
     from mooncake_core.engine import TransferEngine

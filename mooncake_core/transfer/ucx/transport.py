@@ -71,6 +71,8 @@ SPIN = 32
 WAIT_S = 0.005
 #: longest sleep on the event fd (a safety net: events should wake us first)
 IDLE_WAIT_S = 0.05
+#: progress calls without an event the progress thread makes before it sleeps on the event fd
+IDLE_SPINS = 64
 #: bytes per slice when a batch is spread over several rails (one request may span them)
 SLICE_BYTES = 1 << 20
 #: bytes per window: posted together, closed by one flush (the unit a failed rail gives back)
@@ -181,7 +183,7 @@ class _Worker:
                 idle = 0
                 continue
             idle += 1
-            if idle < 64:
+            if idle < IDLE_SPINS:
                 continue
             with self.lock:
                 armed = ucp.worker_arm(w)
