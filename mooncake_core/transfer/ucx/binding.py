@@ -6,22 +6,26 @@ deadlines, which lanes.
 
 Why ctypes plus one compiled loop -- measured with ``bench/bench_ucx_binding.py`` (UCX 1.22,
 ``UCX_TLS=self``: an endpoint to its own worker, so the figures are the binding's cost and
-UCX's software path, no wire; a loaded 2-core machine, two runs, BENCHMARKS.md):
+UCX's software path, no wire; three runs on this 2-core machine under other jobs' load, so
+ranges; BENCHMARKS.md):
 
 ==================  ======================  =========================  ===================
 binding             4 KiB put+flush (us)    32,768 x 8 B batch (ms)    per call, batch (us)
 ==================  ======================  =========================  ===================
-ctypes              5.5 - 6.5               88 - 107                   2.7 - 3.3
-cffi ABI mode       3.4 - 6.7               113 - 114                  3.4 - 3.5
-cffi API mode       2.9 - 3.7               62 - 66                    1.9 - 2.0
-a loop in C         2.7 (cffi API)          0.2 - 0.5                  0.01 - 0.02
+ctypes              5.5 - 6.5               88 - 228                   2.7 - 7.0
+cffi ABI mode       3.4 - 7.9               103 - 114                  3.1 - 3.5
+cffi API mode       0.8 - 3.7               54 - 66                    1.7 - 2.0
+a loop in C         0.7 - 2.7 (cffi API)    0.2 - 0.5                  0.01 - 0.02
 ==================  ======================  =========================  ===================
 
-* The 4 KiB round trip differs by ~3 us between bindings: small beside the engine's own
-  per-call work and any real lane's latency, so it does not decide.
+* The 4 KiB round trip differs by 3-5 us between bindings: real on an RDMA lane (a few us of
+  wire), small beside a 4 KiB transfer's engine overhead (~15 us) and any emulated lane here
+  (16 us over shared memory, 150+ us over tcp). Not decisive today; the next step, if RDMA
+  latency needs it, is the same trick as below: post + flush + a bounded progress spin in one
+  compiled call.
 * The batch decides: ~3 us per block from Python is ~100 ms for a 32,768-block batch -- five
   times the wire time of 32,768 x 16 KiB on one 200 Gb/s NIC. No Python-level binding fixes
-  that (cffi API mode only halves it); posting the batch from a loop in C does (100x).
+  that (cffi API mode only halves it); posting the batch from a loop in C does (100x+).
 * So: ctypes for every call (no build step, no dependency, works with any libucp found at run
   time, NIXL's included, whose wheel has no headers), and the batch loop as ~15 lines of C
   compiled once per machine with the system compiler into ``~/.cache/mooncake-core/ucx/``
