@@ -111,6 +111,7 @@ class TransferEngine:
         self._closed = False
         self.timeout = envs.MC_TRANSFER_TIMEOUT
         self.last_error = ""
+        self._device_name = ""
 
     # ================================================================== the one error boundary
     def _fail(self, what: str, e: BaseException, rc: int = -1, level: str = "error", **extra: Any) -> int:
@@ -153,6 +154,7 @@ class TransferEngine:
         if not isinstance(local_hostname, str) or not local_hostname.strip():
             raise ValueError(f"local_hostname must be 'host' or 'host:port', got {local_hostname!r}")
         protocol = (protocol or "tcp").lower()
+        self._device_name = device_name or ""
         if protocol not in SUPPORTED_PROTOCOLS:
             raise ValueError(f"protocol {protocol!r} is not supported (supported: {', '.join(SUPPORTED_PROTOCOLS)})")
         for cls in plugins.transport_classes():  # one by one: a refusal (unknown device) leaves the built ones to close
@@ -237,9 +239,11 @@ class TransferEngine:
         return self._seg.name
 
     def get_local_topology(self, device_name: str | None = None) -> str:
-        """JSON text describing the devices this engine can use (CPU only here, plus RDMA NICs seen)."""
+        """JSON: per memory location (``cpu:N`` NUMA node, ``cuda:N`` GPU) the NICs it prefers
+        and the others (from sysfs, ``transfer/topology.py``), plus the registered transports."""
+        from mooncake_core.transfer import topology
         names = [t.name for t in self._transports] or list(hint_table(plugins.transport_classes()).values())
-        return json.dumps({"cpu:0": {"preferred_hca": [], "avail_hca": _rdma_devices()},
+        return json.dumps({**topology.discover(device_name if device_name is not None else self._device_name),
                            "transports": sorted(set(names))})
 
     def local_descriptor(self) -> SegmentDescriptor | None:

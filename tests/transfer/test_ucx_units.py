@@ -106,3 +106,18 @@ def test_rails_slices_windows_pairing():
     assert plan.windows(a([], dtype=np.int64), 8) == []
     with pytest.raises(ValueError):
         plan.slice_blocks(a([0]), a([0]), a([1]), a([0]), 0)
+
+
+def test_topology_prefers_numa_local_and_pcie_closest_nics():
+    from mooncake_core.transfer.topology import Device, build, pci_distance
+    sw0, sw1 = "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0", "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0"
+    nics = [Device("mlx5_0", f"{sw0}/0000:02:00.0", 0), Device("mlx5_1", f"{sw0}/0000:03:00.0", 0),
+            Device("mlx5_2", f"{sw1}/0000:82:00.0", 1), Device("eth9", "", -1)]
+    gpus = [Device("0000:04:00.0", f"{sw0}/0000:04:00.0", 0), Device("0000:83:00.0", f"{sw1}/0000:83:00.0", 1)]
+    topo = build(nics, [0, 1], gpus)
+    assert topo["cpu:0"] == {"preferred_hca": ["mlx5_0", "mlx5_1"], "avail_hca": ["mlx5_2", "eth9"]}
+    assert topo["cpu:1"]["preferred_hca"] == ["mlx5_2"]
+    assert topo["cuda:0"]["preferred_hca"] == ["mlx5_0", "mlx5_1"] and topo["cuda:1"]["preferred_hca"] == ["mlx5_2"]
+    assert pci_distance(f"{sw0}/0000:02:00.0", f"{sw0}/0000:04:00.0") == 2
+    assert pci_distance("", f"{sw0}/x") > 100
+    assert build([Device("eth0", "", -1)], [0], [])["cpu:0"]["preferred_hca"] == ["eth0"]  # one node: it is local
