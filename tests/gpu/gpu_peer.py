@@ -32,9 +32,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7, help="region i holds default_rng(seed + i) bytes")
     ap.add_argument("--host", action="store_true", help="host memory instead of the GPU (a reference)")
     ap.add_argument("--zero", action="store_true", help="leave the regions zeroed (faster start for big ones)")
+    ap.add_argument("--protocol", default="tcp", help="initialize's protocol (rdma: the UCX transport)")
     a = ap.parse_args()
     eng = TransferEngine()
-    if eng.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+    if eng.initialize("127.0.0.1", "P2PHANDSHAKE", a.protocol, "") != 0:
         print(json.dumps({"error": eng.last_error}), flush=True)
         return
     addrs: list[int] = []

@@ -41,6 +41,15 @@ def is_rdma(tl: str) -> bool:
     return tl in RDMA_TLS
 
 
+#: UCX transports that read and write GPU memory
+CUDA_TLS = frozenset({"cuda_copy", "cuda_ipc", "gdr_copy"})
+
+
+def has_cuda(found: Sequence[Resource]) -> bool:
+    """True when the context found a lane that moves GPU memory (cuda_copy at least)."""
+    return any(r.tl in CUDA_TLS for r in found)
+
+
 @dataclass(frozen=True)
 class Lane:
     index: int

@@ -42,7 +42,7 @@ import os
 import select
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from mooncake_core import envs
 from mooncake_core.errors import ErrorCode
 from mooncake_core.transfer import metrics
 from mooncake_core.transfer.base import (Capabilities, Transport, TransportContext, TransferError, TransferOpcode,
-                                         TransferRequest)
+                                         TransferRequest, location_kind)
 from mooncake_core.transfer.descriptor import SegmentDescriptor, process_start_time
 from mooncake_core.transfer.memory import Region
 from mooncake_core.transfer.ucx import lanes as lanes_mod
@@ -309,6 +309,12 @@ class UcxTransport(Transport):
             self.close()
             raise
         self.lanes = [r for rail in self.rails for r in lanes_mod.resources(rail.w.context_info())]
+        if lanes_mod.has_cuda(self.lanes):
+            # this UCX moves GPU memory itself (cuda_copy/cuda_ipc; GPUDirect RDMA where the NIC and
+            # driver allow): cuda:N regions are served without pinned-host staging. An instance
+            # attribute on purpose: what this UCX can do is known only once it is loaded.
+            setattr(self, "capabilities", Capabilities(locations=frozenset({"cpu", "cuda"}), array_batches=True,
+                                                       local_device=True))
         log.info("UCX loaded", extra={"library": self.library.path, "source": self.library.source,
                                       "version": ucp.version(), "net_devices": net or "all", "config": config,
                                       "rails": [r.name for r in self.rails],
@@ -473,6 +479,16 @@ class UcxTransport(Transport):
             raise TransferError("the ucx transport is not active")
         self._run(desc, opcode == TransferOpcode.WRITE, local, remote, length, deadline)
 
+    def _check_memory(self, desc: SegmentDescriptor, regions: Sequence[Region]) -> None:
+        """A forced ``transport_hint="rdma"`` must not hand GPU memory to a UCX without cuda lanes
+        (it would treat a device pointer as host memory)."""
+        if self.capabilities.serves("cuda:0"):
+            return
+        bad = next((r for r in regions if location_kind(r.location) != "cpu"), None)
+        if bad is not None:
+            raise TransferError(f"segment {desc.name!r} region at {bad.addr:#x} is {bad.location} memory, and this "
+                                "UCX has no cuda lane (UCX_TLS, or a UCX built without CUDA)", ErrorCode.INVALID_PARAMS)
+
     def _run(self, desc: SegmentDescriptor, write: bool, local: np.ndarray, remote: np.ndarray,
              length: np.ndarray, deadline: float) -> None:
         remote_rails = self._remote(desc)
@@ -482,6 +498,7 @@ class UcxTransport(Transport):
         if len(region) and (region < 0).any():
             raise TransferError(f"a range at {int(remote[int(np.argmax(region < 0))]):#x} is outside segment "
                                 f"{desc.name!r}", ErrorCode.INVALID_PARAMS)
+        self._check_memory(desc, [regs[int(i)] for i in np.unique(region)])
         now = time.monotonic()
         up = [r for r in self.rails if r.up(now)] or list(self.rails)  # every rail paused: try them all
         if len(up) > 1:
@@ -500,6 +517,7 @@ class UcxTransport(Transport):
         if not up or region is None or length <= 0 or (len(up) > 1 and length > WINDOW_BYTES):
             super().transfer_one(desc, opcode, local, remote, length, deadline)
             return
+        self._check_memory(desc, [region])
         rail = up[0]
         write = opcode == TransferOpcode.WRITE
         p, rkeys = self._peer(desc, rail, self._remote(desc))
