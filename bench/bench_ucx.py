@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+from bench_transfer_engine import _time  # median of n runs after a warm-up (bench/ is on sys.path)
+
 MB = 1 << 20
 BLOCK = 16 * 1024
 LANES = {"tcp": ("tcp", "tcp"), "sm": ("sm,self", "cma")}  # name -> (UCX_TLS, reference hint)
@@ -112,16 +114,6 @@ def nics(rounds: int, rate: str) -> int:
     return 0
 
 
-def _median_time(fn, n: int) -> float:
-    fn()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each measures UCX and its reference (default 3)")
@@ -176,17 +168,17 @@ def main() -> int:
             for hint in ("rdma", ref):
                 label = f"{'ucx' if hint == 'rdma' else hint}/{name}"
                 for size in (4096, 64 * MB):
-                    t = _median_time(lambda: e.transfer_sync_write(seg, src.ctypes.data, raddr, size, hint), reps[size])
+                    t = _time(lambda: e.transfer_sync_write(seg, src.ctypes.data, raddr, size, hint), reps[size])
                     record(f"{label} write {size}", t)
-                    t = _median_time(lambda: e.transfer_sync_read(seg, dst.ctypes.data, raddr, size, hint), reps[size])
+                    t = _time(lambda: e.transfer_sync_read(seg, dst.ctypes.data, raddr, size, hint), reps[size])
                     record(f"{label} read {size}", t)
                 if name == "tcp":  # the scattered batch against our tcp
                     locs = (src.ctypes.data + np.arange(a.blocks, dtype=np.int64) * BLOCK).tolist()
                     rems = (raddr + perm * BLOCK).tolist()
                     lens = [BLOCK] * a.blocks
-                    t = _median_time(lambda: e.batch_transfer_sync_write(seg, locs, rems, lens, hint), 3)
+                    t = _time(lambda: e.batch_transfer_sync_write(seg, locs, rems, lens, hint), 3)
                     record(f"{label} batch-write {a.blocks}", t)
-                    t = _median_time(lambda: e.batch_transfer_sync_read(seg, locs, rems, lens, hint), 3)
+                    t = _time(lambda: e.batch_transfer_sync_read(seg, locs, rems, lens, hint), 3)
                     record(f"{label} batch-read {a.blocks}", t)
         # the last batch read brought back what the batch write put there: the rows moved real bytes
         e = engines["tcp"]

@@ -239,12 +239,12 @@ class TransferEngine:
         return self._seg.name
 
     def get_local_topology(self, device_name: str | None = None) -> str:
-        """JSON: per memory location (``cpu:N`` NUMA node, ``cuda:N`` GPU) the NICs it prefers
-        and the others (from sysfs, ``transfer/topology.py``), plus the registered transports."""
+        """JSON in the original's shape, ``{"cpu:0": [[preferred NICs], [other NICs]], "cuda:0": ...}``:
+        per memory location (NUMA node, GPU) the NICs it prefers, from sysfs or
+        ``MC_CUSTOM_TOPO_JSON`` (``transfer/topology.py``)."""
         from mooncake_core.transfer import topology
-        names = [t.name for t in self._transports] or list(hint_table(plugins.transport_classes()).values())
-        return json.dumps({**topology.discover(device_name if device_name is not None else self._device_name),
-                           "transports": sorted(set(names))})
+        return json.dumps(topology.local(device_name if device_name is not None else self._device_name,
+                                         envs.MC_CUSTOM_TOPO_JSON))
 
     def local_descriptor(self) -> SegmentDescriptor | None:
         """This segment's descriptor now (None once closed): how another engine in this

@@ -156,6 +156,9 @@ _VARS: list[EnvVar[Any]] = [
            "slices retried on the others (0 = only the transfer deadline)", _TE),
     EnvVar("MC_RDMA_RAIL_PAUSE_SECONDS", _float, 30.0, "`rdma`: seconds a failed NIC stays out before it is "
            "tried again", _TE),
+    EnvVar("MC_CUSTOM_TOPO_JSON", _str, "",
+           "file with the NIC matrix `{\"cpu:0\": [[preferred NICs], [other NICs]], ...}` used instead of "
+           "discovery (`get_local_topology`, which NICs a region's slices go to first)", _TE),
     EnvVar("MC_METRICS_PORT", _int(0), None, "serve the engine's Prometheus `/metrics` on this port", _TE),
     EnvVar("MC_METADATA_REFRESH_S", _float, 2.0,
            "seconds between checks that our segment descriptor is still published", _TE),
@@ -246,6 +249,7 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MC_RETRY_CNT: int | None
     MC_SLICE_TIMEOUT: float
     MC_RDMA_RAIL_PAUSE_SECONDS: float
+    MC_CUSTOM_TOPO_JSON: str
     MC_METRICS_PORT: int | None
     MC_METADATA_REFRESH_S: float
     MC_MANAGED_POOL_SIZE: int

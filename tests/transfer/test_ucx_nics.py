@@ -30,17 +30,6 @@ RATE = "400mbit"  # 50 MB/s per NIC: far below what the CPU moves, so the NICs s
 
 
 @pytest.fixture(scope="module")
-def ucx_lib():
-    from mooncake_core.transfer.ucx import library
-    try:
-        library.load()
-    except library.UcxNotFound as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the UCX transport: {e}")
-        pytest.skip(f"no UCX here: {e}")
-
-
-@pytest.fixture(scope="module")
 def lab(ucx_lib):
     with TwoHosts(rate=RATE) as lab:
         yield lab
@@ -50,8 +39,8 @@ def lab(ucx_lib):
 def host_peer(lab):
     made: list[Peer] = []
 
-    def start(host: str, device: str, size: int, seed: int) -> Peer:
-        env = {**os.environ, "UCX_TLS": "tcp", "MC_SLICE_TIMEOUT": "1", "MC_RDMA_RAIL_PAUSE_SECONDS": "1"}
+    def start(host: str, device: str, size: int, seed: int, **extra: str) -> Peer:
+        env = {**os.environ, "UCX_TLS": "tcp", "MC_SLICE_TIMEOUT": "1", "MC_RDMA_RAIL_PAUSE_SECONDS": "1", **extra}
         argv = lab.argv(host, [sys.executable, PEER, "--metadata", "P2PHANDSHAKE", "--size", str(size), "--seed",
                                str(seed), "--hostname", lab.ip[host], "--protocol", "rdma", "--device", device])
         proc, info = spawn_line_peer(argv, f"peer on host {host}", env=env)
@@ -112,6 +101,24 @@ def test_nic_down_mid_write_fails_over_byte_exact_and_comes_back(lab, host_peer)
     after = _nic_bytes(ini)
     assert after.get("tcp/d1", 0) > before.get("tcp/d1", 0), (before, after)
     assert tgt.sha(0, size) == sha(ini.expected())
+
+
+def test_memory_prefers_its_nics_and_the_others_take_over(lab, host_peer, tmp_path):
+    """A topology matrix saying host memory prefers d1: every byte goes over d1; with d1 down
+    the write still completes, on d0."""
+    topo = tmp_path / "topo.json"
+    topo.write_text('{"cpu:0": [["d1"], ["d0"]]}')
+    tgt = host_peer("b", "d0,d1", 8 * MB, 7)
+    ini = host_peer("a", "d0,d1", 8 * MB, 8, MC_CUSTOM_TOPO_JSON=str(topo))
+    _write(ini, tgt, 8 * MB)
+    assert set(_nic_bytes(ini)) == {"tcp/d1"}
+    lab.link("d1", False)
+    try:
+        _write(ini, tgt, 8 * MB)
+    finally:
+        lab.link("d1", True)
+    assert _nic_bytes(ini).get("tcp/d0", 0) == 8 * MB
+    assert tgt.sha(0, 8 * MB) == sha(ini.expected())
 
 
 def test_unknown_nic_refused(lab, host_peer):

@@ -115,9 +115,24 @@ def test_topology_prefers_numa_local_and_pcie_closest_nics():
             Device("mlx5_2", f"{sw1}/0000:82:00.0", 1), Device("eth9", "", -1)]
     gpus = [Device("0000:04:00.0", f"{sw0}/0000:04:00.0", 0), Device("0000:83:00.0", f"{sw1}/0000:83:00.0", 1)]
     topo = build(nics, [0, 1], gpus)
-    assert topo["cpu:0"] == {"preferred_hca": ["mlx5_0", "mlx5_1"], "avail_hca": ["mlx5_2", "eth9"]}
-    assert topo["cpu:1"]["preferred_hca"] == ["mlx5_2"]
-    assert topo["cuda:0"]["preferred_hca"] == ["mlx5_0", "mlx5_1"] and topo["cuda:1"]["preferred_hca"] == ["mlx5_2"]
+    assert topo["cpu:0"] == [["mlx5_0", "mlx5_1"], ["mlx5_2", "eth9"]]
+    assert topo["cpu:1"][0] == ["mlx5_2"]
+    assert topo["cuda:0"][0] == ["mlx5_0", "mlx5_1"] and topo["cuda:1"][0] == ["mlx5_2"]
     assert pci_distance(f"{sw0}/0000:02:00.0", f"{sw0}/0000:04:00.0") == 2
     assert pci_distance("", f"{sw0}/x") > 100
-    assert build([Device("eth0", "", -1)], [0], [])["cpu:0"]["preferred_hca"] == ["eth0"]  # one node: it is local
+    assert build([Device("eth0", "", -1)], [0], [])["cpu:0"][0] == ["eth0"]  # one node: it is local
+
+
+def test_custom_topology_and_preferred_nics(tmp_path):
+    from mooncake_core.transfer import topology
+    topo = topology.parse('{"cpu:0": [["d1"], ["d0"]], "cuda:0": [["mlx5_0"], []]}')
+    assert topology.preferred(topo, "cpu:0", ["d0", "d1"]) == (["d1"], ["d0"])
+    assert topology.preferred(topo, "cuda:0", ["d0", "d1"]) == (["d0", "d1"], [])  # none of its NICs is ours
+    assert topology.preferred(topo, "cpu:3", ["d0", "d1"]) == (["d1"], ["d0"])  # unknown node: node 0's
+    with pytest.raises(ValueError, match="cpu:1"):
+        topology.parse('{"cpu:1": ["d0"]}')
+    f = tmp_path / "topo.json"
+    f.write_text('{"cpu:0": [["d0"], ["d1"]]}')
+    assert topology.local("", str(f)) == {"cpu:0": [["d0"], ["d1"]]}
+    with pytest.raises(ValueError, match="MC_CUSTOM_TOPO_JSON"):
+        topology.local("", str(tmp_path / "missing.json"))

@@ -141,6 +141,7 @@ _SIGS: dict[str, tuple[Any, list[Any]]] = {
     "ucp_worker_get_efd": (_ST, [_P, ctypes.POINTER(ctypes.c_int)]),
     "ucp_worker_arm": (_ST, [_P]),
     "ucp_worker_print_info": (None, [_P, _P]),
+    "ucp_context_print_info": (None, [_P, _P]),
     "ucp_ep_create": (_ST, [_P, ctypes.POINTER(_EpParams), ctypes.POINTER(_P)]),
     "ucp_ep_close_nbx": (_P, [_P, ctypes.POINTER(_RequestParam)]),
     "ucp_ep_print_info": (None, [_P, _P]),
@@ -298,6 +299,10 @@ class Ucp:
         finally:
             self.lib.ucp_config_release(cfg)
         return int(ctx.value or 0)
+
+    def context_info(self, ctx: int) -> str:
+        """What ``ucp_context_print_info`` prints: the transports and devices the context found."""
+        return self._capture(self.lib.ucp_context_print_info, ctx)
 
     def cleanup(self, ctx: int) -> None:
         self.lib.ucp_cleanup(ctx)

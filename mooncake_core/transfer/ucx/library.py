@@ -75,33 +75,34 @@ def _loaded_in_process(maps: str = "/proc/self/maps") -> list[str]:
     return sorted(p for p in paths if os.path.basename(p).startswith("libucp"))
 
 
+def _package_dir(name: str) -> Path | None:
+    """Where an installed package lives, found without importing it (None when absent)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.origin:
+        return Path(spec.origin).parent
+    locations = list(spec.submodule_search_locations or [])
+    return Path(locations[0]) if locations else None
+
+
 def _nixl_paths() -> list[str]:
+    """The libucp a NIXL wheel bundles: ``<site>/nixl_cuXX.libs/libucp-<hash>.so.0.0.0``."""
     out: list[str] = []
     for name in NIXL_BUILDS:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None or not spec.origin and not spec.submodule_search_locations:
-            continue
-        pkg_dir = Path(spec.origin).parent if spec.origin else Path(list(spec.submodule_search_locations or [])[0])
-        out += sorted(glob.glob(str(pkg_dir.parent / f"{name}.libs" / "libucp*.so*")))
+        d = _package_dir(name)
+        if d is not None:
+            out += sorted(glob.glob(str(d.parent / f"{name}.libs" / "libucp*.so*")))
     return out
 
 
 def _wheel_paths() -> list[str]:
-    out: list[str] = []
-    for name in WHEEL_PACKAGES:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None or not spec.origin:
-            continue
-        lib = Path(spec.origin).parent / "lib" / "libucp.so.0"
-        if lib.exists():
-            out.append(str(lib))
-    return out
+    """The libucx wheel's ``libucx/lib/libucp.so.0``."""
+    found = (_package_dir(name) for name in WHEEL_PACKAGES)
+    return [str(d / "lib" / "libucp.so.0") for d in found if d is not None and (d / "lib" / "libucp.so.0").exists()]
 
 
 def _path_of(p: str) -> list[str]:

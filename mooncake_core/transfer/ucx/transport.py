@@ -48,7 +48,7 @@ import numpy as np
 
 from mooncake_core import envs
 from mooncake_core.errors import ErrorCode
-from mooncake_core.transfer import metrics
+from mooncake_core.transfer import metrics, topology
 from mooncake_core.transfer.base import (Capabilities, Transport, TransportContext, TransferError, TransferOpcode,
                                          TransferRequest, location_kind)
 from mooncake_core.transfer.descriptor import SegmentDescriptor, process_start_time
@@ -164,11 +164,7 @@ class _Worker:
         self._thread.start()
 
     def context_info(self) -> str:
-        import ctypes
-        f = self.ucp.lib.ucp_context_print_info
-        f.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        f.restype = None
-        return self.ucp._capture(f, self.ctx)
+        return self.ucp.context_info(self.ctx)
 
     def _run(self) -> None:
         ucp, w = self.ucp, self.worker
@@ -287,6 +283,7 @@ class UcxTransport(Transport):
         self._peers: dict[tuple[str, int, bytes], _Peer] = {}
         self._plock = threading.Lock()
         self._section: dict[str, Any] | None = None
+        self._topo: topology.Topology = {}
         if ctx is None or ctx.protocol != "rdma":
             return
         try:
@@ -301,8 +298,11 @@ class UcxTransport(Transport):
         # ValueError naming an unknown device: initialize fails
         net = lanes_mod.net_devices(ctx.device_name, rdma_devices(), net_interfaces(), envs.MC_IB_PORT)
         ucp = Ucp(self.library.lib)
+        groups = plan.rail_groups(net)
+        # which NICs a region's slices go to first (NUMA node / GPU); ValueError on a bad custom matrix
+        self._topo = topology.local(ctx.device_name, envs.MC_CUSTOM_TOPO_JSON) if len(groups) > 1 else {}
         try:
-            for i, group in enumerate(plan.rail_groups(net)):
+            for i, group in enumerate(groups):
                 cfg = {**config, **({"NET_DEVICES": group} if group else {})}
                 self.rails.append(_Rail(i, group, _Worker(ucp, cfg)))
         except BaseException:
@@ -389,7 +389,7 @@ class UcxTransport(Transport):
                                 "'rdma', or another version)")
         return list(rails)
 
-    def _peer(self, desc: SegmentDescriptor, rail: _Rail, remote: list[dict[str, Any]]) -> tuple[_Peer, dict]:
+    def endpoint(self, desc: SegmentDescriptor, rail: _Rail, remote: list[dict[str, Any]]) -> tuple[_Peer, dict]:
         """The endpoint from ``rail`` to the peer rail it pairs with, and that rail's rkeys."""
         r = remote[plan.pair(rail.name, rail.index, [str(x.get("dev", "")) for x in remote])]
         address = base64.b64decode(r["worker"])
@@ -413,7 +413,7 @@ class UcxTransport(Transport):
                                                             "lanes": [ln.name for ln in found], "rma_lanes": p.lanes})
         return p, r.get("rkeys", {})
 
-    def _rkeys(self, p: _Peer, rkeys: dict[str, str], desc: SegmentDescriptor, addrs: list[int]) -> np.ndarray:
+    def rkey_handles(self, p: _Peer, rkeys: dict[str, str], desc: SegmentDescriptor, addrs: list[int]) -> np.ndarray:
         """Unpacked remote keys (handles) of the peer's regions at ``addrs`` on ``p``'s endpoint."""
         out = np.empty(len(addrs), dtype=np.int64)
         w = p.rail.w
@@ -429,6 +429,10 @@ class UcxTransport(Transport):
                 p.rkeys[addr] = rk
             out[i] = rk
         return out
+
+    def cached_endpoint(self, segment: str, rail_index: int) -> _Peer | None:
+        with self._plock:
+            return next((p for k, p in self._peers.items() if k[0] == segment and k[1] == rail_index), None)
 
     def drop_peer(self, desc: SegmentDescriptor) -> None:
         with self._plock:
@@ -447,7 +451,7 @@ class UcxTransport(Transport):
         p.close_pidfd()
         w.wait(req, deadline)
 
-    def _forget(self, p: _Peer) -> None:
+    def forget_endpoint(self, p: _Peer) -> None:
         """Close ``p``'s endpoint (cancelling what is outstanding); the next use reconnects."""
         with self._plock:
             for k, v in list(self._peers.items()):
@@ -501,11 +505,17 @@ class UcxTransport(Transport):
         self._check_memory(desc, [regs[int(i)] for i in np.unique(region)])
         now = time.monotonic()
         up = [r for r in self.rails if r.up(now)] or list(self.rails)  # every rail paused: try them all
+        reserve: list[_Rail] = []
+        if len(up) > 1 and self._topo and self.ctx is not None:
+            own = self.ctx.regions.find(int(local[0]), 1)
+            loc = own.location if own is not None and ":" in own.location else "cpu:0"
+            first, _ = topology.preferred(self._topo, loc, [r.name for r in up])
+            up, reserve = [r for r in up if r.name in first], [r for r in up if r.name not in first]
         if len(up) > 1:
             local, remote, length, region = plan.slice_blocks(local, remote, length, region, SLICE_BYTES)
         order = [w for w in plan.windows(length, WINDOW_BYTES)]
         run = _Run(self, desc, write, local, remote, length, region, [r.addr for r in regs], remote_rails, deadline)
-        run.go(up, order)
+        run.go(up, order, reserve)
 
     def transfer_one(self, desc: SegmentDescriptor, opcode: int, local: int, remote: int, length: int,
                      deadline: float) -> None:
@@ -520,8 +530,8 @@ class UcxTransport(Transport):
         self._check_memory(desc, [region])
         rail = up[0]
         write = opcode == TransferOpcode.WRITE
-        p, rkeys = self._peer(desc, rail, self._remote(desc))
-        rk = int(self._rkeys(p, rkeys, desc, [region.addr])[0])
+        p, rkeys = self.endpoint(desc, rail, self._remote(desc))
+        rk = int(self.rkey_handles(p, rkeys, desc, [region.addr])[0])
         w = rail.w
         try:
             with w.lock:
@@ -529,14 +539,14 @@ class UcxTransport(Transport):
                 req = w.ucp.ep_flush(p.ep)
             st = w.wait(req, deadline)
         except UcxError as e:
-            self._forget(p)
+            self.forget_endpoint(p)
             raise TransferError(f"ucx transfer to segment {desc.name!r} over {p.lane_label} failed: {e}",
                                 peer_down=True) from None
         why = ("timed out (deadline passed; peer dead or unreachable)" if st == UCS_INPROGRESS
                else f"failed: {w.ucp.status_text(st)}" if st != UCS_OK
                else f"failed: the peer's process {desc.pid} exited" if p.dead() else "")
         if why:
-            self._forget(p)
+            self.forget_endpoint(p)
             raise TransferError(f"ucx transfer to segment {desc.name!r} over {p.lane_label} {why}", peer_down=True)
         metrics.lane_bytes(self.name, p.lane_label, "write" if write else "read", length)
 
@@ -573,12 +583,13 @@ class _Run:
         self.region_addrs = region_addrs
         self.remote_rails = remote_rails
         self.keys: dict[int, np.ndarray] = {}  # rail index -> rkey handle per block
+        self.reserve: list[_Rail] = []  # rails that join when every live one failed
 
     def _open(self, rail: _Rail) -> _Peer:
-        p, rkeys = self.t._peer(self.desc, rail, self.remote_rails)
+        p, rkeys = self.t.endpoint(self.desc, rail, self.remote_rails)
         if rail.index not in self.keys:
             used = np.unique(self.region)
-            handles = self.t._rkeys(p, rkeys, self.desc, [self.region_addrs[int(i)] for i in used])
+            handles = self.t.rkey_handles(p, rkeys, self.desc, [self.region_addrs[int(i)] for i in used])
             table = np.zeros(len(self.region_addrs), dtype=np.int64)
             table[used] = handles
             self.keys[rail.index] = table[self.region]
@@ -599,11 +610,15 @@ class _Run:
         win.t0 = time.monotonic()
         win.peer = p
 
-    def go(self, up: list[_Rail], order: list[tuple[int, int]]) -> None:
+    def go(self, up: list[_Rail], order: list[tuple[int, int]], reserve: list[_Rail]) -> None:
+        """Move every window over the ``up`` rails; the ``reserve`` ones (NICs farther from the
+        memory) join only when all of those failed."""
         from collections import deque
         queue = deque(_Window(a, b, int(self.length[a:b].sum())) for a, b in order)
-        inflight: dict[int, deque[_Window]] = {r.index: deque() for r in up}
+        inflight: dict[int, deque[_Window]] = {r.index: deque() for r in up + reserve}
         live = {r.index: r for r in up}
+        self.reserve = list(reserve)
+        entered = list(up)
         for r in up:
             r.w.enter()
         try:
@@ -634,16 +649,13 @@ class _Run:
                             if win.req is not None:
                                 w.ucp.request_free(win.req)
                             done.append((win, st))
-                    for win, st in done:
-                        if st != UCS_OK:
-                            queue.appendleft(win)
-                            self._fail(rail, live, inflight, queue, f"failed: {w.ucp.status_text(st)}")
-                            break
+                    for k, (win, st) in enumerate(done):
                         assert win.peer is not None
-                        if win.peer.dead():
-                            queue.appendleft(win)
-                            self._fail(rail, live, inflight, queue, f"failed: the peer's process {self.desc.pid} "
-                                                                    "exited")
+                        why = (f"failed: {w.ucp.status_text(st)}" if st != UCS_OK else
+                               f"failed: the peer's process {self.desc.pid} exited" if win.peer.dead() else "")
+                        if why:  # this window and the ones after it go back (a dead peer's "done" means nothing)
+                            queue.extendleft(reversed([d[0] for d in done[k:]]))
+                            self._fail(rail, live, inflight, queue, why)
                             break
                         metrics.lane_bytes(self.t.name, win.peer.lane_label, "write" if self.write else "read",
                                            win.nbytes)
@@ -656,10 +668,10 @@ class _Run:
                                        "unreachable)", pause=False)
                         continue
                     slice_timeout = envs.MC_SLICE_TIMEOUT
-                    if len(live) > 1 and slice_timeout > 0:
+                    if (len(live) > 1 or self.reserve) and slice_timeout > 0:  # only when another NIC can take over
                         for idx, rail in list(live.items()):
                             q = inflight[idx]
-                            if q and now - q[0].t0 > slice_timeout and len(live) > 1:
+                            if q and now - q[0].t0 > slice_timeout and (len(live) > 1 or self.reserve):
                                 self._fail(rail, live, inflight, queue,
                                            f"made no progress for {slice_timeout:g} s (MC_SLICE_TIMEOUT)")
                 quiet = 0 if events else quiet + 1
@@ -676,8 +688,16 @@ class _Run:
                     if fds:
                         select.select(fds, [], [], min(WAIT_S, max(0.0, self.deadline - time.monotonic())))
                     quiet = 0
+                if not live and self.reserve:  # the preferred NICs all failed: the others take over
+                    for r in self.reserve:
+                        live[r.index] = r
+                        r.w.enter()
+                        entered.append(r)
+                    log.warning("UCX: the NICs preferred for this memory failed, using the others",
+                                extra={"segment": self.desc.name, "rails": [r.name for r in self.reserve]})
+                    self.reserve = []
         finally:
-            for r in up:
+            for r in entered:
                 r.w.leave()
 
     def _fail(self, rail: _Rail, live: dict[int, _Rail], inflight: dict, queue: Any, why: str,
@@ -695,18 +715,17 @@ class _Run:
                     rail.w.ucp.request_free(win.req)  # released when the close cancels it
                 win.req = None
             queue.appendleft(win)
-        peer = peer or next((p for k, p in self.t._peers.items() if k[0] == self.desc.name and k[1] == rail.index),
-                            None)
+        peer = peer or self.t.cached_endpoint(self.desc.name, rail.index)
         label = peer.lane_label if peer is not None else rail.name
         if peer is not None:
-            self.t._forget(peer)
+            self.t.forget_endpoint(peer)
         self.keys.pop(rail.index, None)
-        if pause and live:
+        if pause and (live or self.reserve):
             rail.down_until = time.monotonic() + envs.MC_RDMA_RAIL_PAUSE_SECONDS
             log.warning("UCX rail taken out, its slices retried on the others", extra={
                 "segment": self.desc.name, "rail": rail.name, "lanes": label, "why": why,
                 "pause_s": envs.MC_RDMA_RAIL_PAUSE_SECONDS, "remaining": [r.name for r in live.values()]})
             return
-        if not live:
+        if not live and not (pause and self.reserve):
             raise TransferError(f"ucx transfer to segment {self.desc.name!r} over {label} {why}", peer_down=True)
 
