@@ -158,4 +158,5 @@ def no_rdma_warning(found: Sequence[Resource], library_source: str, library_path
                "them (libibverbs / the provider missing, UCX_TLS or device_name excluding them, or memlock too low)")
         fix = ("check `ucx_info -d`, `ibv_devinfo`, `ulimit -l` (unlimited), UCX_TLS, and device_name")
     return (f"protocol 'rdma' asked, but UCX has no RDMA lane: {why}; lanes found: {lanes}. Transfers run "
-            f"one-sided over those lanes (not RDMA speed). To get RDMA: {fix}.")
+            f"one-sided through UCX over those lanes, not at RDMA speed (with one NIC, protocol 'tcp' is faster; "
+            f"several NICs in device_name are used at once). To get RDMA: {fix}.")
