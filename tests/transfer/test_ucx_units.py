@@ -39,6 +39,12 @@ def test_candidates_keep_the_order_and_every_path_of_a_source():
                    ("wheel", "/w/libucp.so.0")]
 
 
+def test_rdma_modules_skipped_only_without_rdma_devices_and_user_setting():
+    assert library.modules_setting({}, []) == "^" + ",".join(library.RDMA_MODULES)
+    assert library.modules_setting({}, ["mlx5_0"]) is None
+    assert library.modules_setting({"UCX_MODULES": "ib"}, []) is None
+
+
 def test_unloadable_override_names_every_place_tried(monkeypatch, tmp_path):
     monkeypatch.setattr(library, "_loaded", None)
     monkeypatch.setenv("MC_UCX_LIBRARY", str(tmp_path / "nope" / "libucp.so"))

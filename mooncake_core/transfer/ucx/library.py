@@ -15,6 +15,12 @@ UCX with ``rc_mlx5`` / ``rc_verbs`` / ``ud`` / ``efa``. The order, first found w
 ``MC_UCX_LIBRARY`` overrides: one of ``system`` / ``nixl`` / ``wheel`` (only that source), or
 the path of a ``libucp.so`` (or of the directory holding it). Pure parts (the order, the
 override's meaning) are functions of their inputs; ``load()`` does the I/O once per process.
+
+On a host with no RDMA device, ``UCX_MODULES`` is set (unless the user set it) to skip UCX's
+InfiniBand / RDMA-CM modules: they can serve nothing there, and the NIXL wheel's UCX, whose
+``ib`` module fails to load without ``libibverbs``, otherwise leaves its bundled ``libnl-route``
+half-loaded and the process crashes in that library's destructor at exit (seen with NIXL 1.5.1's
+UCX 1.23 here).
 """
 
 from __future__ import annotations
@@ -138,6 +144,24 @@ def _mapped_path(lib: ctypes.CDLL, fallback: str) -> str:
     return fallback
 
 
+#: UCX modules that need an RDMA device (and libibverbs / librdmacm)
+RDMA_MODULES = ("ib", "ib_mlx5", "ib_mlx5_ext", "ib_mlx5_gda", "ib_mlx5_gdp", "ib_efa", "efa", "rdmacm")
+
+
+def modules_setting(env: dict[str, str] | os._Environ[str], rdma_devices: list[str]) -> str | None:
+    """The ``UCX_MODULES`` value to set before loading UCX, or None to leave it alone."""
+    if rdma_devices or env.get("UCX_MODULES", "").strip():
+        return None
+    return "^" + ",".join(RDMA_MODULES)
+
+
+def _rdma_devices() -> list[str]:
+    try:
+        return sorted(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return []
+
+
 _lock = threading.Lock()
 _loaded: LoadedUcp | None = None
 
@@ -150,6 +174,9 @@ def load() -> LoadedUcp:
             return _loaded
         override = envs.MC_UCX_LIBRARY
         sources, explicit = _sources_for(override)
+        modules = modules_setting(os.environ, _rdma_devices())
+        if modules is not None:  # read by UCX when it loads (see the module docstring)
+            os.environ["UCX_MODULES"] = modules
         tried: list[str] = []
         for source, path in candidates(sources, explicit):
             try:
