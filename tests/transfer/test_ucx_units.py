@@ -142,3 +142,12 @@ def test_custom_topology_and_preferred_nics(tmp_path):
     assert topology.local("", str(f)) == {"cpu:0": [["d0"], ["d1"]]}
     with pytest.raises(ValueError, match="MC_CUSTOM_TOPO_JSON"):
         topology.local("", str(tmp_path / "missing.json"))
+
+
+def test_memlock_warning_only_with_rdma_lanes_and_a_low_limit():
+    rdma = lanes.resources(CONTEXT_INFO)
+    tcp_only = lanes.resources(CONTEXT_INFO.replace("rc_mlx5/mlx5_0:1", "tcp/lo"))
+    msg = lanes.memlock_warning(64 << 10, -1, rdma)
+    assert msg is not None and "64 KiB" in msg and "ulimit -l unlimited" in msg and "memlock=-1" in msg
+    assert lanes.memlock_warning(-1, -1, rdma) is None
+    assert lanes.memlock_warning(64 << 10, -1, tcp_only) is None

@@ -139,6 +139,21 @@ def net_devices(device_name: str, rdma_ports: Mapping[str, Sequence[int]], netde
     return ",".join(dict.fromkeys(out))
 
 
+#: below this locked-memory limit an RDMA engine cannot register a useful KV cache
+MEMLOCK_MIN = 1 << 30
+
+
+def memlock_warning(soft_limit: int, hard_limit: int, found: Sequence[Resource]) -> str | None:
+    """The start-up message when RDMA lanes exist but ``ulimit -l`` would make registering memory
+    fail (RDMA pins what it registers); None when unlimited (-1) or large enough, or no RDMA."""
+    if not any(is_rdma(r.tl) for r in found) or soft_limit < 0 or soft_limit >= MEMLOCK_MIN:
+        return None
+    raise_to = "unlimited" if hard_limit < 0 else f"{hard_limit} bytes (the hard limit)"
+    return (f"locked-memory limit (ulimit -l) is {soft_limit >> 10} KiB: RDMA pins every registered buffer, so "
+            f"registering KV memory will fail. Raise it: ulimit -l unlimited (hard limit here: {raise_to}), "
+            "LimitMEMLOCK=infinity in a systemd unit, or docker run --ulimit memlock=-1")
+
+
 def no_rdma_warning(found: Sequence[Resource], library_source: str, library_path: str,
                     rdma_devices: Sequence[str]) -> str | None:
     """The one loud message when ``protocol="rdma"`` has no RDMA lane; None when one exists."""

@@ -323,6 +323,12 @@ class UcxTransport(Transport):
                                             sorted(rdma_devices()))
         if warning:
             log.warning(warning)
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        memlock = lanes_mod.memlock_warning(-1 if soft == resource.RLIM_INFINITY else soft,
+                                            -1 if hard == resource.RLIM_INFINITY else hard, self.lanes)
+        if memlock:
+            log.warning(memlock)
         self._section = {"rails": [r.section() for r in self.rails]}
 
     @property
