@@ -90,13 +90,22 @@ def test_single_batch_async_notify_byte_exact(start_peer, lanes):
         assert st == 1, eng.last_error
         image[MB:4 * MB] = src[MB:4 * MB]
 
+        # four async batches at once (the peer's dispatch threads run two in parallel on one endpoint)
+        quarter = size // 4
+        ids = [eng.batch_transfer_async_write(peer.segment, [src.ctypes.data + (3 - i) * quarter],
+                                              [peer.addr + i * quarter], [quarter], "rdma") for i in range(4)]
+        assert all(b > 0 for b in ids) and eng.get_batch_transfer_status(ids) == 0, eng.last_error
+        for i in range(4):
+            image[i * quarter:(i + 1) * quarter] = src[(3 - i) * quarter:(4 - i) * quarter]
+        assert peer.sha(0, size) == sha(image)
+
         # a notification after the data: once the target has it, the bytes are there
         assert eng.batch_transfer_sync(peer.segment, [src.ctypes.data], [peer.addr], [MB], TransferOpcode.WRITE,
                                        TransferNotify("kv", "layer-0 done"), "rdma") == 0
         image[:MB] = src[:MB]
         assert json.loads(peer.cmd("notifies")) == [["kv", "layer-0 done"]]
         assert peer.sha(0, size) == sha(image)
-        assert _lane_bytes(lanes) - before >= 4096 + 2000 * 1024 + 3 * MB + size + MB  # bytes counted per lane
+        assert _lane_bytes(lanes) - before >= 4096 + 2000 * 1024 + 3 * MB + 2 * size + MB  # bytes counted per lane
     finally:
         eng.close()
 

@@ -112,10 +112,11 @@ class _Peer:
     pidfd turns readable when the process exits, so one poll after the flush tells.
     """
 
-    __slots__ = ("ep", "address", "rkeys", "lanes", "lane_label", "pidfd", "rail")
+    __slots__ = ("ep", "address", "rkeys", "lanes", "lane_label", "pidfd", "rail", "closed")
 
     def __init__(self, ep: int, address: bytes, lanes: list[str], pidfd: int, rail: "_Rail") -> None:
         self.rail = rail
+        self.closed = False  # set under the rail's worker lock when the endpoint is closed
         self.ep = ep
         self.address = address
         self.rkeys: dict[int, int] = {}  # remote region addr -> unpacked rkey handle
@@ -431,8 +432,9 @@ class UcxTransport(Transport):
                     raise TransferError(f"segment {desc.name!r} published no UCX remote key for its region at "
                                         f"{addr:#x}", ErrorCode.INVALID_PARAMS)
                 with w.lock:
-                    rk = w.ucp.rkey_unpack(p.ep, base64.b64decode(packed))
-                p.rkeys[addr] = rk
+                    if p.closed:
+                        raise TransferError(f"endpoint over {p.lane_label} closed meanwhile", peer_down=True)
+                    rk = p.rkeys[addr] = w.ucp.rkey_unpack(p.ep, base64.b64decode(packed))
             out[i] = rk
         return out
 
@@ -450,6 +452,9 @@ class UcxTransport(Transport):
     def _close_ep(self, p: _Peer, deadline: float) -> None:
         w = p.rail.w
         with w.lock:
+            if p.closed:
+                return
+            p.closed = True
             for rk in p.rkeys.values():
                 w.ucp.rkey_destroy(rk)
             p.rkeys.clear()
@@ -541,6 +546,8 @@ class UcxTransport(Transport):
         w = rail.w
         try:
             with w.lock:
+                if p.closed:
+                    raise UcxError("ucp_put_nbx", -24, "endpoint closed by another transfer meanwhile")
                 w.ucp.post(write, p.ep, local, length, remote, rk)
                 req = w.ucp.ep_flush(p.ep)
             st = w.wait(req, deadline)
@@ -588,30 +595,34 @@ class _Run:
         self.local, self.remote, self.length, self.region = local, remote, length, region
         self.region_addrs = region_addrs
         self.remote_rails = remote_rails
-        self.keys: dict[int, np.ndarray] = {}  # rail index -> rkey handle per block
+        self.keys: dict[int, tuple[_Peer, np.ndarray]] = {}  # rail index -> (endpoint, rkey handle per block)
         self.reserve: list[_Rail] = []  # rails that join when every live one failed
 
-    def _open(self, rail: _Rail) -> _Peer:
+    def _open(self, rail: _Rail) -> tuple[_Peer, np.ndarray]:
+        """The rail's current endpoint and the remote key of every block on it (unpacked again
+        when the endpoint changed: another transfer may have closed the old one)."""
         p, rkeys = self.t.endpoint(self.desc, rail, self.remote_rails)
-        if rail.index not in self.keys:
+        got = self.keys.get(rail.index)
+        if got is None or got[0] is not p:
             used = np.unique(self.region)
             handles = self.t.rkey_handles(p, rkeys, self.desc, [self.region_addrs[int(i)] for i in used])
             table = np.zeros(len(self.region_addrs), dtype=np.int64)
             table[used] = handles
-            self.keys[rail.index] = table[self.region]
-        return p
+            got = self.keys[rail.index] = (p, table[self.region])
+        return got
 
     def _post(self, rail: _Rail, win: _Window) -> None:
-        p = self._open(rail)
+        p, keys = self._open(rail)
         a, b = win.start, win.end
         w = rail.w
         with w.lock:
+            if p.closed:  # closed by a failing transfer since _open: never post on a freed endpoint
+                raise TransferError(f"endpoint over {p.lane_label} closed meanwhile")
             if b - a == 1:
                 w.ucp.post(self.write, p.ep, int(self.local[a]), int(self.length[a]), int(self.remote[a]),
-                           int(self.keys[rail.index][a]))
+                           int(keys[a]))
             else:
-                w.ucp.post_many(self.write, p.ep, self.local[a:b], self.remote[a:b], self.length[a:b],
-                                self.keys[rail.index][a:b])
+                w.ucp.post_many(self.write, p.ep, self.local[a:b], self.remote[a:b], self.length[a:b], keys[a:b])
             win.req = w.ucp.ep_flush(p.ep)
         win.t0 = time.monotonic()
         win.peer = p
