@@ -38,7 +38,7 @@ def _ucx_cuda() -> str | None:
     t = UcxTransport(TransportContext(lambda: "probe", RegionTable(), protocol="rdma"))
     try:
         if not t.active:
-            return "no UCX library here: pip install 'mooncake-core[ucx]' (or carry the libucx wheel in .whl/)"
+            return "no UCX library here: pip install libucx-cu13 (or carry its wheel in .whl/)"
         if not t.capabilities.serves("cuda:0"):
             return f"this UCX found no cuda lane (lanes: {sorted({r.lane for r in t.lanes})})"
         return None

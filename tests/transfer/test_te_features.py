@@ -161,7 +161,7 @@ def test_rdma_protocol_without_ucx_falls_back_loudly(caplog, monkeypatch):
         assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
     try:
         msgs = [r.getMessage() for r in caplog.records if "rdma" in r.getMessage()]
-        assert any("tcp" in m and "mooncake-core[ucx]" in m and "/nonexistent/libucp.so" in m for m in msgs), msgs
+        assert any("tcp" in m and "libucx-cu13" in m and "/nonexistent/libucp.so" in m for m in msgs), msgs
         assert eng.get_rpc_port() > 0 and "cpu:0" in json.loads(eng.get_local_topology())
     finally:
         eng.close()

@@ -50,7 +50,7 @@ def test_unloadable_override_names_every_place_tried(monkeypatch, tmp_path):
     monkeypatch.setenv("MC_UCX_LIBRARY", str(tmp_path / "nope" / "libucp.so"))
     with pytest.raises(library.UcxNotFound) as e:
         library.load()
-    assert "nope/libucp.so" in str(e.value) and "mooncake-core[ucx]" in str(e.value)
+    assert "nope/libucp.so" in str(e.value) and "libucx-cu13" in str(e.value)
 
 
 def test_resources_and_lanes_are_parsed():

@@ -10,7 +10,7 @@ UCX with ``rc_mlx5`` / ``rc_verbs`` / ``ud`` / ``efa``. The order, first found w
 2. ``system``: the dynamic loader's ``libucp.so.0`` (``LD_LIBRARY_PATH`` -- what HPC-X's
    ``hpcx_load`` sets -- then ``ldconfig``: MOFED and distribution packages);
 3. ``nixl``: the UCX inside an installed NIXL wheel (``nixl_cu13.libs/``, ``nixl_cu12.libs/``);
-4. ``wheel``: the ``libucx`` package (``pip install 'mooncake-core[ucx]'``).
+4. ``wheel``: the ``libucx`` package (``pip install libucx-cu13``: the ``ucx`` extra).
 
 ``MC_UCX_LIBRARY`` overrides: one of ``system`` / ``nixl`` / ``wheel`` (only that source), or
 the path of a ``libucp.so`` (or of the directory holding it). Pure parts (the order, the
@@ -45,7 +45,7 @@ NIXL_BUILDS = ("nixl_cu13", "nixl_cu12", "nixl_rocm")
 #: the libucx wheels (RAPIDS), newest CUDA first
 WHEEL_PACKAGES = ("libucx", "libucx_cu13", "libucx_cu12")
 
-HOW_TO_INSTALL = ("pip install 'mooncake-core[ucx]' (the libucx wheel: tcp / shared-memory / cuda lanes, no verbs); "
+HOW_TO_INSTALL = ("pip install libucx-cu13 (the 'ucx' extra; tcp / shared-memory / cuda lanes, no verbs); "
                   "for RDMA NICs a verbs-capable UCX: MOFED/DOCA or the distribution's 'ucx' package (system), "
                   "HPC-X (hpcx_load sets LD_LIBRARY_PATH), or the NIXL wheel (pip install nixl-cu12 / nixl-cu13); "
                   "MC_UCX_LIBRARY=system|nixl|wheel|/path/libucp.so picks one")
