@@ -1,7 +1,7 @@
 """A test peer process speaking a line protocol: one command line on its stdin, one answer line
 on its stdout, after a first JSON line that says it is ready (or ``{"error": ...}``).
 
-Shared by ``tests/transfer/te_helpers.py`` (te_peer.py), ``mooncake_lab.fuzz.targets``
+Shared by ``mooncake_lab/te_helpers.py`` (te_peer.py), ``mooncake_lab.fuzz.targets``
 (te_target.py, for tests/fuzz and bench/robustness/bench_fuzz.py) and tests/gpu (gpu_peer.py).
 """
 

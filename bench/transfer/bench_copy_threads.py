@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PEER = os.path.join(ROOT, "tests", "transfer", "te_peer.py")
+PEER = os.path.join(ROOT, "mooncake_lab", "te_peer.py")
 THREADS = (1, 2, 4)
 
 

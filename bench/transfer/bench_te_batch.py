@@ -3,7 +3,7 @@
     python3 -m bench.transfer.bench_te_batch [--blocks 16384] [--block-kib 16] [--rounds 5] [--baseline-tree DIR]
     python3 -m bench.transfer.bench_te_batch --tcp [--baseline-tree DIR]     # tcp, write + read, vs a raw socket
 
-A target process (tests/transfer/te_peer.py, P2PHANDSHAKE) registers one buffer; this process
+A target process (mooncake_lab/te_peer.py, P2PHANDSHAKE) registers one buffer; this process
 registers a random source buffer and times ``batch_transfer_sync_write`` of ``--blocks``
 blocks whose destinations are a random permutation of the target's pages (nothing can be
 merged), transport chosen by the engine (cma on one host; ``--force-tcp`` for tcp). After the
@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PEER = os.path.join(ROOT, "tests", "transfer", "te_peer.py")
+PEER = os.path.join(ROOT, "mooncake_lab", "te_peer.py")
 
 
 def _measure(a: argparse.Namespace) -> dict:

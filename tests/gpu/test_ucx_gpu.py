@@ -19,11 +19,11 @@ import pytest
 
 from mooncake_core.transfer.cuda.runtime import available
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from line_peer import spawn_line_peer  # noqa: E402
+from mooncake_lab.line_peer import spawn_line_peer
 
-from gpu_peer import region_bytes  # noqa: E402
+from gpu_peer import region_bytes  # tests/gpu on sys.path (pytest's rootdir-relative import)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 MB = 1 << 20
 

@@ -27,7 +27,7 @@ from mooncake_core.utils.net import free_port
 from mooncake_core.utils.proc import close_piped
 
 HERE = Path(__file__).resolve().parent
-PEER = HERE.parent / "transfer" / "te_peer.py"
+PEER = HERE.parents[1] / "mooncake_lab" / "te_peer.py"
 INITIATOR = HERE / "plugin_initiator.py"
 
 pytestmark = pytest.mark.integration

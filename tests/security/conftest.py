@@ -7,7 +7,7 @@ import tempfile
 from typing import Iterator
 
 import pytest
-from transfer.te_helpers import Peer, spawn_peer  # tests/ is on sys.path (rootdir conftest)
+from mooncake_lab.te_helpers import Peer, spawn_peer
 
 TOKEN = "s3cret-token-for-tests"
 

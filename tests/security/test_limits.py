@@ -54,7 +54,7 @@ def _probe(s: socket.socket) -> bool:
 
 
 def test_te_rpc_port_bounds_connections_per_peer(python_exe) -> None:
-    from transfer.te_helpers import spawn_peer
+    from mooncake_lab.te_helpers import spawn_peer
 
     peer = spawn_peer(python_exe, "P2PHANDSHAKE", env=child_env(None, MC_TCP_MAX_CONNS_PER_PEER="4"))
     try:

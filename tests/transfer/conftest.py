@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from te_helpers import Peer, spawn_peer
+from mooncake_lab.te_helpers import Peer, spawn_peer
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 from mooncake_core.engine import TransferEngine
 from mooncake_core.transfer.wire import (REQ, RESP, WIRE_VERSION, Op, Request, Status, unpack_response)
 from mooncake_core.utils.net import free_port
-from te_helpers import sha
+from mooncake_lab.te_helpers import sha
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 
 from mooncake_core.engine import TransferEngine, TransferNotify, TransferOpcode
 from mooncake_core.utils.net import free_port
-from te_helpers import sha
+from mooncake_lab.te_helpers import sha
 
 pytestmark = pytest.mark.integration
 

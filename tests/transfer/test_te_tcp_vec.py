@@ -1,7 +1,7 @@
 """The vectored tcp path (WRITEV / READV) for large batches of small scattered blocks.
 
 Pure encoding / planning / validation helpers are unit-tested without sockets; the wire
-path is driven against a real target process (tests/transfer/te_peer.py) over loopback tcp,
+path is driven against a real target process (mooncake_lab/te_peer.py) over loopback tcp,
 with random data verified by sha256 in the target, and with raw sockets speaking the wire
 format directly (out-of-bounds blocks, garbage, truncation, unknown ops).
 """
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from te_helpers import sha
+from mooncake_lab.te_helpers import sha
 
 from mooncake_core.transfer import tcp_vec, vec
 from mooncake_core.transfer.memory import Region, RegionTable

@@ -11,7 +11,7 @@ import pytest
 from mooncake_core.transfer import cma, vec
 from mooncake_core.transfer.descriptor import SegmentDescriptor
 from mooncake_core.transfer.memory import Region
-from te_helpers import sha
+from mooncake_lab.te_helpers import sha
 
 
 def _a(*xs: int) -> np.ndarray:

@@ -20,7 +20,7 @@ import pytest
 from mooncake_core.engine import TransferEngine, TransferNotify, TransferOpcode
 from mooncake_core.transfer import metrics
 from mooncake_core.transfer.ucx import library
-from te_helpers import sha
+from mooncake_lab.te_helpers import sha
 
 pytestmark = pytest.mark.integration
 

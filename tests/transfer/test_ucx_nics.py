@@ -1,5 +1,5 @@
 """Several NICs under ``protocol="rdma"``: two "hosts" (network + pid + UTS namespaces) joined by
-a plain link and two data NICs shaped to the same rate (tests/transfer/twohosts.py), UCX over
+a plain link and two data NICs shaped to the same rate (mooncake_lab/twohosts.py), UCX over
 tcp on them -- the code path an RDMA host runs with ``device_name="mlx5_0,mlx5_1"``.
 
 * both NICs carry about twice what one does, bytes counted per NIC;
@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from line_peer import spawn_line_peer
-from te_helpers import PEER, Peer, sha
-from twohosts import TwoHosts, available
+from mooncake_lab.line_peer import spawn_line_peer
+from mooncake_lab.te_helpers import PEER, Peer, sha
+from mooncake_lab.twohosts import TwoHosts, available
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(available() is not None, reason=f"two-host lab unavailable: {available()}")]

@@ -4,7 +4,7 @@ Nothing here decides anything: each method is one UCP call with its status turne
 :class:`UcxError`. The transport (``transport.py``) holds the policy: locking, progress,
 deadlines, which lanes.
 
-Why ctypes plus one compiled loop -- measured with ``bench/bench_ucx_binding.py`` (UCX 1.22,
+Why ctypes plus one compiled loop -- measured with ``bench/transfer/bench_ucx_binding.py`` (UCX 1.22,
 ``UCX_TLS=self``: an endpoint to its own worker, so the figures are the binding's cost and
 UCX's software path, no wire; three runs on this 2-core machine under other jobs' load, so
 ranges; BENCHMARKS.md):

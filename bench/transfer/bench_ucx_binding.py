@@ -1,6 +1,6 @@
 """Per-call cost of the UCP binding: ctypes vs cffi (ABI mode) vs cffi (API mode, compiled).
 
-    python bench/bench_ucx_binding.py [--reps 20000]
+    python3 -m bench.transfer.bench_ucx_binding [--reps 20000]
 
 One process, ``UCX_TLS=self`` (an endpoint to its own worker: a put is a memcpy, no wire), so
 what is measured is the binding's cost plus UCX's own software path -- the part a binding
@@ -26,12 +26,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from mooncake_core.transfer.ucx.binding import Ucp, batch_helper  # noqa: E402
-from mooncake_core.transfer.ucx.library import load  # noqa: E402
+from mooncake_core.transfer.ucx.binding import Ucp, batch_helper
+from mooncake_core.transfer.ucx.library import load
 
 BLOCKS = 32768
 CDEF = """

@@ -6,7 +6,7 @@ Nothing same-host applies between them (another pid namespace: no cross-memory a
 network namespace: no loopback), so a transfer between them crosses the data NICs the way it
 would cross two hosts' RDMA NICs. A NIC fails with ``ip link set DEV down`` (both ends).
 
-Used by tests/transfer/test_ucx_nics.py and bench/bench_ucx.py --nics. Needs root and
+Used by tests/transfer/test_ucx_nics.py and bench/transfer/bench_ucx.py --nics. Needs root and
 iproute2; :func:`available` says why not otherwise. Everything is named after the creating
 process (``mcn<pid>``) and removed on exit.
 """

@@ -1,7 +1,7 @@
 """The UCX transport (``protocol="rdma"``) against our tcp and cma transports, same run.
 
-    python bench/bench_ucx.py [--rounds 3] [--quick] [--json FILE]
-    python bench/bench_ucx.py --nics [--rate 400mbit] [--rounds 5]     (root: namespaces, veth, tc)
+    python3 -m bench.transfer.bench_ucx [--rounds 3] [--quick] [--json FILE]
+    python3 -m bench.transfer.bench_ucx --nics [--rate 400mbit] [--rounds 5]     (root: namespaces, veth, tc)
 
 Two target processes (engines on ``protocol="rdma"``), one with ``UCX_TLS=tcp`` and one with
 ``UCX_TLS=sm,self``; the initiator has one engine per lane set. Every row's reference is
@@ -12,7 +12,7 @@ of the issue: UCX-over-tcp >= 0.9x our tcp (64 MiB), UCX-over-sm >= 0.8x our cma
 and, reported, 4 KiB latency and a 32,768 x 16 KiB scattered batch against our tcp.
 No RDMA NIC here: these are the UCX code path's costs over emulated lanes, not RDMA figures.
 
-``--nics``: two "hosts" (network + pid + UTS namespaces, tests/transfer/twohosts.py) with two
+``--nics``: two "hosts" (network + pid + UTS namespaces, mooncake_lab/twohosts.py) with two
 data NICs shaped by ``tc tbf`` to ``--rate`` each; UCX over tcp on them. Writes and reads of
 32 MiB with ``device_name="d0"`` and ``"d0,d1"`` (same run, interleaved), the ratio (target
 >= 1.8x), then a 64 MiB write during which ``d1`` goes down: its time against an undisturbed
@@ -31,8 +31,9 @@ import time
 
 import numpy as np
 
-from bench_transfer_engine import _time  # median of n runs after a warm-up (bench/ is on sys.path)
+from bench.transfer.bench_transfer_engine import _time  # median of n runs after a warm-up
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MB = 1 << 20
 BLOCK = 16 * 1024
 LANES = {"tcp": ("tcp", "tcp"), "sm": ("sm,self", "cma")}  # name -> (UCX_TLS, reference hint)
@@ -54,19 +55,17 @@ def serve(size: int) -> int:
 
 
 def nics(rounds: int, rate: str) -> int:
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:0] = [os.path.join(here, "..", "tests"), os.path.join(here, "..", "tests", "transfer")]
     import threading
 
-    from line_peer import spawn_line_peer
-    from te_helpers import PEER, Peer, sha
-    from twohosts import TwoHosts, available
+    from mooncake_lab.line_peer import spawn_line_peer
+    from mooncake_lab.te_helpers import PEER, Peer, sha
+    from mooncake_lab.twohosts import TwoHosts, available
     why = available()
     if why:
         print(f"two-host lab unavailable: {why}")
         return 1
     env = {**os.environ, "UCX_TLS": "tcp", "MC_SLICE_TIMEOUT": "1", "MC_RDMA_RAIL_PAUSE_SECONDS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(here), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
     size = 64 * MB
     with TwoHosts(rate=rate) as lab:
         def start(host: str, dev: str, seed: int) -> Peer:
