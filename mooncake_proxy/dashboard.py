@@ -94,6 +94,7 @@ class ProxyDashboard:
         assert s is not None
         by_prefill = w.rates_by("mooncake_proxy_scheduler_decisions_total", "prefill", over_s=RATE_S)
         by_decode = w.rates_by("mooncake_proxy_scheduler_decisions_total", "decode", over_s=RATE_S)
+        by_recompute = s.by("mooncake_proxy_decode_recomputes_total", "prefill")
         instances = []
         for inst in self._registry.all():
             iid = inst.instance_id
@@ -105,6 +106,7 @@ class ProxyDashboard:
                 row["prefix_hit_ratio"] = w.ratio("mooncake_proxy_prefill_cached_blocks_total",
                                                   ["mooncake_proxy_prefill_prompt_blocks_total"], where, SPAN_S)
                 row["req_rate"] = by_prefill.get(iid)
+                row["recomputes"] = by_recompute.get(iid, 0.0)
             else:
                 row["running"] = self._cluster.decode_load(iid).running
                 row["req_rate"] = by_decode.get(iid)
@@ -123,6 +125,8 @@ class ProxyDashboard:
                 "rejected_503": sum(v for k, v in s.by("mooncake_proxy_rejections_total", "reason").items()
                                     if k.startswith("no_healthy")),
                 "in_flight": sum(i.in_flight for i in self._registry.all()),
+                # hand-offs that carried no KV (the decode recomputed): a silent fallback
+                "decode_recomputes": s.value("mooncake_proxy_decode_recomputes_total"),
             },
             "instances": instances,
             "series": {

@@ -42,6 +42,7 @@ class Behaviour:
     engine_id: str = "fake-engine"
     dp_size: int = 1              # data-parallel ranks reported by the bootstrap /query route
     query_status: int = 200       # status of GET /query (404 = connector without it)
+    no_kv_params: bool = False    # prefill answers without kv_transfer_params (its connector held no KV)
     #: engines sharing this Behaviour share cores: while k other prefills run on them, a prefill's
     #: ``prefill_delay`` advances 1 + prefill_contention * k times slower (processor sharing)
     prefill_contention: float = 0.0
@@ -142,7 +143,7 @@ class FakeEngine:
                 out: dict[str, Any] = {"id": answer_id, "object": "text_completion",
                                        "model": b.model, "served_by": self.name,
                                        "choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}
-                if params.get("do_remote_decode"):
+                if params.get("do_remote_decode") and not b.no_kv_params:
                     out["kv_transfer_params"] = {
                         "do_remote_prefill": True, "do_remote_decode": False,
                         "remote_engine_id": b.engine_id, "remote_block_ids": [1, 2, 3],

@@ -92,6 +92,12 @@ class ProxyMetrics:
                                    "(exported), exports that failed or timed out (failed: the prefill computes), "
                                    "and planned peer loads without token ids or kv_transfer_params (skipped)",
                                    ["outcome"], registry=r)
+        self.decode_recomputes = Counter("mooncake_proxy_decode_recomputes",
+                                         "Requests handed to a decode with no KV to load, so the decode "
+                                         "recomputes the whole prompt: the prefill answered without "
+                                         "kv_transfer_params (no_kv_transfer_params: its connector held no "
+                                         "blocks). Alert on any rate: latency doubles without an error.",
+                                         ["prefill", "decode", "reason"], registry=r)
         self.decisions = Counter("mooncake_proxy_scheduler_decisions",
                                  "Scheduler decisions by chosen prefill/decode pair",
                                  ["policy", "prefill", "decode"], registry=r)

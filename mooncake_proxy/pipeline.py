@@ -155,6 +155,12 @@ class PairPipeline:
                     self._metrics.first_token.labels("streamed").inc()
                     prefix, rewrite = ftok.first_chunks(body, ft, final=False), ftok.UsageShift(ft)
                     dbody = ftok.decode_body(body, ft)
+                why = ho.recompute_reason(presp)
+                if why is not None:
+                    self._metrics.decode_recomputes.labels(p.instance_id, d.instance_id, why).inc()
+                    log.warning("the decode will recompute the prompt: the prefill handed off no KV",
+                                extra={"request_id": rid, "prefill": p.instance_id, "decode": d.instance_id,
+                                       "reason": why})
                 dpayload = ho.decode_payload(dbody, route, p.addr, ctx, presp)
             else:
                 ptask = asyncio.create_task(self._relay.post_json(p, route, ppayload, pheaders, "prefill"))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything this project needs on a fresh Debian machine (idempotent):
-# system services used by the tests (etcd, Redis; Chromium + chromedriver for the dashboard tests)
+# system services used by the tests (etcd, Redis; Chromium + chromedriver for the dashboard tests;
+# Prometheus' promtool for the alert rules)
 # and the Python package with its extras.
 #   --with-frameworks   also build the framework venvs the connector tests use (outside the repo):
 #                       SGLang (scripts/install_sglang.sh, ~3 min, ~7 GB), vLLM for CPU
@@ -23,6 +24,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server etcd-client)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)  # promtool: tests/deploy (alert rules)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # self-signed certificates of tests/security
 command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium chromium-driver)  # tests/dashboard
 [ "$with_fw" = 1 ] && ! command -v g++ >/dev/null 2>&1 && need_apt+=(g++)  # builds the NIXL plugin

@@ -34,8 +34,8 @@ def _serving(proc: subprocess.Popen, port: int, data: str) -> Iterator[str]:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def _missing(binary: str) -> None:
-    msg = f"{binary} not installed (run scripts/install.sh: apt-get install etcd-server redis-server)"
+def _missing(binary: str, packages: str = "etcd-server redis-server") -> None:
+    msg = f"{binary} not installed (run scripts/install.sh: apt-get install {packages})"
     if os.environ.get("CI"):
         pytest.fail(msg)
     pytest.skip(msg)
@@ -86,6 +86,15 @@ def redis_endpoint() -> Iterator[str]:
     )
     with _serving(proc, port, data) as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Path of Prometheus' ``promtool`` (Debian's ``prometheus`` package), for the alert-rule tests."""
+    binary = shutil.which("promtool")
+    if not binary:
+        _missing("promtool", "prometheus")
+    return str(binary)
 
 
 @pytest.fixture(scope="session")

@@ -123,6 +123,8 @@ BOARDS: dict[str, tuple[str, str, str, list[tuple[str, list[tuple[str, str, list
                                                                  "{{reason}}")]),
             ("Upstream errors", "reqps", [(rate(P + "upstream_errors_total", f"{EI}, kind"),
                                            f"{{{{{EI}}}}} {{{{kind}}}}")]),
+            ("Hand-offs without KV (decode recomputes)", "reqps",
+             [(rate(P + "decode_recomputes_total", "prefill, reason"), "{{prefill}} {{reason}}")]),
         ]),
         ("Latency", [
             ("TTFT", "s", [(pq(q, P + "ttft_seconds_bucket"), f"p{int(q * 100)}") for q in PCTS]),

@@ -46,6 +46,13 @@ class HandoffProtocol(abc.ABC):
         """Per-request values shared by both payloads (transfer id, bootstrap room...)."""
         return {}
 
+    def recompute_reason(self, prefill_response: dict[str, Any]) -> str | None:
+        """Why the decode will recompute the prompt instead of loading its KV, judged from the
+        prefill's answer (sequential hand-off), or None when the hand-off carries KV. The proxy
+        counts these (``mooncake_proxy_decode_recomputes_total``): the request still succeeds,
+        only slower, so nothing else would show it."""
+        return None
+
     @abc.abstractmethod
     def prefill_payload(self, body: dict[str, Any], route: str, prefill: InstanceAddr,
                         ctx: dict[str, Any]) -> dict[str, Any]:
@@ -55,6 +62,12 @@ class HandoffProtocol(abc.ABC):
     def decode_payload(self, body: dict[str, Any], route: str, prefill: InstanceAddr,
                        ctx: dict[str, Any], prefill_response: dict[str, Any] | None) -> dict[str, Any]:
         """JSON body sent to the decode instance (``prefill_response`` is None when concurrent)."""
+
+
+def missing_kv_params(prefill_response: dict[str, Any]) -> str | None:
+    """``recompute_reason`` of the protocols whose prefill answer carries ``kv_transfer_params``."""
+    params = prefill_response.get("kv_transfer_params") if isinstance(prefill_response, dict) else None
+    return None if isinstance(params, dict) and params else "no_kv_transfer_params"
 
 
 def one_token_prefill(body: dict[str, Any], route: str) -> dict[str, Any]:

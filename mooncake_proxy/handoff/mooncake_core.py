@@ -20,7 +20,7 @@ from typing import Any
 
 from mooncake_core.pd.params import concurrent_decode_params, concurrent_prefill_params
 
-from .base import HandoffProtocol, InstanceAddr, one_token_prefill, remote_decode_prefill
+from .base import HandoffProtocol, InstanceAddr, missing_kv_params, one_token_prefill, remote_decode_prefill
 
 
 class MooncakeCoreHandoff(HandoffProtocol):
@@ -51,6 +51,9 @@ class MooncakeCoreHandoff(HandoffProtocol):
         out = one_token_prefill(body, route)
         out["kv_transfer_params"] = concurrent_prefill_params(ctx["transfer_id"])
         return out
+
+    def recompute_reason(self, prefill_response: dict[str, Any]) -> str | None:
+        return missing_kv_params(prefill_response)
 
     def decode_payload(self, body: dict[str, Any], route: str, prefill: InstanceAddr,
                        ctx: dict[str, Any], prefill_response: dict[str, Any] | None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import HandoffProtocol, InstanceAddr, remote_decode_prefill
+from .base import HandoffProtocol, InstanceAddr, missing_kv_params, remote_decode_prefill
 
 
 class VllmHandoff(HandoffProtocol):
@@ -20,6 +20,9 @@ class VllmHandoff(HandoffProtocol):
                         ctx: dict[str, Any]) -> dict[str, Any]:
         return remote_decode_prefill(body, route, remote_engine_id=None, remote_block_ids=None,
                                      remote_host=None, remote_port=None)
+
+    def recompute_reason(self, prefill_response: dict[str, Any]) -> str | None:
+        return missing_kv_params(prefill_response)
 
     def decode_payload(self, body: dict[str, Any], route: str, prefill: InstanceAddr,
                        ctx: dict[str, Any], prefill_response: dict[str, Any] | None) -> dict[str, Any]:

@@ -1,6 +1,8 @@
-"""The Grafana boards (deploy/grafana/) ask only for metrics the services really export:
-start a master, a store client (with its metrics port and its Transfer Engine's), and a proxy
-in front of two fake engines, scrape each, and check every metric an expression names."""
+"""The Grafana boards (deploy/grafana/) and the alert rules (deploy/prometheus/) ask only for
+metrics the services really export: start a master, a store client (with its metrics port and
+its Transfer Engine's), and a proxy in front of two fake engines, scrape each, and check every
+metric an expression names (the vLLM connector's: against the vLLM board, which
+tests/vllm/test_vllm_multi_connector.py checks against a real vLLM's scrape)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"
 BOARDS = ("mooncake-master", "mooncake-store-client", "mooncake-transfer-engine", "mooncake-proxy")
 METRIC = re.compile(r"\bmooncake_[a-z0-9_]+")
+VLLM_METRIC = re.compile(r"\bvllm:mooncake_core_[a-z0-9_]+")
+ALERTS = ROOT / "deploy" / "prometheus" / "mooncake-alerts.yml"
 
 
 def _load(name: str) -> dict:
@@ -95,3 +99,14 @@ def test_every_queried_metric_is_exported(tmp_path, monkeypatch, spawn: Any) -> 
         if lost:
             missing[name] = lost
     assert not missing, f"boards query metrics no service exports: {missing}"
+    # the alert rules
+    import yaml
+
+    exprs = [r["expr"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    ours = set().union(*exported.values())
+    queried = {m for e in exprs for m in METRIC.findall(e)} - {
+        m for e in exprs for m in re.findall(r"vllm:(mooncake_[a-z0-9_]+)", e)}
+    assert queried and not queried - ours, f"alert rules query metrics no service exports: {sorted(queried - ours)}"
+    vllm_board = {m for e in _exprs(_load("mooncake-vllm")) for m in VLLM_METRIC.findall(e)}
+    vllm_queried = {m for e in exprs for m in VLLM_METRIC.findall(e)}
+    assert vllm_queried and not vllm_queried - vllm_board, sorted(vllm_queried - vllm_board)

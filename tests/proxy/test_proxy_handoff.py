@@ -227,3 +227,32 @@ async def test_load_bookkeeping_follows_the_request(make_env, handoff) -> None:
         await r.read()
     assert env.server.registry.get(d_id).in_flight == 0
     assert cluster.decode_load(d_id).running == 0
+
+
+async def test_decode_recompute_is_counted_and_shown(make_env) -> None:
+    """A prefill that answers without kv_transfer_params makes the decode recompute the prompt:
+    the request succeeds, so the proxy counts it (metric, dashboard) -- the alert's only signal."""
+    env = await make_env(prefill_behaviour=Behaviour(no_kv_params=True), n_decode=1)
+    body = {"model": "m", "prompt": rand_text(200), "max_tokens": 4}
+    await env.post_ok(body, 3)
+    [dec, *_] = env.decodes[0].records
+    assert "kv_transfer_params" not in dec.body  # nothing to load: the decode recomputes
+    async with env.session.get(env.url + "/metrics") as r:
+        text = await r.text()
+    p_id, d_id = env.server.registry.all("prefill")[0].instance_id, env.server.registry.all("decode")[0].instance_id
+    line = (f'mooncake_proxy_decode_recomputes_total{{decode="{d_id}",prefill="{p_id}",'
+            f'reason="no_kv_transfer_params"}} 3.0')
+    assert line in text, text
+    for _ in range(30):  # the page samples the registry at most every 0.5 s
+        async with env.session.get(env.url + "/dashboard/data.json") as r:
+            data = await r.json()
+        if data["summary"]["decode_recomputes"]:
+            break
+        await asyncio.sleep(0.1)
+    assert data["summary"]["decode_recomputes"] == 3
+    assert [i["recomputes"] for i in data["instances"] if i["role"] == "prefill"] == [3]
+    # a normal hand-off is not counted
+    env.prefills[0].behaviour.no_kv_params = False
+    await env.post_ok(body, 2)
+    async with env.session.get(env.url + "/metrics") as r:
+        assert line in await r.text()

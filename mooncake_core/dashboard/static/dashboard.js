@@ -151,6 +151,7 @@
       card("tbt", "TBT p50/p90/p99 (1 min)", pcts(s.tbt), se.tbt_p90),
       card("rejected", "rejected 429 (SLO)", fmt.num(s.rejected_429), se.rejected_rate),
       card("unavailable", "503 (no instance)", fmt.num(s.rejected_503)),
+      card("recomputes", "hand-offs without KV (decode recomputed)", fmt.num(s.decode_recomputes)),
       card("in_flight", "in flight", fmt.num(s.in_flight), se.in_flight),
       card("policy", "policy / hand-off", d.policy + " / " + d.handoff));
     const insts = table("instances", [
@@ -162,6 +163,7 @@
         ? fmt.num(r.queued_tokens) + " tok" : fmt.num(r.running) + " run" },
       { label: "prefix hit (1 min)", num: true, cell: r => r.role === "prefill" ? fmt.pct(r.prefix_hit_ratio) : "" },
       { label: "req/s", num: true, cell: r => fmt.rate(r.req_rate) },
+      { label: "no-KV hand-offs", num: true, cell: r => r.role === "prefill" ? fmt.num(r.recomputes) : "" },
       { label: "last error", cell: r => r.last_error || "" },
     ], d.instances.map(r => ({ ...r, _key: r.id })), "no instance registered");
     return [cards, section("Instances", insts)];
