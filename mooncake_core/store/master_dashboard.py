@@ -214,4 +214,12 @@ def routes(dash: MasterDashboard) -> dict[str, Callable[[dict[str, Any]], tuple[
         return 200, {"Content-Type": "application/json", "Cache-Control": "no-store"}, \
             json.dumps(dash.data(), separators=(",", ":")).encode()
 
-    return {DASHBOARD_PATH: page, DATA_PATH: data}
+    def health(_environ: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+        # 200 while the process serves: liveness and readiness probes (Kubernetes) of a leader and
+        # of an HA follower alike -- clients find the leader through etcd/Redis, not through a Service
+        srv = dash.server
+        body = {"status": "ok", "is_leader": bool(srv.is_leader), "rpc_address": srv.advertise_address}
+        return 200, {"Content-Type": "application/json", "Cache-Control": "no-store"}, \
+            json.dumps(body, separators=(",", ":")).encode()
+
+    return {DASHBOARD_PATH: page, DATA_PATH: data, "/health": health}

@@ -112,6 +112,14 @@ def test_master_data_endpoint_serves_json(master: Master) -> None:
     assert d["te"] == [] and "Connection refused" in d["te_note"]  # no engine there yet: said, not hidden
 
 
+def test_health_route_for_probes(master: Master) -> None:
+    """GET /health (Kubernetes probes, deploy/kubernetes/master.yaml) on the metrics port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{master.metrics_port}/health", timeout=5) as r:
+        assert r.status == 200
+        d = json.loads(r.read())
+    assert d == {"status": "ok", "is_leader": True, "rpc_address": master.addr}
+
+
 def test_first_poll_already_has_rates(master: Master) -> None:
     """The master samples its registry once a second from start-up, so the very first poll of
     data.json (nobody polled before) carries rates, not nulls the page would show as dashes."""

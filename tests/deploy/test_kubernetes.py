@@ -1,0 +1,249 @@
+"""deploy/kubernetes/ and the Dockerfile: every manifest validates (strictly, offline) against the
+Kubernetes schemas ``kubernetes-validate`` ships; the kustomization lists every file; each
+container of ours starts a command this package installs with flags its own parser accepts
+(the CLIs' parsers are run on the manifests' arguments, not compared with a list); every
+``MOONCAKE_*`` variable is one ``mooncake_core.envs`` declares; the vLLM pods' connector config
+names our connectors and options our connector reads; the pods have probes, requests and the auth
+Secret; the images are the Dockerfile's targets and what it copies exists."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from mooncake_core import envs
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "kubernetes"
+OUR_IMAGES = {"mooncake-core", "mooncake-core-vllm"}
+#: values the downward API / env would give $(VAR) references, for parsing the arguments
+SAMPLE_ENV = {"POD_IP": "10.1.2.3", "POD_NAME": "pod-0", "MODEL": "some/model"}
+
+
+def _manifests() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for f in sorted(K8S.glob("*.yaml")):
+        if f.name == "kustomization.yaml":
+            continue
+        out += [(f.name, d) for d in yaml.safe_load_all(f.read_text()) if d]
+    return out
+
+
+def _pod_specs() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(file, workload, pod spec) of every workload."""
+    for name, d in _manifests():
+        spec = d.get("spec", {})
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet"):
+            yield name, d, spec["template"]["spec"]
+
+
+def _containers() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    for name, d, pod in _pod_specs():
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            yield name, d, c
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), SAMPLE_ENV.get(m.group(1), "x")), arg)
+
+
+def _scripts() -> dict[str, str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def test_every_manifest_validates_against_the_kubernetes_schemas() -> None:
+    import kubernetes_validate
+    from kubernetes_validate.utils import latest_version
+
+    version = latest_version()
+    docs = _manifests()
+    assert {d["kind"] for _, d in docs} >= {"Namespace", "Secret", "StatefulSet", "Deployment", "DaemonSet",
+                                            "Service", "ConfigMap", "NetworkPolicy"}
+    for name, d in docs:
+        try:
+            kubernetes_validate.validate(d, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{name}: {d['kind']} {d['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+def test_schema_validation_catches_a_typo() -> None:
+    """The validator is strict: a misspelt field (what a hand-edit introduces) is an error."""
+    import kubernetes_validate
+    from kubernetes_validate.utils import latest_version
+
+    [(_, master)] = [(n, d) for n, d in _manifests() if d["kind"] == "Deployment"
+                     and d["metadata"]["name"] == "mooncake-master"]
+    master["spec"]["template"]["spec"]["containers"][0]["readinessprobe"] = master["spec"]["template"]["spec"][
+        "containers"][0].pop("readinessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError, match="readinessprobe"):
+        kubernetes_validate.validate(master, latest_version(), strict=True)
+
+
+def test_kustomization_lists_every_manifest_and_images_are_dockerfile_targets() -> None:
+    kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {f.name for f in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kust["resources"]) == files
+    assert all(d["metadata"].get("namespace", kust["namespace"]) == kust["namespace"] for _, d in _manifests()
+               if d["kind"] != "Namespace")
+    assert {i["name"] for i in kust["images"]} == OUR_IMAGES
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    stages = set(re.findall(r"^FROM \S+ AS (\w+)", dockerfile, re.M))
+    assert {"core", "vllm"} <= stages
+    for src in re.findall(r"^COPY (?!--from)(.+) \S+$", dockerfile, re.M):
+        for part in src.split():
+            assert (ROOT / part).exists(), f"Dockerfile copies {part}, which does not exist"
+    used = {c["image"] for _, _, c in _containers()}
+    assert OUR_IMAGES <= used
+
+
+def _check_argparse(parser: argparse.ArgumentParser, args: list[str], where: str) -> argparse.Namespace:
+    try:
+        return parser.parse_args(args)
+    except SystemExit:
+        pytest.fail(f"{where}: {parser.prog} rejects {shlex.join(args)} (see the error above)")
+
+
+def _check_our_cli(prog: str, args: list[str], where: str) -> None:
+    """Run ``prog``'s own parser on ``args``: the argparse parser its module builds, or the
+    master's gflags-style flag set."""
+    module_name, _, func = _scripts()[prog].partition(":")
+    mod = importlib.import_module(module_name)
+    if hasattr(mod, "build_parser"):
+        ns = _check_argparse(mod.build_parser(), args, where)
+        if hasattr(mod, "config_from_args"):  # the values too (ports, URLs, enums)
+            mod.config_from_args(ns)
+    elif hasattr(mod, "master_flagset"):
+        from mooncake_core.store.flags import FlagError
+
+        try:
+            mod.master_flagset().parse(args)
+        except FlagError as e:
+            pytest.fail(f"{where}: {prog} rejects {shlex.join(args)}: {e}")
+    else:
+        pytest.fail(f"{where}: no parser found for {prog} ({module_name}); teach this test where it is")
+
+
+def _connector_options() -> set[str]:
+    """The kv_connector_extra_config keys our connectors read (``_extra(vllm_config, "key", ...)``)."""
+    out: set[str] = set()
+    for f in ("p2p_connector.py", "store_connector.py"):
+        out |= set(re.findall(r"_extra\(\s*\w+,\s*\"(\w+)\"", (ROOT / "mooncake_connectors" / "vllm" / f).read_text()))
+    return out
+
+
+def test_commands_and_flags_match_our_clis() -> None:
+    from mooncake_connectors.vllm.plugin import CONNECTORS
+
+    scripts = _scripts()
+    seen: set[str] = set()
+    options = _connector_options()
+    assert "kv_lease_s" in options
+    for name, d, c in _containers():
+        where = f"{name}: {d['metadata']['name']}/{c['name']}"
+        if c["image"] not in OUR_IMAGES:
+            continue
+        env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+        cmd = [_expand(a, env) for a in c.get("command", []) + c.get("args", [])]
+        assert cmd, f"{where}: no command (the image's default is a help text)"
+        if cmd[0] in scripts:
+            _check_our_cli(cmd[0], cmd[1:], where)
+            seen.add(cmd[0])
+        elif cmd[:2] == ["vllm", "serve"]:
+            i = cmd.index("--kv-transfer-config")
+            cfg = json.loads(cmd[i + 1])
+            assert cfg["kv_connector"] in CONNECTORS, f"{where}: unknown connector {cfg['kv_connector']}"
+            assert cfg["kv_role"] in ("kv_producer", "kv_consumer", "kv_both"), where
+            unknown = set(cfg.get("kv_connector_extra_config", {})) - options
+            assert not unknown, f"{where}: our connectors read no option {sorted(unknown)}"
+            seen.add("vllm")
+        elif cmd[0] == "python":  # a script shipped in a ConfigMap of the same file
+            script = Path(cmd[1]).name
+            [body] = [cm["data"][script] for n, cm in _manifests() if n == name and cm["kind"] == "ConfigMap"]
+            tree = ast.parse(body)  # it compiles
+            imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+            for m in imported - {None}:
+                if m.split(".")[0].startswith("mooncake"):
+                    importlib.import_module(m)
+            seen.add("python")
+        else:
+            pytest.fail(f"{where}: starts {cmd[0]!r}, which this package does not install")
+    assert {"mooncake_master", "mooncake_proxy", "vllm", "python"} <= seen
+
+
+def test_env_probes_requests_and_auth() -> None:
+    for name, d, c in _containers():
+        where = f"{name}: {d['metadata']['name']}/{c['name']}"
+        assert c.get("resources", {}).get("requests"), f"{where}: no resource requests"
+        if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("etcd"):
+            continue
+        for e in c.get("env", []):
+            if e["name"].startswith(("MOONCAKE_", "MC_")):
+                assert e["name"] in envs.VARIABLES, f"{where}: {e['name']} is not a variable of mooncake_core.envs"
+            if e["name"] == "MOONCAKE_LOCAL_HOSTNAME":
+                assert e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP", where
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"]["path"] in ("/health", "/healthcheck"), f"{where}: {probe}"
+        mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+        assert "/etc/mooncake/auth" in mounts, f"{where}: the auth token Secret is not mounted"
+        token_from = {e["name"]: e.get("value") for e in c.get("env", [])}.get("MOONCAKE_AUTH_TOKEN_FILE")
+        args = " ".join(c.get("args", []))
+        assert token_from == "/etc/mooncake/auth/token" or "--auth_token_file=/etc/mooncake/auth/token" in args, where
+    annotated = {d["metadata"]["name"] for _, d, _ in _pod_specs()
+                 if d["spec"]["template"]["metadata"].get("annotations", {}).get("prometheus.io/scrape") == "true"}
+    assert {"mooncake-master", "mooncake-proxy", "mooncake-store-node"} <= annotated
+
+
+@pytest.mark.integration
+def test_store_node_script_mounts_serves_health_and_unmounts(tmp_path, python_exe: str) -> None:
+    """The DaemonSet's script, as the ConfigMap ships it, against a live master: it mounts its
+    segment, answers /health, and unmounts on SIGTERM (exit 0)."""
+    import os
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    from mooncake_core.store.master_client import MasterClient
+    from mooncake_core.utils.net import free_port, wait_for_port
+    from mooncake_core.utils.proc import stop_process
+    from tests.store.helpers import Master
+
+    [cm] = [d for n, d in _manifests() if n == "store-node.yaml" and d["kind"] == "ConfigMap"]
+    script = tmp_path / "store_node.py"
+    script.write_text(cm["data"]["store_node.py"])
+    master = Master(python_exe, str(tmp_path)).start()
+    health = free_port()
+    env = {**os.environ, "MOONCAKE_MASTER": master.addr, "MOONCAKE_TE_META_DATA_SERVER": master.meta,
+           "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1", "MOONCAKE_GLOBAL_SEGMENT_SIZE": "16MB",
+           "MOONCAKE_LOCAL_BUFFER_SIZE": "4MB", "STORE_NODE_HEALTH_PORT": str(health)}
+    proc = subprocess.Popen([python_exe, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port("127.0.0.1", health, 30, proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{health}/health", timeout=5) as r:
+            assert r.status == 200
+        with MasterClient(master.addr, timeout=2.0) as c:
+            assert c.ping().num_segments == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, proc.stdout.read().decode() if proc.stdout else ""
+        deadline = time.monotonic() + 5
+        with MasterClient(master.addr, timeout=2.0) as c:
+            while c.ping().num_segments != 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert c.ping().num_segments == 0
+    finally:
+        stop_process(proc)
+        master.stop()
