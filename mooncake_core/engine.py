@@ -49,7 +49,7 @@ from mooncake_core.transfer.publisher import DescriptorPublisher
 from mooncake_core.transfer.segment import LocalSegment
 from mooncake_core.transfer.tcp_server import TcpServer
 from mooncake_core.utils.log import get_logger
-from mooncake_core.utils.net import parse_host_port
+from mooncake_core.utils.net import loopback_warning, parse_host_port
 
 log = get_logger("mooncake.te")
 
@@ -192,6 +192,9 @@ class TransferEngine:
         self._initialized = True
         publish_local(seg.name, self)
         if self._meta is not None:
+            warning = loopback_warning(seg.name, conn, what="transfer engine")
+            if warning:  # said now, not as a transfer timeout on a remote peer later
+                log.warning(warning, extra={"segment": seg.name, "metadata": conn})
             self._publisher = DescriptorPublisher(self._meta, seg.name, seg.host, seg.port, seg.descriptor)
             self._publisher.start()
 

@@ -188,8 +188,9 @@ _VARS: list[EnvVar[Any]] = [
            "microseconds a master RPC polls for its reply before sleeping (0 = never)", _STORE),
     EnvVar("MOONCAKE_CONFIG_PATH", _str, "", "JSON store config used by `setup()` without arguments", _STORE),
     EnvVar("MOONCAKE_MASTER", _str, "", "master address for `setup()` without arguments", _STORE),
-    EnvVar("MOONCAKE_LOCAL_HOSTNAME", _str, "", "this host's name for the store / connectors", _STORE,
-           "`localhost` (store), `127.0.0.1` (connectors)"),
+    EnvVar("MOONCAKE_LOCAL_HOSTNAME", _str, "", "the address peers reach this host at (store / connectors); "
+           "a loopback one while the master or metadata service is remote is warned about at setup", _STORE,
+           "the source address of the route to the master (store), `127.0.0.1` (connectors)"),
     EnvVar("MOONCAKE_TE_META_DATA_SERVER", _str, "", "metadata server of the store's engine", _STORE,
            "P2PHANDSHAKE"),
     EnvVar("MOONCAKE_GLOBAL_SEGMENT_SIZE", _str, "", "bytes this client contributes (e.g. `4GB`)", _STORE,

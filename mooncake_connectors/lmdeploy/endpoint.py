@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
 from mooncake_connectors.lmdeploy.plan import RegionInfo
+from mooncake_core.utils.net import default_route_source
 
 _UNSPECIFIED = {"", "0.0.0.0", "::", "[::]", "*"}
 
@@ -97,18 +97,6 @@ def parse_endpoint(raw: str | dict[str, Any], *, peer: str) -> Endpoint:
     return Endpoint(session_id=sid, mr_info=regions)
 
 
-def _route_address() -> str | None:
-    """Source address of the default route (UDP connect sends no packet), or None without one."""
-    for family, target in ((socket.AF_INET, ("8.8.8.8", 80)), (socket.AF_INET6, ("2001:4860:4860::8888", 80))):
-        try:
-            with socket.socket(family, socket.SOCK_DGRAM) as s:
-                s.connect(target)
-                return str(s.getsockname()[0])
-        except OSError:
-            continue
-    return None
-
-
 def local_host(local_engine_id: str | None, env: dict[str, str] | None = None) -> tuple[str, str]:
     """(address peers should use to reach this process's engine, which rule chose it)."""
     env = os.environ if env is None else env
@@ -123,7 +111,7 @@ def local_host(local_engine_id: str | None, env: dict[str, str] | None = None) -
             h = None
         if h and h not in _UNSPECIFIED:
             return h, "local_engine_id"
-    routed = _route_address()
+    routed = default_route_source()
     if routed:
         return routed, "default route"
     return "127.0.0.1", "loopback fallback"

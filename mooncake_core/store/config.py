@@ -19,6 +19,7 @@ from typing import Any
 
 from mooncake_core import envs
 from mooncake_core.envs import FALSE_WORDS, TRUE_WORDS
+from mooncake_core.utils.net import endpoint_host, local_ip
 from mooncake_core.utils.sizes import parse_size
 
 __all__ = [
@@ -190,7 +191,9 @@ class StoreConfig:
                 "(call setup(...) with arguments, or export one of them)"
             )
         return cls(
-            local_hostname=var("MOONCAKE_LOCAL_HOSTNAME", "localhost"),
+            # unset: the address of the route toward the master (utils/net.py), not "localhost",
+            # which remote peers cannot reach
+            local_hostname=var("MOONCAKE_LOCAL_HOSTNAME", "") or local_ip(toward=endpoint_host(master)),
             metadata_server=var("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"),
             global_segment_size=var("MOONCAKE_GLOBAL_SEGMENT_SIZE", DEFAULT_GLOBAL_SEGMENT_SIZE),
             local_buffer_size=var("MOONCAKE_LOCAL_BUFFER_SIZE", DEFAULT_LOCAL_BUFFER_SIZE),

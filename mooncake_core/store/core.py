@@ -46,7 +46,8 @@ from mooncake_core.store.space_wait import start_put
 from mooncake_core.store.types import ReplicateConfig
 from mooncake_core.store.validate import has_port, host_of
 from mooncake_core.utils.log import get_logger
-from mooncake_core.utils.net import SEGMENT_PORT_RANGE, free_port_in_range
+from mooncake_core.utils.net import (SEGMENT_PORT_RANGE, endpoint_host, free_port_in_range, is_loopback,
+                                     loopback_warning)
 
 __all__ = ["StoreCore"]
 
@@ -181,6 +182,11 @@ class StoreCore:
         self._engine = engine
         self.segment_name = _engine_segment_name(engine, cfg.local_hostname)
         self.host = host_of(self.segment_name)
+        meta_host = endpoint_host(cfg.metadata_server)
+        if meta_host is None or is_loopback(meta_host):  # else the engine warned already (toward metadata)
+            warning = loopback_warning(self.segment_name, cfg.master_server_addr, what="store client")
+            if warning:
+                log.warning(warning, extra={"segment": self.segment_name, "master": cfg.master_server_addr})
         # 2. master connection
         self._master = MasterClient(cfg.master_server_addr, timeout=cfg.rpc_timeout)
         # first contact: no master there fails in milliseconds, not after the RPC deadline

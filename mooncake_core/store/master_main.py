@@ -24,7 +24,7 @@ from mooncake_core.store.master_state import MasterConfig, MasterState
 from mooncake_core.utils.gcfreeze import freeze_after_full_collections
 from mooncake_core.utils.log import get_logger, setup_logging
 from mooncake_core.store.ha import check_cluster_id
-from mooncake_core.utils.net import local_ip
+from mooncake_core.utils.net import endpoint_host, local_ip
 
 log = get_logger("mooncake.store.master")
 
@@ -120,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = MasterState(cfg)
     advertise = None
     if host in ("0.0.0.0", "::", ""):
-        advertise_host = local_ip()
+        # the route's source address toward etcd (HA: what clients read there), else the default route's
+        advertise_host = local_ip(toward=endpoint_host(v["etcd_endpoints"]) if v["enable_ha"] else None)
     else:
         advertise_host = host
     server = MasterServer(state, host or "0.0.0.0", port, registry=registry,

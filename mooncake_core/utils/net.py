@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import socket
 import subprocess
@@ -166,9 +167,129 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen |
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
 
 
-def local_ip() -> str:
-    """Best-effort non-loopback address of this host without sending traffic."""
+#: names that always mean this host's loopback (whatever /etc/hosts says)
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+#: public addresses used only to ask the kernel for the default route's source address (a UDP
+#: ``connect`` sends nothing)
+_DEFAULT_ROUTE_PROBES = ("8.8.8.8", "2001:4860:4860::8888")
+
+
+def _literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
-        return socket.gethostbyname(socket.gethostname())
+        return ipaddress.ip_address(host.strip().strip("[]").split("%", 1)[0])
+    except ValueError:
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address literal, without a port) means this host's
+    loopback: 127.0.0.0/8, ::1, ``localhost``, or a name that resolves only to loopback
+    (Debian maps the host's own name to 127.0.1.1). An unresolvable name is not loopback."""
+    h = host.strip().strip("[]")
+    if not h:
+        return False
+    if h.lower() in LOOPBACK_NAMES:
+        return True
+    addr = _literal(h)
+    if addr is not None:
+        return addr.is_loopback
+    try:
+        infos = socket.getaddrinfo(h, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    addrs = {_literal(str(i[4][0])) for i in infos}
+    return bool(addrs) and all(a is not None and a.is_loopback for a in addrs)
+
+
+def endpoint_host(spec: str | None) -> str | None:
+    """The host of a master or metadata address -- ``host:port``, ``etcd://h:p[;h2:p]``,
+    ``redis://[user:pw@]h:p[/db]``, ``http(s)://h:p/path`` -- or None for ``P2PHANDSHAKE`` and
+    empty values. The first endpoint of a list counts (they share a network)."""
+    if not isinstance(spec, str):
+        return None
+    s = spec.strip()
+    if not s or s.upper() == "P2PHANDSHAKE":
+        return None
+    if "://" in s:
+        s = s.split("://", 1)[1]
+    s = s.split(";", 1)[0].split(",", 1)[0].split("/", 1)[0]
+    s = s.rsplit("@", 1)[-1]
+    if not s:
+        return None
+    try:
+        host, _ = parse_host_port(s, 0)
+    except ValueError:
+        return None
+    return host or None
+
+
+def route_source(peer_host: str) -> str | None:
+    """The local address the kernel picks to reach ``peer_host`` (its route's source address):
+    a UDP socket ``connect`` -- which sends nothing -- then ``getsockname``. None when the host
+    does not resolve or no route leads there."""
+    h = peer_host.strip().strip("[]")
+    try:
+        infos = socket.getaddrinfo(h, 9, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError):
+        return None
+    for family, _, _, _, addr in infos:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect(addr)
+                return str(s.getsockname()[0])
+            except OSError:
+                continue
+    return None
+
+
+def default_route_source() -> str | None:
+    """Source address of the default route (IPv4, else IPv6), or None on a host without one."""
+    for probe in _DEFAULT_ROUTE_PROBES:
+        src = route_source(probe)
+        if src is not None:
+            return src
+    return None
+
+
+def local_ip(toward: str | None = None) -> str:
+    """The address this host should advertise to peers, without sending traffic.
+
+    The source address of the route toward ``toward`` (the master's or metadata service's
+    host) when given and routable, else of the default route, else the address the host's name
+    resolves to when that is not loopback, else 127.0.0.1. Why not ``gethostbyname(gethostname())``
+    first: Debian maps the host name to 127.0.1.1, and a container's name may resolve to a
+    bridge address its peers cannot reach; the route is what the kernel will use for real.
+    """
+    if toward:
+        src = route_source(toward)
+        if src is not None and not (is_loopback(src) and not is_loopback(toward)):
+            return src
+    src = default_route_source()
+    if src is not None:
+        return src
+    try:
+        named = socket.gethostbyname(socket.gethostname())
     except OSError:
-        return "127.0.0.1"
+        named = ""
+    return named if named and not is_loopback(named) else "127.0.0.1"
+
+
+def loopback_warning(advertised: str, peer: str | None, *, what: str) -> str | None:
+    """The warning to log when ``advertised`` (this process's address as peers will be told,
+    ``host`` or ``host:port``) is loopback while ``peer`` (the master/metadata address it is
+    published to) is not: every remote peer would then connect to itself and time out much
+    later. None when there is nothing to warn about."""
+    peer_host = endpoint_host(peer) if peer else None
+    if peer_host is None:
+        return None
+    try:
+        host, _ = parse_host_port(advertised, 0)
+    except ValueError:
+        return None
+    if not is_loopback(host) or is_loopback(peer_host):
+        return None
+    better = route_source(peer_host)
+    hint = f" (this host reaches {peer_host} from {better})" if better and not is_loopback(better) else ""
+    return (f"{what}: advertising loopback address {advertised!r} to {peer_host}, which is not on this host: "
+            f"remote peers cannot reach it. Set MOONCAKE_LOCAL_HOSTNAME (or local_hostname) to an address "
+            f"they can reach{hint}, or leave it unset to pick the route's address.")

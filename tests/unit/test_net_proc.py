@@ -133,3 +133,30 @@ def test_quiet_ctrl_c_is_one_line_and_130(capsys) -> None:
     assert main(0) == 0
     assert main(1) == 130
     assert capsys.readouterr().err == "\nmytool: interrupted\n"
+
+
+def test_endpoint_host_of_every_address_form() -> None:
+    from mooncake_core.utils.net import endpoint_host
+
+    assert endpoint_host("10.0.0.5:50051") == "10.0.0.5"
+    assert endpoint_host("etcd://e1:2379;e2:2379") == "e1"
+    assert endpoint_host("http://meta:8080/metadata") == "meta"
+    assert endpoint_host("redis://user:pw@r:6379/0") == "r"
+    assert endpoint_host("[fd00::1]:50051") == "fd00::1"
+    assert endpoint_host("P2PHANDSHAKE") is None and endpoint_host("") is None and endpoint_host(None) is None
+
+
+def test_loopback_detection_and_warning() -> None:
+    from mooncake_core.utils.net import is_loopback, local_ip, loopback_warning
+
+    assert is_loopback("localhost") and is_loopback("127.0.1.1") and is_loopback("::1") and is_loopback("[::1]")
+    assert not is_loopback("10.1.2.3") and not is_loopback("no-such-host.invalid") and not is_loopback("")
+    # loopback advertised to a remote peer: the warning names the variable to set and the peer
+    w = loopback_warning("127.0.1.1:15000", "etcd://10.9.8.7:2379", what="store client")
+    assert w is not None and "MOONCAKE_LOCAL_HOSTNAME" in w and "10.9.8.7" in w and "127.0.1.1:15000" in w
+    # nothing to say: a local peer, a routable address, no peer at all
+    assert loopback_warning("localhost:1", "127.0.0.1:50051", what="x") is None
+    assert loopback_warning("10.0.0.2:1", "10.9.8.7:50051", what="x") is None
+    assert loopback_warning("localhost:1", "P2PHANDSHAKE", what="x") is None
+    # toward a local master the route is loopback, and that is right
+    assert is_loopback(local_ip(toward="127.0.0.1"))
