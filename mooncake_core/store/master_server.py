@@ -242,7 +242,7 @@ class MasterServer:
     def _info(self) -> P.MasterInfo:
         st = self.state
         return P.MasterInfo(P.PROTOCOL_VERSION, self.address, self.is_leader, st.cfg.enable_offload,
-                            st.cfg.root_fs_dir, len(st.objects), len(st.segments), st.epoch)
+                            st.cfg.root_fs_dir, len(st.objects), len(st.segments), st.epoch, time.time())
 
     @property
     def address(self) -> str:

@@ -263,6 +263,9 @@ class MasterInfo(msgspec.Struct, array_like=True):
     num_keys: int
     num_segments: int
     epoch: int = 0
+    #: the master's wall clock (Unix seconds) when it answered: ``mooncake_doctor`` measures this
+    #: host's clock offset against it (0 from masters that predate the field)
+    wall_time: float = 0.0
 
 
 class KeyEventsReply(msgspec.Struct, array_like=True):
