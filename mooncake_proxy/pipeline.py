@@ -104,6 +104,10 @@ class PairPipeline:
         sample = cal.prefill_sent(p.instance_id, t_sent) if cal is not None else None
         t_answered: float | None = None  # perf_counter of the prefill's answer (sequential hand-off)
         timing = StreamTiming() if cal is not None else None
+        # a request counts against both instances until it ends: a drained prefill must outlive
+        # the decode's read of its KV, not just its own answer
+        p.active += 1
+        d.active += 1
         try:
             pheaders = headers
             if ho.needs_engine_id:
@@ -215,6 +219,8 @@ class PairPipeline:
                         cal.decode_streamed(d.instance_id, decision.est_tbt_s, f_dec * c_dec, gap, t_decode,
                                             busy_decode, now())
         finally:
+            p.active -= 1
+            d.active -= 1
             if ptask is not None:
                 if not ptask.done():
                     ptask.cancel()

@@ -45,12 +45,30 @@ class Instance:
     port: int
     bootstrap_port: int | None = None
     in_flight: int = 0
+    #: requests using this instance in either stage, until each ends (the drain waits for 0)
+    active: int = 0
+    #: ``POST /admin/instances/<id>/drain``: no new requests; since when (monotonic), 0 = not draining
+    draining_since: float = 0.0
     # Starts UNKNOWN: only an answered /health makes an instance schedulable (health_state.py).
     health: InstanceHealth = field(default_factory=InstanceHealth)
 
     @property
     def healthy(self) -> bool:
         return self.health.up
+
+    @property
+    def draining(self) -> bool:
+        return self.draining_since > 0
+
+    def start_drain(self, now: float) -> None:
+        if not self.draining:
+            self.draining_since = max(now, 1e-9)
+
+    def drain_status(self, now: float) -> dict:
+        """What the drain routes answer: safe to stop once draining and no request uses it."""
+        return {"id": self.instance_id, "draining": self.draining, "active": self.active,
+                "in_flight": self.in_flight, "safe_to_stop": self.draining and self.active == 0,
+                "draining_for_s": round(now - self.draining_since, 3) if self.draining else 0.0}
 
     @property
     def last_error(self) -> str:
@@ -64,7 +82,7 @@ class Instance:
         return {"id": self.instance_id, "role": self.role, "url": self.url,
                 "bootstrap_port": self.bootstrap_port, "healthy": self.healthy,
                 "state": self.health.state.value, "in_flight": self.in_flight,
-                "last_error": self.last_error}
+                "draining": self.draining, "last_error": self.last_error}
 
 
 class Registry:
@@ -104,4 +122,5 @@ class Registry:
         return [i for i in self._by_id.values() if role is None or i.role == role]
 
     def healthy(self, role: str) -> list[Instance]:
-        return [i for i in self._by_id.values() if i.role == role and i.healthy]
+        """Instances of ``role`` that may take new requests (up and not draining)."""
+        return [i for i in self._by_id.values() if i.role == role and i.healthy and not i.draining]

@@ -194,6 +194,19 @@ class ProxyServer:
         log.info("instance removed", extra={"instance": instance_id})
         return inst
 
+    def drain_instance(self, instance_id: str) -> Instance:
+        """Take ``instance_id`` out of scheduling for good (health probes do not bring it back);
+        requests already on it finish. KeyError names the known ids. ``Instance.drain_status``
+        says when it is safe to stop; ``remove_instance`` then forgets it."""
+        inst = self.registry.get(instance_id)
+        if inst is None:
+            raise KeyError(f"no instance {instance_id!r}; known: {sorted(i.instance_id for i in self.registry.all())}")
+        if not inst.draining:
+            inst.start_drain(time.monotonic())
+            self.cluster.set_healthy(instance_id, False)
+            log.info("instance draining", extra={"instance": instance_id, "active": inst.active})
+        return inst
+
     def _forget_bootstrap(self, inst: Instance) -> None:
         if inst.role == "prefill":
             self.bootstrap.forget(bootstrap_url(inst.addr))
@@ -206,7 +219,7 @@ class ProxyServer:
         was = inst.health.state
         if not inst.health.on_probe(ok, why, time.monotonic(), self.probe_policy, timed_out):
             return
-        self.cluster.set_healthy(inst.instance_id, ok)
+        self.cluster.set_healthy(inst.instance_id, ok and not inst.draining)
         self.metrics.healthy.labels(inst.instance_id, inst.role).set(1 if ok else 0)
         if ok:
             self._forget_bootstrap(inst)  # it may have restarted with new engine ids
@@ -230,7 +243,7 @@ class ProxyServer:
         ProxyDashboard(self.registry, self.cluster, self.metrics, self.refresh_load_gauges, self.cfg.policy,
                        self.cfg.handoff).register(app)
         AdminApi(self.registry, self.add_instance, self.remove_instance, self._probe_now,
-                 self.cfg.admin_key, self.prefix_view).register(app)
+                 self.cfg.admin_key, self.prefix_view, drain=self.drain_instance).register(app)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from mooncake_core import envs
+from tests.proxy.conftest import make_env  # noqa: F401  (fixture)
 
 try:
     import tomllib
@@ -248,3 +249,34 @@ def test_store_node_script_mounts_serves_health_and_unmounts(tmp_path, python_ex
     finally:
         stop_process(proc)
         master.stop()
+
+
+@pytest.mark.integration
+async def test_engine_pod_hooks_join_drain_and_leave_the_proxy(make_env, tmp_path, python_exe: str) -> None:  # noqa: F811
+    """The vLLM pods' postStart / preStop hooks, as the manifest ships them, against a live proxy:
+    preStop drains the pod's instance (waiting until safe) and deletes it; postStart registers it."""
+    import asyncio
+
+    [(_, sts)] = [(n, d) for n, d in _manifests() if d["kind"] == "StatefulSet" and n == "vllm-decode.yaml"]
+    [c] = sts["spec"]["template"]["spec"]["containers"]
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    hooks = {k: c["lifecycle"][k]["exec"]["command"][2].replace("/etc/mooncake/auth/token", str(token))
+             for k in ("postStart", "preStop")}
+    env = await make_env(n_decode=2, admin_key="s3cret")
+    iid = f"decode@{env.decode_urls[1]}"
+    hook_env = {"PROXY_INSTANCE": iid, "PROXY_ADMIN": env.url + "/admin/instances", "PATH": "/usr/bin:/bin"}
+
+    async def run(hook: str) -> str:
+        p = await asyncio.create_subprocess_exec(python_exe, "-c", hooks[hook], env=hook_env,
+                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(p.communicate(), 60)
+        assert p.returncode == 0, out.decode()
+        return out.decode()
+
+    out = await run("preStop")
+    assert json.loads(out)["safe_to_stop"] is True
+    assert env.server.registry.get(iid) is None
+    await run("postStart")
+    assert env.server.registry.get(iid) is not None
+    await run("postStart")  # already registered: said, not an error
