@@ -191,6 +191,10 @@ def _log_level(v: str) -> str | None:
     return None if v.lower() in ok else f"must be one of {sorted(ok)}"
 
 
+def _ha_backend_type(v: str) -> str | None:
+    return None if v.lower() in ("etcd", "redis") else "must be etcd or redis (k8s leases are not supported)"
+
+
 MASTER_FLAGS = [
     Flag("config_path", "str", "", "JSON file of master settings (keys = flag names; Mooncake's "
          "'client_live_ttl_sec' also accepted). Flags given on the command line win."),
@@ -256,13 +260,18 @@ MASTER_FLAGS = [
     Flag("http_metadata_server_persist_path", "str", "", "Optional file where the embedded HTTP "
          "metadata server persists its keys, so a restart does not lose segment descriptors."),
     Flag("enable_ha", "bool", False, "High availability: run as one of several masters; the leader is "
-         "elected through an etcd lease (needs --etcd_endpoints). Clients use "
-         "master_server_addr=etcd://h:p[;h2:p]."),
+         "elected through etcd (--etcd_endpoints) or Redis (--ha_backend_type=redis). Clients use "
+         "master_server_addr=etcd://h:p[;h2:p] or redis://h:p."),
     Flag("etcd_endpoints", "str", "", "etcd endpoints for HA, 'host:port;host2:port' (separated by ';')."),
     Flag("cluster_id", "str", "mooncake_cluster", "Name of this cluster (1-128 of [0-9A-Za-z_.-]). It "
-         "namespaces what clusters could share: the HA leader key in etcd (mooncake-store/<id>/master/leader; "
+         "namespaces what clusters could share: the HA leader key in etcd or Redis (mooncake-store/<id>/master/leader; "
          "clients name the cluster with env MC_STORE_CLUSTER_ID) and the SSD-tier files "
          "(<--root_fs_dir>/<id>/), as the original's.", _cluster_id),
+    Flag("ha_backend_type", "str", "etcd", "Where HA masters elect their leader: etcd or redis (the "
+         "original also accepts k8s, not supported here).", _ha_backend_type),
+    Flag("ha_backend_connstring", "str", "", "Connection string of the HA backend: redis://[[user]:password@]"
+         "host:port[/db] for redis (the password may also come from MC_REDIS_PASSWORD), etcd://host:port[;...] "
+         "for etcd (default: --etcd_endpoints)."),
     Flag("enable_offload", "bool", False, "SSD tier: evicted objects are written by their owner client to "
          "files under --root_fs_dir and read back (and promoted to memory) on a later get."),
     Flag("offload_on_evict", "bool", False, "Offload to the SSD tier when an object is evicted (the original's "
@@ -274,8 +283,6 @@ MASTER_FLAGS = [
     Flag("promotion_admission_threshold", "int", 1, "Reads of an SSD-only object before it is promoted. Only 1 "
          "(promote on the first read) is implemented; the original's second-touch gating (its default 2) is not.",
          lambda v: None if v == 1 else "only 1 is implemented (promote on the first read)"),
-    Flag("ha_backend_type", "str", "etcd", "HA coordination backend: only 'etcd' (the original also has redis).",
-         lambda v: None if v == "etcd" else "only 'etcd' is implemented"),
     Flag("root_fs_dir", "str", "", "Directory of the SSD tier, shared by the master and its clients "
          "(local or network file system). Required with --enable_offload."),
     Flag("quota_bytes", "size", 0, "Capacity of the SSD tier (bytes or '10 GB'); least recently used files "

@@ -10,8 +10,8 @@ timed out is closed, never reused (a late reply must not answer the next call); 
 carry the request id and stale ones are dropped. A dead or restarting master shows up as a
 refused connection or EOF: the stub reconnects and retries until the call's deadline.
 
-``master_addr``: ``"host:port"`` or ``"etcd://h:p[;h2:p]"`` (HA). In HA mode the leader's
-address is read from etcd; when a call cannot reach it (or a former leader refuses to
+``master_addr``: ``"host:port"``, or ``"etcd://h:p[;h2:p]"`` / ``"redis://h:p[/db]"`` (HA). In HA
+mode the leader's address is read from etcd or Redis; when a call cannot reach it (or a former leader refuses to
 serve), the stub re-reads etcd and retries on the new leader within the same deadline, so
 callers follow a failover transparently.
 """
@@ -97,18 +97,17 @@ class MasterClient:
 
     def __init__(self, master_addr: str, *, timeout: float = 5.0) -> None:
         if not isinstance(master_addr, str) or not master_addr.strip():
-            raise ValueError(f"master_addr: expected 'host:port' or 'etcd://h:p', got {master_addr!r}")
+            raise ValueError(f"master_addr: expected 'host:port', 'etcd://h:p' or 'redis://h:p', got {master_addr!r}")
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
         self.master_addr = master_addr.strip()
         self.timeout = float(timeout)
-        self._etcd: list[tuple[str, int]] | None = None
-        if self.master_addr.startswith("etcd://"):
-            from mooncake_core.store.ha import parse_etcd_endpoints
+        from mooncake_core.store.ha import leader_resolver
 
-            self._etcd = parse_etcd_endpoints(self.master_addr)
-            self._addr: str | None = None
-        else:
+        #: HA (etcd:// or redis://): reads the leader's address; None for a plain host:port
+        self._leader = leader_resolver(self.master_addr)
+        self._addr: str | None = None
+        if self._leader is None:
             host, port = parse_host_port(self.master_addr, what="master_server_addr")
             self._addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self._lock = threading.Lock()
@@ -128,15 +127,13 @@ class MasterClient:
         return self._addr
 
     def _resolve(self, deadline: float) -> str:
-        if self._etcd is None:
+        if self._leader is None:
             assert self._addr is not None
             return self._addr
-        from mooncake_core.store.ha import resolve_leader
-
-        last_err = "no leader registered in etcd"
+        last_err = "no leader registered"
         while True:
             try:
-                addr = resolve_leader(self._etcd, timeout=max(0.2, min(2.0, deadline - time.monotonic())))
+                addr = self._leader(max(0.2, min(2.0, deadline - time.monotonic())))
                 if addr:
                     with self._lock:
                         if addr != self._addr:
@@ -282,7 +279,7 @@ class MasterClient:
         try:
             c = self._borrow(addr, deadline)
         except (ConnectionRefusedError, socket.gaierror) as e:
-            if refused_is_final and self._etcd is None:
+            if refused_is_final and self._leader is None:
                 why = (refused_message(addr) if isinstance(e, ConnectionRefusedError) else
                        f"master {addr}: cannot resolve its host name ({e.strerror or e}): set "
                        f"master_server_address to a host:port this machine can resolve")
@@ -317,7 +314,7 @@ class MasterClient:
     def _result(self, addr: str, req: Any, code: int, payload: Any) -> tuple[bool, Any]:
         if code == 0:
             return True, P.result_decoders[type(req)].decode(payload)
-        if code == ErrorCode.RPC_FAIL and self._etcd is not None:
+        if code == ErrorCode.RPC_FAIL and self._leader is not None:
             # a former HA leader refusing to serve: find the current one
             log.info("master refused as non-leader", extra={"addr": addr})
             return False, None
@@ -368,9 +365,9 @@ class MasterClient:
                 tried.append(addr)
             if time.monotonic() >= deadline:
                 break
-            if self._etcd is None:
+            if self._leader is None:
                 continue  # master restarting / not up yet: keep trying until the deadline
-            # HA: the leader may have changed -- re-read etcd and retry within the deadline
+            # HA: the leader may have changed -- re-read it (etcd/Redis) and retry within the deadline
             with self._lock:
                 self._addr = None
                 self._drop_pool_locked()

@@ -1,7 +1,7 @@
 """``mooncake_master`` console script: flags -> state -> RPC server (+ metrics, HA, HTTP metadata).
 
 Exit codes: 0 clean shutdown (SIGTERM/SIGINT), 2 bad command line, 1 startup failure (port
-taken, etcd unreachable...), 3 lost HA leadership (restart it: it re-joins as a follower).
+taken, HA backend unreachable...), 3 lost HA leadership (restart it: it re-joins as a follower).
 """
 
 from __future__ import annotations
@@ -41,8 +41,13 @@ def config_from_flags(v: dict) -> MasterConfig:
                 raise FlagError(f"--{name}=false is not implemented: this master offloads at eviction and "
                                 "promotes on a read (the original's --offload_on_evict=true "
                                 "--promotion_on_hit=true)")
-    if v["enable_ha"] and not v["etcd_endpoints"]:
-        raise FlagError("--enable_ha needs --etcd_endpoints=host:port[;host2:port]")
+    if v["enable_ha"]:
+        from mooncake_core.store.ha import leader_backend
+
+        try:  # a wrong backend or connection string fails here, before anything binds
+            leader_backend(v["ha_backend_type"], v["ha_backend_connstring"], v["etcd_endpoints"])
+        except ValueError as e:
+            raise FlagError(str(e)) from None
     quota = v["quota_bytes"]
     if v["enable_offload"] and quota == 0:
         os.makedirs(v["root_fs_dir"], exist_ok=True)  # the cluster's subdirectory is made with its first file
@@ -121,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     advertise = None
     if host in ("0.0.0.0", "::", ""):
         # the route's source address toward etcd (HA: what clients read there), else the default route's
-        advertise_host = local_ip(toward=endpoint_host(v["etcd_endpoints"]) if v["enable_ha"] else None)
+        ha_conn = v["ha_backend_connstring"] or v["etcd_endpoints"]
+        advertise_host = local_ip(toward=endpoint_host(ha_conn) if v["enable_ha"] else None)
     else:
         advertise_host = host
     server = MasterServer(state, host or "0.0.0.0", port, registry=registry,
@@ -158,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            tls_key=v["http_metadata_server_tls_key"] or None).start()
             log.info("HTTP metadata server started", extra={"url": http_meta.url})
         if v["enable_ha"]:
-            from mooncake_core.store.ha import LeaderElection, parse_etcd_endpoints
+            from mooncake_core.store.ha import LeaderElection, leader_backend
 
             def _lost() -> None:
                 exit_code[0] = 3
@@ -168,16 +174,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with server.lock:
                     state.begin_leadership()
 
-            election = LeaderElection(parse_etcd_endpoints(v["etcd_endpoints"]), advertise,
-                                      cluster_id=check_cluster_id(v["cluster_id"]),
-                                      on_elected=_elected, on_lost=_lost)
+            backend = leader_backend(v["ha_backend_type"], v["ha_backend_connstring"], v["etcd_endpoints"],
+                                     check_cluster_id(v["cluster_id"]))
+            election = LeaderElection(backend, advertise, on_elected=_elected, on_lost=_lost)
             # serve at once: a follower answers ping (is_leader=False) and refuses the rest
             # with -900 "not the leader", so a client given its address fails fast and clearly
             server.leader_check = election.is_valid
             server.start()
             election.start()
             log.info("HA: campaigning for leadership", extra={"rpc_address": advertise,
-                                                             "etcd": v["etcd_endpoints"]})
+                                                             "backend": backend.describe()})
         else:
             server.start()
         freeze_after_full_collections()  # millions of records: keep full GCs short

@@ -1,5 +1,7 @@
-"""Integration: two HA masters against a real etcd; SIGKILL the leader, the other takes over
-and the MasterClient (given etcd://) follows; the state recovers from client re-reports."""
+"""Integration: two HA masters electing their leader on a real etcd or a real Redis
+(``--ha_backend_type``); SIGKILL the leader, the other takes over and the MasterClient (given
+etcd:// or redis://) follows; the state recovers from client re-reports. A paused leader steps
+down and never serves stale state."""
 
 from __future__ import annotations
 
@@ -9,20 +11,46 @@ import httpx
 import pytest
 
 from mooncake_core.errors import MooncakeError
-from mooncake_core.store.ha import LEADER_KEY, parse_etcd_endpoints, resolve_leader
+from mooncake_core.store.ha import LEADER_KEY, leader_resolver, parse_etcd_endpoints
 from mooncake_core.store.master_client import MasterClient
+from mooncake_core.utils.net import wait_for_port
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
 
 
-def _wait_leader(endpoints, expect: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if resolve_leader(endpoints) == expect:
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"{expect} did not become leader (key {LEADER_KEY}: {resolve_leader(endpoints)})")
+class Ha:
+    """One election backend: the masters' flags, the clients' address, the leader it names."""
+
+    def __init__(self, flags: tuple[str, ...], addr: str) -> None:
+        self.flags, self.addr = flags, addr
+        self._resolve = leader_resolver(addr)
+
+    def leader(self) -> str | None:
+        assert self._resolve is not None
+        return self._resolve(2.0)
+
+    def wait_leader(self, expect: str, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.leader() == expect:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{expect} did not become leader (key {LEADER_KEY}: {self.leader()})")
+
+    def wait_no_leader(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.leader() is not None and time.monotonic() < deadline:
+            time.sleep(0.2)  # a leader key left by an earlier test expires with its TTL
+
+
+@pytest.fixture(params=["etcd", "redis"])
+def ha(request) -> Ha:
+    if request.param == "etcd":
+        ep = request.getfixturevalue("etcd_endpoint")
+        return Ha(("--enable_ha", f"--etcd_endpoints={ep}"), f"etcd://{ep}")
+    ep = request.getfixturevalue("redis_endpoint")
+    return Ha(("--enable_ha", "--ha_backend_type=redis", f"--ha_backend_connstring=redis://{ep}"), f"redis://{ep}")
 
 
 def test_parse_etcd_endpoints() -> None:
@@ -32,17 +60,14 @@ def test_parse_etcd_endpoints() -> None:
         parse_etcd_endpoints("etcd://")
 
 
-def test_failover_after_sigkill(etcd_endpoint: str, start_master) -> None:
-    eps = parse_etcd_endpoints(etcd_endpoint)
-    deadline = time.monotonic() + 15
-    while resolve_leader(eps) is not None and time.monotonic() < deadline:
-        time.sleep(0.2)  # a leader key left by an earlier test expires with its lease
-    ha = ("--enable_ha", f"--etcd_endpoints={etcd_endpoint}")
-    a = start_master(*ha, wait=False)
-    _wait_leader(eps, a.addr)
-    b = start_master(*ha, wait=False)
+def test_failover_after_sigkill(ha: Ha, start_master) -> None:
+    ha.wait_no_leader()
+    a = start_master(*ha.flags, wait=False)
+    ha.wait_leader(a.addr)
+    b = start_master(*ha.flags, wait=False)
     time.sleep(1.0)
-    assert resolve_leader(eps) == a.addr, "the follower must not steal leadership"
+    assert ha.leader() == a.addr, "the follower must not steal leadership"
+    wait_for_port("127.0.0.1", b.metrics_port, 15)  # a loaded machine starts it slowly
     assert "mooncake_master_is_leader 0.0" in httpx.get(f"http://127.0.0.1:{b.metrics_port}/metrics", timeout=5).text
     with MasterClient(b.addr, timeout=3.0) as direct:  # a follower answers ping, refuses the rest fast
         assert direct.ping().is_leader is False
@@ -52,7 +77,7 @@ def test_failover_after_sigkill(etcd_endpoint: str, start_master) -> None:
         assert ei.value.code == -900 and "not the master leader" in ei.value.message
         assert time.monotonic() - t0 < 1.0
 
-    with MasterClient(f"etcd://{etcd_endpoint}", timeout=15.0) as c:
+    with MasterClient(ha.addr, timeout=15.0) as c:
         assert c.ping().rpc_address == a.addr
         c.mount_segment("cA", "segHA", 0x10000, 4 * MiB)
         reps = {}
@@ -64,7 +89,7 @@ def test_failover_after_sigkill(etcd_endpoint: str, start_master) -> None:
 
         a.kill()  # SIGKILL: no chance to hand over
         t0 = time.monotonic()
-        info = c.ping()  # the stub re-resolves through etcd and follows the failover
+        info = c.ping()  # the stub re-resolves through etcd/Redis and follows the failover
         took = time.monotonic() - t0
         assert info.rpc_address == b.addr and info.is_leader
         assert took < 10.0, f"failover took {took:.1f}s"
@@ -84,22 +109,18 @@ def test_failover_after_sigkill(etcd_endpoint: str, start_master) -> None:
     assert "mooncake_master_is_leader 1.0" in httpx.get(f"http://127.0.0.1:{b.metrics_port}/metrics", timeout=5).text
 
 
-def test_paused_leader_steps_down_and_never_serves_stale_state(etcd_endpoint: str, start_master) -> None:
+def test_paused_leader_steps_down_and_never_serves_stale_state(ha: Ha, start_master) -> None:
     import signal
 
-    eps = parse_etcd_endpoints(etcd_endpoint)
-    deadline = time.monotonic() + 15
-    while resolve_leader(eps) is not None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    ha = ("--enable_ha", f"--etcd_endpoints={etcd_endpoint}")
-    a = start_master(*ha, wait=False)
-    _wait_leader(eps, a.addr)
-    b = start_master(*ha, wait=False)
+    ha.wait_no_leader()
+    a = start_master(*ha.flags, wait=False)
+    ha.wait_leader(a.addr)
+    b = start_master(*ha.flags, wait=False)
     with MasterClient(a.addr, timeout=2.0) as direct:
         direct.mount_segment("cA", "segP", 0x10000, 4 * MiB)
         a.proc.send_signal(signal.SIGSTOP)  # a frozen leader (Mooncake issue #2253)
         try:
-            _wait_leader(eps, b.addr, timeout=15)
+            ha.wait_leader(b.addr, timeout=15)
         finally:
             a.proc.send_signal(signal.SIGCONT)
         # the resumed former leader refuses requests (or has exited) -- never answers from stale state
@@ -107,5 +128,5 @@ def test_paused_leader_steps_down_and_never_serves_stale_state(etcd_endpoint: st
             direct.put_start("cA", "k", 100)
         assert ei.value.code == -900
     assert a.proc.wait(10) == 3, "a leader that lost its lease exits with code 3"
-    with MasterClient(f"etcd://{etcd_endpoint}", timeout=10.0) as c:
+    with MasterClient(ha.addr, timeout=10.0) as c:
         assert c.ping().rpc_address == b.addr
