@@ -12,6 +12,7 @@ miss / error / foreign bytes), counts hangs, and measures recovery after each fa
 
     python3 -m bench.robustness.chaos --duration 60                  # ours, single master
     python3 -m bench.robustness.chaos --duration 60 --ha             # ours, HA pair on 3 etcd members
+    python3 -m bench.robustness.chaos --duration 60 --ha --ha-backend redis   # HA pair electing on Redis
     python3 -m bench.robustness.chaos --impl both --duration 600     # ours, then the original 0.3.13
     python3 -m bench.robustness.chaos --json out.json                # the full report as JSON too
 
@@ -67,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the first fault")
     g.add_argument("--ha", action="store_true", help="two masters with --enable_ha on an etcd cluster")
     g.add_argument("--etcd-members", type=int, default=3, help="etcd cluster size with --ha")
+    g.add_argument("--ha-backend", choices=["etcd", "redis"], default="etcd",
+                   help="with --ha: where the masters elect their leader (redis: one redis-server, which also "
+                        "holds the TE metadata; ours only)")
     g.add_argument("--clients", type=int, default=4, help="store client processes (each contributes a segment)")
     g.add_argument("--threads", type=int, default=2, help="load threads per client")
     g.add_argument("--seed", type=int, default=1, help="seed of the nemesis and the workload")
@@ -81,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--transport", choices=["tcp", "auto"], default="tcp",
                    help="tcp: MC_FORCE_TCP=1 for ours so every byte crosses the (faulty) network; "
                         "auto: let ours pick shared memory between local processes")
-    g.add_argument("--metadata", choices=["auto", "master", "etcd", "p2p"], default="auto",
-                   help="TE metadata: auto = the master's HTTP server (single master) or etcd (--ha)")
+    g.add_argument("--metadata", choices=["auto", "master", "etcd", "redis", "p2p"], default="auto",
+                   help="TE metadata: auto = the master's HTTP server (single master) or the HA backend (--ha)")
     g = p.add_argument_group("timeouts")
     g.add_argument("--lease-ttl-ms", type=int, default=1000, help="--default_kv_lease_ttl of the master(s)")
     g.add_argument("--client-ttl", type=int, default=5, help="--client_ttl of the master(s), seconds")
@@ -134,12 +138,13 @@ def _progress(cluster: Cluster, nem: Nemesis, t0: int, duration: float, every: f
 def run_one(impl: Impl, args: argparse.Namespace, workdir: str, caps: netlab.Capabilities | None) -> dict[str, Any]:
     requested = list(ALL_KINDS) if args.faults == "all" else (
         [] if args.faults == "none" else [k.strip() for k in args.faults.split(",") if k.strip()])
-    kinds, skipped = enabled_kinds(requested, args.ha, caps if caps and caps.netns else None)
+    kinds, skipped = enabled_kinds(requested, args.ha, caps if caps and caps.netns else None, args.ha_backend)
     if caps and not caps.netns:
         skipped.update({k: caps.reasons[k] for k in requested if k in netlab.NET_KINDS})
     for k, why in skipped.items():
         log.warning("fault kind skipped", extra={"kind": k, "why": why})
-    ccfg = ClusterConfig(clients=args.clients, threads=args.threads, ha=args.ha, etcd_members=args.etcd_members,
+    ccfg = ClusterConfig(clients=args.clients, threads=args.threads, ha=args.ha, ha_backend=args.ha_backend,
+                         etcd_members=args.etcd_members,
                          segment=args.segment, local_buffer=args.local_buffer, keys=args.keys,
                          min_value=args.min_value, max_value=args.max_value, mix=args.mix, rate=args.rate, seed=args.seed,
                          lease_ttl_ms=args.lease_ttl_ms, client_ttl_s=args.client_ttl,
@@ -150,7 +155,7 @@ def run_one(impl: Impl, args: argparse.Namespace, workdir: str, caps: netlab.Cap
                          net_s=args.net_fault)
     lab = netlab.NetLab(args.clients, caps) if caps and caps.netns else None
     print(f"== {impl.name}: {args.duration:.0f}s, {args.clients} clients x {args.threads} threads, "
-          f"{'HA (2 masters, %d etcd)' % args.etcd_members if args.ha else 'single master'}, "
+          f"{('HA (2 masters, %d etcd)' % args.etcd_members if args.ha_backend == 'etcd' else 'HA (2 masters, Redis)') if args.ha else 'single master'}, "
           f"net {'netns' if lab else 'loopback'}; faults: {', '.join(kinds) or 'none'} (logs in {workdir})",
           flush=True)
     t_setup = time.monotonic()

@@ -216,6 +216,9 @@ class ClusterConfig:
     clients: int = 4
     threads: int = 2
     ha: bool = False
+    #: where the HA masters elect their leader: "etcd" (etcd_members members) or "redis" (one
+    #: redis-server, which also holds the Transfer Engine metadata; ours only)
+    ha_backend: str = "etcd"
     etcd_members: int = 3
     segment: int = 16 << 20
     local_buffer: int = 16 << 20
@@ -249,6 +252,7 @@ class Cluster:
         os.makedirs(self.oplog_dir, exist_ok=True)
         os.makedirs(self.log_dir, exist_ok=True)
         self.lock = threading.RLock()
+        #: the coordination service's processes: etcd members, or the Redis server (--ha-backend redis)
         self.etcd: list[Slot] = []
         self.masters: list[Slot] = []
         self.clients: list[Slot] = []
@@ -259,6 +263,7 @@ class Cluster:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.etcd_endpoints: list[str] = []
+        self.redis_endpoint = ""
         self.master_ports: list[int] = []
         self.metrics_ports: list[int] = []
         #: ns at which a leading master of ours stopped serving for good (stepped down or
@@ -269,6 +274,8 @@ class Cluster:
     # ------------------------------------------------------------------ addresses
     @property
     def master_addr(self) -> str:
+        if self.cfg.ha and self.cfg.ha_backend == "redis":
+            return f"redis://{self.redis_endpoint}"
         if self.cfg.ha:
             return "etcd://" + ";".join(self.etcd_endpoints)
         return f"{self.host_ip}:{self.master_ports[0]}"
@@ -277,18 +284,22 @@ class Cluster:
     def metadata(self) -> str:
         m = self.cfg.metadata
         if m == "auto":
-            m = "etcd" if self.cfg.ha else "master"
+            m = (self.cfg.ha_backend if self.cfg.ha else "master")
+        if m == "redis":
+            if not (self.cfg.ha and self.cfg.ha_backend == "redis"):
+                raise ValueError("--metadata redis needs --ha --ha-backend redis (Redis runs only then)")
+            return f"redis://{self.redis_endpoint}"
         if m == "master":
             if self.cfg.ha:
                 raise ValueError("--metadata master needs a single master (use etcd or p2p with --ha)")
             return f"http://{self.host_ip}:{self._http_port}/metadata"
         if m == "etcd":
-            if not self.cfg.ha:
+            if not self.cfg.ha or self.cfg.ha_backend != "etcd":
                 raise ValueError("--metadata etcd needs --ha (etcd runs only then)")
             return "etcd://" + ";".join(self.etcd_endpoints)
         if m == "p2p":
             return "P2PHANDSHAKE"
-        raise ValueError(f"unknown metadata backend {m!r} (auto, master, etcd, p2p)")
+        raise ValueError(f"unknown metadata backend {m!r} (auto, master, etcd, redis, p2p)")
 
     # ------------------------------------------------------------------ start
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -300,7 +311,11 @@ class Cluster:
 
     def start(self, ready_timeout: float = 90.0) -> None:
         cfg = self.cfg
-        if cfg.ha:
+        if cfg.ha and cfg.ha_backend == "redis":
+            if self.impl.name != "ours":
+                raise ValueError("--ha-backend redis: the original's PyPI build elects on etcd only here")
+            self._start_redis()
+        elif cfg.ha:
             self._start_etcd()
         self._http_port = free_port(self.host_ip)
         n_masters = 2 if cfg.ha else 1
@@ -310,7 +325,9 @@ class Cluster:
             args = [f"--port={self.master_ports[i]}", f"--rpc_address={self.host_ip}",
                     f"--metrics_port={metrics[i]}", f"--default_kv_lease_ttl={cfg.lease_ttl_ms}",
                     f"--client_ttl={cfg.client_ttl_s}"]
-            if cfg.ha:
+            if cfg.ha and cfg.ha_backend == "redis":
+                args += ["--enable_ha", "--ha_backend_type=redis", f"--ha_backend_connstring={self.master_addr}"]
+            elif cfg.ha:
                 args += ["--enable_ha", f"--etcd_endpoints={';'.join(self.etcd_endpoints)}"]
             else:
                 args += ["--enable_http_metadata_server=true", f"--http_metadata_server_host={self.host_ip}",
@@ -372,6 +389,18 @@ class Cluster:
                 raise TimeoutError("the etcd cluster elected no leader within 30 s")
             time.sleep(0.2)
 
+    def _start_redis(self) -> None:
+        port = free_port(self.host_ip)
+        data = os.path.join(self.dir, "redis")
+        os.makedirs(data, exist_ok=True)
+        cmd = ["redis-server", "--port", str(port), "--bind", self.host_ip, "--save", "", "--appendonly", "no",
+               "--dir", data, "--protected-mode", "no"]
+        slot = Slot("redis0", "redis", 0, lambda inc, c=cmd: c, self._env(), self.log_dir)
+        self.etcd.append(slot)
+        slot.start()
+        self.redis_endpoint = f"{self.host_ip}:{port}"
+        wait_for_port(self.host_ip, port, 30, slot.proc)
+
     def _wait_leader(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while self.leader_master() is None:
@@ -407,8 +436,18 @@ class Cluster:
     def leader_master(self) -> Slot | None:
         if not self.cfg.ha:
             return self.masters[0] if self.masters and self.masters[0].alive() else None
-        key = OURS_LEADER_KEY if self.impl.name == "ours" else REF_VIEW_KEY
-        val = etcd_get(self.etcd_endpoints, key)
+        if self.cfg.ha_backend == "redis":
+            from mooncake_core.store.ha import leader_resolver
+
+            resolve = leader_resolver(self.master_addr)
+            assert resolve is not None
+            try:
+                val = resolve(1.0)
+            except ConnectionError:
+                val = None
+        else:
+            key = OURS_LEADER_KEY if self.impl.name == "ours" else REF_VIEW_KEY
+            val = etcd_get(self.etcd_endpoints, key)
         if not val:
             return None
         for m, port in zip(self.masters, self.master_ports):

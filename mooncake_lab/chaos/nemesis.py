@@ -31,7 +31,8 @@ PROCESS_KINDS = ("kill-client", "pause-client", "kill-master", "pause-master", "
 ALL_KINDS = PROCESS_KINDS + NET_KINDS
 
 
-def enabled_kinds(requested: list[str], ha: bool, caps: Capabilities | None) -> tuple[list[str], dict[str, str]]:
+def enabled_kinds(requested: list[str], ha: bool, caps: Capabilities | None,
+                  ha_backend: str = "etcd") -> tuple[list[str], dict[str, str]]:
     """(kinds to inject, {kind: why skipped}) -- pure."""
     on, off = [], {}
     for k in requested:
@@ -39,6 +40,8 @@ def enabled_kinds(requested: list[str], ha: bool, caps: Capabilities | None) -> 
             raise ValueError(f"unknown fault kind {k!r} (known: {', '.join(ALL_KINDS)})")
         if k == "pause-etcd-leader" and not ha:
             off[k] = "needs --ha (no etcd without it)"
+        elif k == "pause-etcd-leader" and ha_backend != "etcd":
+            off[k] = f"no etcd with --ha-backend {ha_backend}"
         elif k in NET_KINDS and (caps is None or k not in caps.allowed):
             off[k] = (caps.reasons.get(k) if caps else None) or "network namespaces not in use (--net none)"
         else:

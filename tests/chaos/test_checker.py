@@ -211,6 +211,8 @@ def test_enabled_kinds_say_why_a_kind_is_off() -> None:
     assert on == [] and "not in use" in off["isolate"]
     with pytest.raises(ValueError, match="unknown fault kind"):
         enabled_kinds(["reboot"], True, caps)
+    on, off = enabled_kinds(["kill-master", "pause-etcd-leader"], True, None, ha_backend="redis")
+    assert on == ["kill-master"] and "no etcd with --ha-backend redis" in off["pause-etcd-leader"]
 
 
 def test_stats() -> None:
