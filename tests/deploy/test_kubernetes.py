@@ -139,10 +139,11 @@ def _check_our_cli(prog: str, args: list[str], where: str) -> None:
 
 
 def _connector_options() -> set[str]:
-    """The kv_connector_extra_config keys our connectors read (``_extra(vllm_config, "key", ...)``)."""
+    """The kv_connector_extra_config keys our connectors read (``_extra(vllm_config, "key", ...)``
+    or ``extra("key", ...)`` in their settings modules)."""
     out: set[str] = set()
-    for f in ("p2p_connector.py", "store_connector.py"):
-        out |= set(re.findall(r"_extra\(\s*\w+,\s*\"(\w+)\"", (ROOT / "mooncake_connectors" / "vllm" / f).read_text()))
+    for f in (ROOT / "mooncake_connectors" / "vllm").glob("*.py"):
+        out |= set(re.findall(r"\b(?:_?extra|x|get_from_extra_config)\(\s*(?:\w+,\s*)?\"(\w+)\"", f.read_text()))
     return out
 
 
