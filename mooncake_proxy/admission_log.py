@@ -1,7 +1,7 @@
 """What the proxy logs (DEBUG ``admitted``) for each request it admits: the first token its TTFT
 check predicted and what that prediction was made of.
 
-Why a module of its own: the SLO bench (``bench/bench_live_scheduling.py --overload``) pairs each of
+Why a module of its own: the SLO bench (``bench/scheduling/bench_live_scheduling.py --overload``) pairs each of
 these lines with the request's ``first token`` line to find where the admitted requests that missed
 lost their time (queue, prefill, hand-off, margin); the fields are that contract, kept apart from
 the request path in server.py.

@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "'mooncake_store_prefix' hint in kv_transfer_params (default: no store tier)")
     g.add_argument("--store-view", choices=("events", "query"), default="events",
                    help="events: follow the master's key events (stale by ~20 ms, no per-request RPC); "
-                        "query: batch_is_exist per request with a 0.5 s cache (bench/bench_store_view.py)")
+                        "query: batch_is_exist per request with a 0.5 s cache (bench/scheduling/bench_store_view.py)")
     g.add_argument("--store-model-tag", default=None,
                    help="the engines' '<model>|<dtype>' as their store connector seeds its keys with "
                         "(vLLM model_config.model and dtype, e.g. 'Qwen/Qwen3-0.6B|torch.bfloat16'); "

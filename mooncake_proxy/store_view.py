@@ -8,7 +8,7 @@ whose block hashes *are* those digests (as ints), so one hash serves the per-ins
 index and the store lookup.
 
 Two ways to learn what the store holds, both kept because their costs differ (measured by
-``bench/bench_store_view.py``):
+``bench/scheduling/bench_store_view.py``):
 
 * :class:`StoreEventView` (default) follows the master's key events (``WatchKeysReq``: put,
   remove, evict, expire; a snapshot after a gap) from a background thread polling every

@@ -2,7 +2,7 @@
 
 Why a module of its own: after a master change every owner re-reports its objects, and a
 client expired for silence (paused, cut off) re-mounts and re-reports when it returns. Two
-things must then not come back through those reports (both found by bench/chaos.py):
+things must then not come back through those reports (both found by bench/robustness/chaos.py):
 
 * removal notices an expired client had not received yet -- kept (``Absences.expired``) and
   handed over when it returns (``back``), so its reports leave those objects out;

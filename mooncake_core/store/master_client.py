@@ -84,7 +84,7 @@ class _Conn:
         """Close after a failed or abandoned call with a reset: a plain close keeps
         retransmitting the unsent request, which could reach the master long after the
         caller gave up (a late heartbeat consumed the master's need_remount answer: found by
-        bench/chaos.py)."""
+        bench/robustness/chaos.py)."""
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
         except OSError:

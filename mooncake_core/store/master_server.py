@@ -4,7 +4,7 @@ One thread accepts TCP connections, reads length-prefixed frames (see ``protocol
 decodes them (msgspec, typed), calls the pure state under a lock, and writes the reply.
 The lock is only contended by the Prometheus scrape thread: each request takes microseconds,
 so a single request thread keeps the state free of races and still serves tens of thousands
-of requests per second (see bench/bench_master_rpc.py). Sockets are non-blocking: a slow or
+of requests per second (see bench/store/bench_master_rpc.py). Sockets are non-blocking: a slow or
 stuck client never blocks the loop (its replies are buffered, bounded).
 
 Malformed input (short frame, bad header, undecodable or mistyped body, unknown method,

@@ -164,7 +164,7 @@ class MasterState:
         The one reason to wait: bytes of a write into a range must not land after the range
         was given to another object. A write into another client's segment is a request to
         that owner; a writer that gave up (timeout) may leave it queued in a *stopped* owner's
-        socket, and the owner applies it when it resumes (found by bench/chaos.py). Two
+        socket, and the owner applies it when it resumes (found by bench/robustness/chaos.py). Two
         heartbeats from the owner after the writer let go show it ran a heartbeat interval
         since, its transfer server having taken what was queued. A write into the writer's own
         segment is a memcpy that has ended when the writer tells us (revoke, commit): those

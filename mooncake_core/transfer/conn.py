@@ -90,7 +90,7 @@ class Conn:
     def abort(self) -> None:
         """Close with a reset: bytes still queued for the peer are discarded. A plain close
         keeps retransmitting them, so a write given up on (timeout across a partition) could
-        land after the master handed its range to another put (found by bench/chaos.py)."""
+        land after the master handed its range to another put (found by bench/robustness/chaos.py)."""
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
         except OSError:
@@ -136,7 +136,7 @@ class ConnGroup:
     its deadline) cancels the group before it returns: threads still blocked in a send fail at
     once and reset their connections, and none starts another request. So when the caller
     hears "failed", no byte of it can still reach the peer -- the store then revokes the put,
-    and the master may hand the range to another writer at once (bench/chaos.py found late
+    and the master may hand the range to another writer at once (bench/robustness/chaos.py found late
     bytes of a timed-out write overwriting the next object after a partition healed)."""
 
     __slots__ = ("conns", "lock", "cancelled")

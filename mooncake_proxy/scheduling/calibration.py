@@ -2,7 +2,7 @@
 
 Why: a profile is measured once, on an idle instance (``fit_profile``, or the bench's start-up
 fit), but the engines then run next to each other and to other work. On the 2-core box of
-``bench/bench_live_scheduling.py`` a 0.3 s prefill took seconds under load: a scheduler whose
+``bench/scheduling/bench_live_scheduling.py`` a 0.3 s prefill took seconds under load: a scheduler whose
 TTFT estimates are 10x too low admits everything, so SLO-based early rejection never fires.
 The calibrator keeps one multiplicative factor per side (prefill, decode): an exponentially
 weighted mean of log(observed / predicted-by-the-profile), so one outlier moves it by at most

@@ -2,7 +2,7 @@
 
 Why: the client's TTFT in a P/D pair ends at the decode's first token, after the prefill *and*
 the hand-off (the decode's KV pull, its wait for a batch slot, its first step). On the 2-core box
-of ``bench/bench_live_scheduling.py`` the hand-off was most of the TTFT, and a latency-only
+of ``bench/scheduling/bench_live_scheduling.py`` the hand-off was most of the TTFT, and a latency-only
 estimate of it (a moving mean of past first-token delays) arrived too late: at 2x load the whole
 window was admitted before the first slow hand-off reported back. What the proxy *does* know at
 admission time, without waiting for anyone's answer, is how many requests are queued ahead at

@@ -1,6 +1,6 @@
 """A safety margin for the TTFT check, from the quantile of its own recent errors (pure, no clock).
 
-Why: with a binding SLO (1 s on ``bench/bench_live_scheduling.py``'s 2-core box) the TTFT
+Why: with a binding SLO (1 s on ``bench/scheduling/bench_live_scheduling.py``'s 2-core box) the TTFT
 prediction's error is as large as the SLO's margin, and it is not symmetric noise: it depends on
 the (prefill, decode) pair. There the decode shares a core with one of the two prefills, and
 vLLM CPU's engine spins for a second after each answer, so that prefill's hand-offs took 1-2 s

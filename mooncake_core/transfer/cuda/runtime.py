@@ -3,7 +3,7 @@
 Why ``cuda-python`` and not torch's runtime: torch exposes no copy between raw addresses or
 IPC handle of a raw pointer (only of its own storages), and wrapping every address in a tensor
 costs more than the copy of a 16 KiB block (measured on an H200: 22.5 us a copy through torch
-against 8.2 us here, ``bench/bench_gpu_copy_call.py``); ``cuda.bindings`` is NVIDIA's own binding of the
+against 8.2 us here, ``bench/gpu/bench_gpu_copy_call.py``); ``cuda.bindings`` is NVIDIA's own binding of the
 runtime, takes plain int pointers, and is one small wheel (``pip install cuda-python``).
 Every call's status is checked; a failure raises ``CudaError`` naming the call and CUDA's error.
 """
