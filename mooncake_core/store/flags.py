@@ -303,7 +303,7 @@ MASTER_DESCRIPTION = ("Mooncake Store master: keeps object -> replica locations,
 
 
 _WHY_SNAPSHOT = "no snapshots of the master's state: a new master rebuilds it from its clients' re-mounts"
-_WHY_OPLOG = "no operation log: HA here is leader election through etcd, the state rebuilt from the clients"
+_WHY_OPLOG = "no operation log: HA here is leader election through etcd or Redis, the state rebuilt from the clients"
 _WHY_NOF = "no NVMe-oF tier (memory and the --root_fs_dir SSD tier only)"
 _WHY_TASKS = "the copy/move task queue of the store service is not implemented in this master"
 _WHY_KV_EVENTS = ("the ZMQ KV-event publisher (RFC #1527) is not implemented; key events are always on here, "
@@ -325,7 +325,6 @@ MASTER_NOT_IMPLEMENTED: dict[str, str] = {
     "promotion_max_per_heartbeat": "promotions run on the read itself, not per heartbeat",
     "dynamic_replication_mode": "no heat-based dynamic replication",
     "dynamic_replication_heat_window_seconds": "no heat-based dynamic replication",
-    "ha_backend_connstring": "HA uses etcd only: give its endpoints with --etcd_endpoints",
     "global_file_segment_size": "no global file (NFS/3FS) segment; the SSD tier lives under --root_fs_dir",
     "memory_allocator": "one allocator (offset-based, first fit in a range tree)",
     "pod_name": "no Kubernetes pod identity in this master",

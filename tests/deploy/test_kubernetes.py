@@ -223,7 +223,7 @@ def test_store_node_script_mounts_serves_health_and_unmounts(tmp_path, python_ex
     from mooncake_core.store.master_client import MasterClient
     from mooncake_core.utils.net import free_port, wait_for_port
     from mooncake_core.utils.proc import stop_process
-    from tests.store.helpers import Master
+    from mooncake_lab.store_procs import Master
 
     [cm] = [d for n, d in _manifests() if n == "store-node.yaml" and d["kind"] == "ConfigMap"]
     script = tmp_path / "store_node.py"

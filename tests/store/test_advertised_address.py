@@ -10,16 +10,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from mooncake_core.utils.net import free_port, wait_for_port
 from mooncake_core.utils.proc import stop_process
 
-sys.path.append(os.path.join(os.path.dirname(__file__), "..", "..", "bench"))  # chaoslib
 
-from chaoslib import netlab  # noqa: E402
+from mooncake_lab.chaos import netlab
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from mooncake_core.utils.net import free_port
-from tests.store.helpers import Master, make_client
+from mooncake_lab.store_procs import Master, make_client
 
 pytestmark = pytest.mark.integration
 

@@ -158,5 +158,5 @@ def test_every_flag_of_the_original_master_is_implemented_or_refused_with_a_reas
         config_from_flags(parse("--enable_offload", "--offload_on_evict=false", "--root_fs_dir=/tmp/x"))
     with pytest.raises(FlagError, match="--promotion_admission_threshold.*only 1 is implemented"):
         parse("--promotion_admission_threshold=2")
-    with pytest.raises(FlagError, match="--ha_backend_type.*only 'etcd'"):
-        parse("--ha_backend_type=redis")
+    with pytest.raises(FlagError, match="--ha_backend_type.*must be etcd or redis"):
+        parse("--ha_backend_type=k8s")
