@@ -524,6 +524,11 @@ class TransferEngine:
         except Exception as e:
             return self._fail("probe", e, level="warning", peer=peer_server_name)
 
+    def transport_names(self) -> list[str]:
+        """Names of the transports this engine registered, highest priority first (e.g.
+        ``["local", "cma", "ucx", "tcp"]``): what ``mooncake_doctor`` reports."""
+        return [t.name for t in self._transports]
+
     def transport_for(self, segment_name: str) -> str:
         """Name of the transport chosen for a peer ("local", "cma", "tcp") -- for logs/tests/benches."""
         return self._ready()[0].get(segment_name).transport.name

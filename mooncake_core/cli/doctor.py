@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import resource
 import socket
@@ -227,12 +226,13 @@ def check_transports(engine: Any, protocol: str) -> Check:
         devs = sorted(os.listdir("/sys/class/infiniband"))
     except OSError:
         devs = []
-    names = json.loads(engine.get_local_topology())["transports"] if engine is not None else []
+    names = engine.transport_names() if engine is not None else []
     detail = f"{', '.join(names) or 'none'}; RDMA devices: {', '.join(devs) or 'none'}"
     data = {"transports": names, "rdma_devices": devs}
-    if protocol == "rdma" and "rdma" not in names:
+    if protocol == "rdma" and not {"ucx", "rdma"} & set(names):
         return Check(name, FAIL, detail + " -- rdma requested but no RDMA transport is registered",
-                     "use protocol tcp, or install an RDMA transport plugin (docs/plugins.md)", data)
+                     "install the UCX extra (pip install -e '.[ucx]', docs/transfer-engine.md) or use protocol tcp",
+                     data)
     return Check(name, OK, detail, data=data)
 
 

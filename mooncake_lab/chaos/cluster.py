@@ -21,6 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from mooncake_core.store.ha import LEADER_KEY
 from mooncake_core.utils.log import get_logger
 from mooncake_lab import repo_pythonpath
 from mooncake_core.utils.net import free_port, wait_for_port
@@ -28,7 +29,7 @@ from mooncake_core.utils.net import free_port, wait_for_port
 log = get_logger("mooncake.chaos.cluster")
 
 WORKER = ["-m", "mooncake_lab.chaos.worker"]  # needs the checkout on PYTHONPATH (Cluster._env)
-OURS_LEADER_KEY = "mooncake-store/master/leader"  # mooncake_core.store.ha.LEADER_KEY
+OURS_LEADER_KEY = LEADER_KEY  # the default cluster's key: the chaos masters run without --cluster_id
 REF_VIEW_KEY = "mooncake-store/mooncake_cluster/master_view"
 
 
