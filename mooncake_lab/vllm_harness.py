@@ -48,9 +48,10 @@ def vllm_python() -> str | None:
     return str(py) if ok.returncode == 0 else None
 
 
-def make_tiny_model(py: str, out_dir: Path) -> Path:
+def make_tiny_model(py: str, out_dir: Path, *args: str) -> Path:
+    """scripts/make_tiny_model.py into ``out_dir`` (``args``: its flags, e.g. ``--arch deepseek_v2``)."""
     if not (out_dir / "config.json").exists():
-        subprocess.run([py, str(REPO / "scripts" / "make_tiny_model.py"), str(out_dir)], check=True,
+        subprocess.run([py, str(REPO / "scripts" / "make_tiny_model.py"), *args, str(out_dir)], check=True,
                        capture_output=True, timeout=300)
     return out_dir
 
@@ -98,6 +99,8 @@ class VllmServer:
     #: confine the whole server (API server, engine core, worker) to core ``cpu``, not only the
     #: worker's OpenMP threads (benches: keeps one instance's idle-time spinning off the other's core)
     pin_all: bool = False
+    dtype: str = "float32"  # the MLA model runs bf16 (vLLM CPU's MLA path)
+    block_size: int = 32  # vLLM CPU's MLA kernel takes 16 only
     proc: subprocess.Popen | None = None
 
     @property
@@ -106,8 +109,8 @@ class VllmServer:
 
     def start(self) -> "VllmServer":
         cmd = [self.py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-               "--served-model-name", "tiny", "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
-               "--block-size", "32", "--kv-cache-memory-bytes", "134217728", "--host", "127.0.0.1",
+               "--served-model-name", "tiny", "--dtype", self.dtype, "--enforce-eager", "--max-model-len", "512",
+               "--block-size", str(self.block_size), "--kv-cache-memory-bytes", "134217728", "--host", "127.0.0.1",
                "--port", str(self.port), "--max-num-seqs", "16"]
         if self.kv_config is not None:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_config)]
