@@ -174,9 +174,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Mooncake Store master (host:port): the scheduler's store tier follows what the "
                         "store really holds, and prefills lacking a prefix the store holds get the "
                         "'mooncake_store_prefix' hint in kv_transfer_params (default: no store tier)")
-    g.add_argument("--store-view", choices=("events", "query"), default="events",
+    g.add_argument("--store-view", choices=("events", "query", "zmq"), default="events",
                    help="events: follow the master's key events (stale by ~20 ms, no per-request RPC); "
-                        "query: batch_is_exist per request with a 0.5 s cache (bench/scheduling/bench_store_view.py)")
+                        "query: batch_is_exist per request with a 0.5 s cache (bench/scheduling/bench_store_view.py); "
+                        "zmq: subscribe to the master's vLLM-format KV events (mooncake_master "
+                        "--enable_kv_events; needs --store-kv-events)")
+    g.add_argument("--store-kv-events", default=None,
+                   help="with --store-view zmq: the master's KV-event PUB endpoint (its "
+                        "--kv_events_bind_endpoint as reachable from here, e.g. tcp://master:5557)")
+    g.add_argument("--store-kv-events-replay", default="",
+                   help="with --store-view zmq: the master's --kv_events_replay_endpoint, asked for "
+                        "batches the proxy missed (default: none)")
     g.add_argument("--store-model-tag", default=None,
                    help="the engines' '<model>|<dtype>' as their store connector seeds its keys with "
                         "(vLLM model_config.model and dtype, e.g. 'Qwen/Qwen3-0.6B|torch.bfloat16'); "
@@ -338,6 +346,7 @@ def config_from_args(a: argparse.Namespace):
         kv_events_config=a.kv_events_config, admin_key=a.admin_key or auth.resolve_token(), seed=a.seed,
         max_request_bytes=a.max_request_bytes, tls_cert=a.tls_cert, tls_key=a.tls_key,
         store_master=a.store_master, store_view=a.store_view, store_model_tag=a.store_model_tag,
+        store_kv_events=a.store_kv_events, store_kv_events_replay=a.store_kv_events_replay,
         peer_prefix=a.peer_prefix, peer_prefix_timeout=a.peer_prefix_timeout)
 
 

@@ -65,6 +65,9 @@ class ProxyConfig:
     tls_key: str | None = None
     store_master: str | None = None
     store_view: str = "events"
+    #: --store-view zmq: the master's KV-event PUB (and replay) endpoints
+    store_kv_events: str | None = None
+    store_kv_events_replay: str = ""
     store_model_tag: str | None = None
     #: --peer-prefix: the Conductor may plan a prefix load from another prefill instance
     peer_prefix: bool = False

@@ -130,7 +130,9 @@ class ProxyServer:
                 raise ValueError("--store-master needs --store-model-tag (the engine's '<model>|<dtype>', "
                                  "e.g. 'Qwen/Qwen3-0.6B|torch.bfloat16') to compute the connector's block keys")
             hasher: Any = StoreBlockHasher(cfg.store_model_tag, cfg.block_size)
-            self.store_view = make_store_view(cfg.store_view, cfg.store_master)
+            zmq_kw = (dict(endpoint=cfg.store_kv_events or "", replay_endpoint=cfg.store_kv_events_replay)
+                      if cfg.store_view == "zmq" else {})
+            self.store_view = make_store_view(cfg.store_view, cfg.store_master, **zmq_kw)
             self.cluster.set_store_view(self.store_view)
         else:
             hasher = sched.BlockHasher(block_size=cfg.block_size)

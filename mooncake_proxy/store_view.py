@@ -7,8 +7,8 @@ chain from the prompt (engine tokenizer, engine block size) with :class:`StoreBl
 whose block hashes *are* those digests (as ints), so one hash serves the per-instance prefix
 index and the store lookup.
 
-Two ways to learn what the store holds, both kept because their costs differ (measured by
-``bench/scheduling/bench_store_view.py``):
+Three ways to learn what the store holds, kept because their costs differ (the first two measured
+by ``bench/scheduling/bench_store_view.py``):
 
 * :class:`StoreEventView` (default) follows the master's key events (``WatchKeysReq``: put,
   remove, evict, expire; a snapshot after a gap) from a background thread polling every
@@ -17,6 +17,9 @@ Two ways to learn what the store holds, both kept because their costs differ (me
 * :class:`StoreQueryView` asks ``batch_exist_key`` for a prompt's blocks and caches the answers
   for ``ttl_s``. Nothing runs in the background, but a cold lookup costs one master round trip
   on the request path, and the view can be ``ttl_s`` stale.
+* :class:`StoreZmqView` subscribes to the master's vLLM-format KV events over ZeroMQ
+  (``mooncake_master --enable_kv_events``, ``mooncake_core.store.kv_events_zmq``) -- the feed other
+  routers (llm-d, Dynamo) read -- and asks the replay socket for batches it missed.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from mooncake_core.utils.log import get_logger
 
 from .scheduling.hashing import BlockHasher
 
-__all__ = ["StoreBlockHasher", "StoreKeySet", "StoreEventView", "StoreQueryView", "StoreView",
+__all__ = ["StoreBlockHasher", "StoreKeySet", "StoreEventView", "StoreQueryView", "StoreZmqView", "StoreView",
            "make_store_view", "VIEW_KINDS"]
 
 log = get_logger("mooncake.proxy.store_view")
@@ -42,7 +45,7 @@ _KEY_BITS = 160
 _DROP = 256 - _KEY_BITS
 _KEY_START = len(KEY_PREFIX) + 1
 _PUT = KIND_CODES["put"]
-VIEW_KINDS = ("events", "query")
+VIEW_KINDS = ("events", "query", "zmq")
 
 
 def key_id(block_hash: int) -> int:
@@ -148,6 +151,25 @@ class StoreKeySet:
         self.epoch = reply.epoch
         return n
 
+    def apply_kv_events(self, events: Sequence[Any]) -> int:
+        """Fold one vLLM-format KV event batch of the master's publisher in (``kv_events_zmq``
+        types: a block hash is the 20-byte digest the key carries); returns the events applied."""
+        from mooncake_core.store.kv_events_zmq import AllBlocksCleared, BlockStored
+
+        keys = self.keys
+        for ev in events:
+            if isinstance(ev, AllBlocksCleared):
+                keys = self.keys = set()
+                self.resyncs += 1
+                continue
+            ids = [int.from_bytes(h, "big") for h in ev.block_hashes if isinstance(h, bytes) and len(h) == 20]
+            if isinstance(ev, BlockStored):
+                keys.update(ids)
+            else:
+                keys.difference_update(ids)
+        self.events += len(events)
+        return len(events)
+
     def prefix_len(self, block_hashes: Sequence[int]) -> int:
         keys = self.keys
         n = 0
@@ -161,7 +183,19 @@ class StoreKeySet:
         return len(self.keys)
 
 
-class StoreEventView:
+class _KeySetView:
+    """A view answering from the ``StoreKeySet`` its thread keeps (``self.state``)."""
+
+    state: StoreKeySet
+
+    def prefix_len(self, block_hashes: Sequence[int]) -> int:
+        return self.state.prefix_len(block_hashes)
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+
+class StoreEventView(_KeySetView):
     """Follows the master's key events from a daemon thread (see module docstring)."""
 
     def __init__(self, master_addr: str, *, poll_s: float = 0.02, timeout_s: float = 2.0,
@@ -226,11 +260,6 @@ class StoreEventView:
             self._thread.join(timeout=5)
         self.client.close()
 
-    def prefix_len(self, block_hashes: Sequence[int]) -> int:
-        return self.state.prefix_len(block_hashes)
-
-    def __len__(self) -> int:
-        return len(self.state)
 
 
 class StoreQueryView:
@@ -300,10 +329,114 @@ class StoreQueryView:
         return sum(1 for present, _ in self._cache.values() if present)
 
 
-def make_store_view(kind: str, master_addr: str, **kw: Any) -> StoreEventView | StoreQueryView:
-    """``kind``: "events" (default) or "query"; ``kw`` go to the view's constructor."""
+class StoreZmqView(_KeySetView):
+    """Follows the master's ZMQ KV events from a daemon thread, as an llm-d / Dynamo indexer does.
+
+    ``endpoint`` is the master's ``--kv_events_bind_endpoint`` (as reachable from here),
+    ``replay_endpoint`` its ``--kv_events_replay_endpoint`` ("" = none). A batch whose sequence
+    number is not the next one means batches were lost (ahead) or the master restarted (behind:
+    its numbers start over); the view then asks the replay socket for the missing ones before
+    applying the batch; a view joining late asks for everything from the master's first batch
+    (``AllBlocksCleared`` plus the keys it started with). So a view that got every batch of the
+    current publisher holds exactly what the store holds -- as long as the master's replay buffer
+    (``--kv_events_buffer_steps`` batches) still has them; a proxy started long after the master
+    should use ``--store-view events`` (which takes a snapshot)."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str = "", *, timeout_s: float = 2.0) -> None:
+        import zmq  # the kv-events extra
+
+        from mooncake_core.store.kv_events_zmq import KVEventBatch
+
+        if not endpoint:
+            raise ValueError("--store-view zmq needs --store-kv-events=tcp://MASTER:PORT (the master's "
+                             "--kv_events_bind_endpoint)")
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.timeout_s = timeout_s
+        self.state = StoreKeySet()
+        self.errors = 0
+        self.replays = 0
+        self._zmq = zmq
+        self._dec = __import__("msgspec").msgpack.Decoder(type=KVEventBatch)
+        self._ctx = zmq.Context()
+        self._expected: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "StoreZmqView":
+        self._thread = threading.Thread(target=self._run, name="mc-proxy-store-zmq", daemon=True)
+        self._thread.start()
+        return self
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        self.state.apply_kv_events(self._dec.decode(payload).events)
+        self._expected = seq + 1
+
+    def _replay(self, start: int, below: int) -> None:
+        """Apply the batches ``start <= seq < below`` from the replay socket (what it still has)."""
+        zmq = self._zmq
+        s = self._ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        try:
+            s.connect(self.replay_endpoint)
+            s.send_multipart((b"", start.to_bytes(8, "big")))
+            while s.poll(int(self.timeout_s * 1000)):
+                frames = s.recv_multipart()
+                seq = int.from_bytes(frames[2], "big", signed=True) if len(frames) == 4 else -1
+                if seq < 0:
+                    return
+                if seq < below:
+                    self._apply(seq, frames[3])
+            raise TimeoutError(f"no answer from the KV-event replay socket {self.replay_endpoint} "
+                               f"within {self.timeout_s:.1f} s")
+        finally:
+            s.close()
+
+    def _run(self) -> None:
+        zmq = self._zmq
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(self.endpoint)
+        try:
+            while not self._stop.is_set():
+                if not sub.poll(100):
+                    continue
+                frames = sub.recv_multipart()
+                try:
+                    if len(frames) != 3:
+                        raise ValueError(f"KV event message of {len(frames)} frames (want topic, seq, payload)")
+                    seq = int.from_bytes(frames[1], "big", signed=True)
+                    first = self._expected is None
+                    if seq != (0 if first else self._expected) and self.replay_endpoint:
+                        # joined late (from the master's first batch: its snapshot), lost batches, or
+                        # the master restarted (its numbers start over)
+                        self.replays += 1
+                        self._replay(0 if first or seq < (self._expected or 0) else self._expected or 0, seq)
+                    self._apply(seq, frames[2])
+                except Exception as e:  # noqa: BLE001 - the view must outlive one bad batch
+                    self.errors += 1
+                    if self.errors == 1 or self.errors % 100 == 0:
+                        log.warning("store KV events: a batch could not be applied",
+                                    extra={"endpoint": self.endpoint, "error": str(e), "errors": self.errors})
+        finally:
+            sub.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._ctx.term()
+
+
+
+def make_store_view(kind: str, master_addr: str, **kw: Any) -> StoreEventView | StoreQueryView | StoreZmqView:
+    """``kind``: "events" (default), "query" or "zmq" (``kw``: ``endpoint``, ``replay_endpoint``);
+    ``kw`` go to the view's constructor."""
     if kind == "events":
         return StoreEventView(master_addr, **kw)
     if kind == "query":
         return StoreQueryView(master_addr, **kw)
+    if kind == "zmq":
+        return StoreZmqView(**kw)
     raise ValueError(f"store view must be one of {VIEW_KINDS}, got {kind!r}")

@@ -287,6 +287,21 @@ MASTER_FLAGS = [
          "(local or network file system). Required with --enable_offload."),
     Flag("quota_bytes", "size", 0, "Capacity of the SSD tier (bytes or '10 GB'); least recently used files "
          "are deleted above it. 0 = 90% of the file system's size.", _non_negative),
+    Flag("enable_kv_events", "bool", False, "Publish the store's blocks as vLLM-format KV cache events "
+         "(BlockStored / BlockRemoved / AllBlocksCleared, medium STORAGE) on a ZMQ PUB socket, for indexers "
+         "such as llm-d's prefix-cache scorer or Dynamo's KV router (needs pyzmq: the kv-events extra)."),
+    Flag("kv_events_bind_endpoint", "str", "", "ZMQ PUB endpoint the KV events are published on, e.g. "
+         "tcp://0.0.0.0:5557; required with --enable_kv_events."),
+    Flag("kv_events_replay_endpoint", "str", "", "ZMQ ROUTER endpoint answering replay requests (a subscriber "
+         "that missed batches sends the first seq it wants as 8 bytes big-endian and gets the buffered "
+         "batches from there, then seq -1), as vLLM's publisher does. Empty = no replay."),
+    Flag("kv_events_buffer_steps", "int", 10_000, "Batches kept for replay.", _positive),
+    Flag("kv_events_backend_id", "str", "", "Cache-owner identity written into every event as backend_id "
+         "(ignored by vLLM's decoder; indexers that know it tell pools apart)."),
+    Flag("kv_events_block_size", "int", 0, "block_size written into BlockStored events (the engines' block "
+         "size; the master does not know it). 0 = unknown.", _non_negative),
+    Flag("kv_events_emit_object_key", "bool", True, "Also write each event's store key as object_key, and "
+         "publish keys that are not KV block keys (with no block hash) instead of skipping them."),
     Flag("rpc_busy_poll_us", "int", 100, "After answering requests, keep polling for the next one this many "
          "microseconds before sleeping. Back-to-back calls from one client thread (is_exist loops) then "
          "skip the scheduler wake-up (~10k -> several 10k calls/s on a VM); costs at most this much CPU "
@@ -306,8 +321,12 @@ _WHY_SNAPSHOT = "no snapshots of the master's state: a new master rebuilds it fr
 _WHY_OPLOG = "no operation log: HA here is leader election through etcd or Redis, the state rebuilt from the clients"
 _WHY_NOF = "no NVMe-oF tier (memory and the --root_fs_dir SSD tier only)"
 _WHY_TASKS = "the copy/move task queue of the store service is not implemented in this master"
-_WHY_KV_EVENTS = ("the ZMQ KV-event publisher (RFC #1527) is not implemented; key events are always on here, "
-                  "pulled over the master's RPC (watch_keys: mooncake_core/store/key_events.py)")
+_WHY_KV_EVENTS = ("not written into the events, as in the original (which keeps the flag only for old configs): "
+                  "register model, block size, hash namespace, LoRA and data-parallel rank with the indexer")
+_WHY_KV_EVENTS_COMPAT = ("events are always vLLM's wire format (the original's legacy-compatible one: type, "
+                         "block_hashes)")
+_WHY_KV_EVENTS_QUEUE = ("no queue: the publisher follows the master's key-event ring; falling behind it publishes "
+                        "AllBlocksCleared + the store's keys")
 _WHY_CXL = "no CXL memory segments"
 _WHY_TENANTS = "no multi-tenant quotas (tenant_id is accepted by clients but not enforced)"
 
@@ -345,11 +364,9 @@ MASTER_NOT_IMPLEMENTED: dict[str, str] = {
         "snapshot_catalog_backend_type", "snapshot_catalog_store_connstring", "snapshot_catalog_backend_connstring")},
     **{f: _WHY_TASKS for f in ("max_total_finished_tasks", "max_total_pending_tasks", "max_total_processing_tasks",
                                "pending_task_timeout_sec", "processing_task_timeout_sec", "max_retry_attempts")},
-    **{f: _WHY_KV_EVENTS for f in (
-        "enable_kv_events", "kv_events_bind_endpoint", "kv_events_model_name", "kv_events_backend_id",
-        "kv_events_tenant_id", "kv_events_additional_salt", "kv_events_lora_name", "kv_events_block_size",
-        "kv_events_dp_rank", "kv_events_emit_legacy_compat", "kv_events_emit_object_key",
-        "kv_events_queue_capacity")},
+    **{f: _WHY_KV_EVENTS for f in ("kv_events_model_name", "kv_events_tenant_id", "kv_events_additional_salt",
+                                   "kv_events_lora_name", "kv_events_dp_rank")},
+    "kv_events_emit_legacy_compat": _WHY_KV_EVENTS_COMPAT, "kv_events_queue_capacity": _WHY_KV_EVENTS_QUEUE,
 }
 
 

@@ -91,6 +91,28 @@ def loopback_advertise_warning(bind_host: str, advertised: str) -> str | None:
             f"to it, and each client host its own MOONCAKE_LOCAL_HOSTNAME)")
 
 
+def start_kv_events(v: dict, server: MasterServer, state: MasterState):
+    """The ZMQ KV-event publisher (kv_events_zmq.py), following the state's key events under the
+    server's lock."""
+    from mooncake_core.store.kv_events_zmq import EventFormat, KvEventPublisher, follow_reply
+
+    if not v["kv_events_bind_endpoint"]:
+        raise FlagError("--enable_kv_events needs --kv_events_bind_endpoint=tcp://HOST:PORT")
+
+    def watch(after: int | None, epoch: int):
+        with server.lock:
+            return follow_reply(state.key_events, state.objects, state.epoch, after, epoch)
+
+    try:
+        pub = KvEventPublisher(watch, v["kv_events_bind_endpoint"], replay_endpoint=v["kv_events_replay_endpoint"],
+                               fmt=EventFormat(v["kv_events_block_size"], v["kv_events_backend_id"],
+                                               v["kv_events_emit_object_key"]),
+                               buffer_steps=v["kv_events_buffer_steps"])
+    except ImportError as e:
+        raise FlagError(f"--enable_kv_events needs pyzmq (pip install 'mooncake-core[kv-events]'): {e}") from e
+    return pub.start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     fs = master_flagset()
     try:
@@ -135,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           limits=RequestLimits(v["max_batch_keys"], v["max_value_size"]))
     http_meta = None
     election = None
+    kv_events = None
     try:
         server.bind()  # bind early (also in HA) so a taken port fails fast, with a clear message
         advertise = (f"[{advertise_host}]:{server.port}" if ":" in advertise_host
@@ -163,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            tls_cert=v["http_metadata_server_tls_cert"] or None,
                                            tls_key=v["http_metadata_server_tls_key"] or None).start()
             log.info("HTTP metadata server started", extra={"url": http_meta.url})
+        if v["enable_kv_events"]:  # before serving: its first batch is the store as it starts
+            kv_events = start_kv_events(v, server, state)
         if v["enable_ha"]:
             from mooncake_core.store.ha import LeaderElection, leader_backend
 
@@ -191,9 +216,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rpc_address": advertise, "port": server.port, "ha": v["enable_ha"],
             "offload": cfg.enable_offload, "lease_ttl_ms": cfg.default_kv_lease_ttl_ms,
             "client_ttl_s": cfg.client_ttl_s})
+    except FlagError as e:
+        sys.stderr.write(f"mooncake_master: error: {e}\n")
+        server.stop()
+        if http_meta is not None:
+            http_meta.stop()
+        return 2
     except (OSError, ValueError, ImportError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else e  # without "[Errno 98]"
         sys.stderr.write(f"mooncake_master: error: {why}\n")
+        if kv_events is not None:
+            kv_events.close()
         server.stop()
         if http_meta is not None:
             http_meta.stop()
@@ -202,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     if election is not None:
         election.stop()
+    if kv_events is not None:
+        kv_events.close()
     server.stop()
     if http_meta is not None:
         http_meta.stop()

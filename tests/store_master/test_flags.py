@@ -148,8 +148,9 @@ def test_every_flag_of_the_original_master_is_implemented_or_refused_with_a_reas
     assert not set(MASTER_NOT_IMPLEMENTED) & set(fs.flags)
     with pytest.raises(FlagError, match=r"--enable_snapshot is a flag of the original mooncake_master .*no snapshots"):
         parse("--enable_snapshot=true")
-    with pytest.raises(FlagError, match="--kv-events-bind-endpoint is a flag of the original.*ZMQ"):
-        parse("--kv-events-bind-endpoint", "tcp://0.0.0.0:5557")
+    with pytest.raises(FlagError, match="--kv-events-queue-capacity is a flag of the original.*no queue"):
+        parse("--kv-events-queue-capacity", "10")
+    assert parse("--kv-events-bind-endpoint", "tcp://0.0.0.0:5557")["kv_events_bind_endpoint"] == "tcp://0.0.0.0:5557"
     # the SSD-tier flags the original's CI passes: this master's mode, so accepted
     v = parse("--enable_offload=true", "--offload_on_evict=true", "--promotion_on_hit=true",
               "--promotion_admission_threshold=1", "--root_fs_dir=/tmp/x")
