@@ -50,6 +50,19 @@ def test_event_mapping_of_block_and_other_keys():
     assert isinstance(first[0], AllBlocksCleared) and first[1].block_hashes == [block_hash_of(KEYS[2])]
 
 
+def test_store_key_set_applies_the_feed_as_the_proxy_keys_blocks():
+    from mooncake_proxy.store_view import StoreBlockHasher, StoreKeySet, store_key
+
+    a = StoreBlockHasher("tiny|torch.float32", 16).hash_tokens(list(range(16 * 3)))
+    fmt, ks = EventFormat(), StoreKeySet()
+    ks.apply_kv_events(fmt.events([("put", store_key(h)) for h in a] + [("put", "user/x")]))
+    assert ks.prefix_len(a) == 3 and len(ks) == 3  # non-block keys carry no hash: not held
+    ks.apply_kv_events(fmt.events([("evict", store_key(a[1]))]))
+    assert ks.prefix_len(a) == 1
+    ks.apply_kv_events(fmt.resync([store_key(a[2])]))  # cleared, then only what the store holds
+    assert ks.prefix_len(a) == 0 and len(ks) == 1 and ks.resyncs == 1
+
+
 def test_replay_buffer_keeps_the_newest_batches():
     buf = ReplayBuffer(3)
     for s in range(5):
