@@ -119,7 +119,7 @@ BAD = {  # case -> (extra_config, the text the log must show, per backend)
                        {"native": "extra_config['global_segment_size']", "builtin": "global_segment_size:"}),
     "unreachable master": ({"metadata_server": "P2PHANDSHAKE", "mooncake_rpc_timeout": "1"},
                            {"native": "extra_config['master_server_address']",
-                            "builtin": "check master_server_address="}),
+                            "builtin": "set master_server_address"}),
 }
 
 

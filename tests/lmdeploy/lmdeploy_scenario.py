@@ -304,7 +304,10 @@ def scenario_failures(cl: Cluster) -> dict[str, Any]:
 
 def scenario_mixed(cl: Cluster) -> dict[str, Any]:
     facts: dict[str, Any] = {"route": route_address()}
-    theirs = {"MOONCAKE_LMDEPLOY_BACKEND": "lmdeploy", "PATH": f"{FAKE_IBV}:{os.environ.get('PATH', '')}"}
+    # LMDeploy's backend hard-codes protocol "rdma" with a NIC from ibv_devices (the stand-in's mlx5_0); on
+    # this host without RDMA our engine refuses that NIC unless MC_FORCE_TCP=1 says "rdma over tcp", as the original
+    theirs = {"MOONCAKE_LMDEPLOY_BACKEND": "lmdeploy", "PATH": f"{FAKE_IBV}:{os.environ.get('PATH', '')}",
+              "MC_FORCE_TCP": "1"}
     cl.start_proxy()
     pl = cl.start_node("pl", "Prefill", seed=41, **theirs)
     dl = cl.start_node("dl", "Decode", seed=42, **theirs)

@@ -66,8 +66,10 @@ REGISTER = textwrap.dedent("""
     first, second = register(), register()
     import mooncake
     finders = sum(type(f).__module__ == "mooncake_core.compat" for f in sys.meta_path)
+    origin = getattr(mooncake, "__file__", None) or ""
+    # the alias reports its real file (mooncake_core/compat.py), so tools that read __file__ work
     print(json.dumps({"first": first, "second": second, "finders": finders,
-                      "origin": getattr(mooncake, "__file__", None) or "alias"}))
+                      "origin": "alias" if origin.endswith("mooncake_core/compat.py") else origin}))
 """)
 
 

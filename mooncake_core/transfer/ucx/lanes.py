@@ -131,11 +131,11 @@ def net_devices(device_name: str, rdma_ports: Mapping[str, Sequence[int]], netde
         else:
             unknown.append(n)
     if unknown:
-        have = sorted(rdma_ports) + sorted(nets)
         raise ValueError(f"device_name {device_name!r}: unknown device(s) {', '.join(unknown)} (RDMA devices here: "
                          f"{', '.join(sorted(rdma_ports)) or 'none'}; network interfaces: "
                          f"{', '.join(sorted(nets)) or 'none'}); name devices as UCX_NET_DEVICES does "
-                         f"(mlx5_0, mlx5_0:1, eth0)" + ("" if have else ""))
+                         f"(mlx5_0, mlx5_0:1, eth0)"
+                         + ("" if rdma_ports else "; on a host without RDMA use protocol 'tcp' or set MC_FORCE_TCP=1"))
     return ",".join(dict.fromkeys(out))
 
 

@@ -287,6 +287,10 @@ class UcxTransport(Transport):
         self._topo: topology.Topology = {}
         if ctx is None or ctx.protocol != "rdma":
             return
+        if envs.MC_FORCE_TCP:  # as the original: MC_FORCE_TCP=1 serves protocol "rdma" over tcp, NICs unused
+            log.warning("protocol 'rdma' asked with MC_FORCE_TCP=1: using tcp, device_name not used",
+                        extra={"device_name": ctx.device_name})
+            return
         try:
             self.library = load()
         except UcxNotFound as e:
