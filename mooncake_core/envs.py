@@ -122,7 +122,8 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MC_TRANSFER_TIMEOUT", _timeout, 30.0,
            "seconds any transfer may take before it fails (plus 1 s per GiB moved)", _TE),
     EnvVar("MC_FORCE_TCP", _flag, False,
-           "never use the same-host (cma) or in-process transports; protocol \"rdma\" runs over tcp (NICs unused)", _TE),
+           "never use the same-host (cma) or in-process transports; protocol \"rdma\" runs over tcp "
+           "(NICs unused)", _TE),
     EnvVar("MC_TCP_BIND_ADDRESS", _str, "", "where the engine's rpc/data port listens", _TE,
            "the host of `local_hostname`"),
     EnvVar("MC_TCP_CONNECTIONS", _int(1), 2, "tcp connections per peer a batch is spread over", _TE),
