@@ -1,10 +1,10 @@
 """What the store client's API families need from its core, as Protocols.
 
 The public ``MooncakeDistributedStore`` (client.py) is a façade over ``StoreCore`` (core.py:
-state, lifecycle, the whole-object data path) and one delegate per API family (objects,
-tensors, TP/parallelism, ranges). The delegates are typed against ``StoreInternals`` below,
-not against the core class, so no delegate imports the core or the façade (no import cycle)
-and each family says exactly what it uses.
+lifecycle, the in-flight gate, the error boundary, in front of its write and read paths) and
+one delegate per API family (objects, tensors, TP/parallelism, ranges). The delegates are
+typed against ``StoreInternals`` below, not against the core class, so no delegate imports
+the core or the façade (no import cycle) and each family says exactly what it uses.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
+
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.store.offload import OffloadFiles
 from mooncake_core.store.owned import OwnedIndex
-from mooncake_core.store.protocol import GetReply, ReplicaDesc
+from mooncake_core.store.protocol import BatchGetReply, GetReply, ReplicaDesc
 from mooncake_core.store.segment import StoreSegment
 from mooncake_core.store.types import ReplicateConfig
 
@@ -48,12 +50,21 @@ class StoreInternals(Protocol):
     lock: threading.RLock
     ready: bool
     client_id: str
-    segment_name: str
-    segment: StoreSegment | None
     registered: dict[int, int]
     owned: OwnedIndex
-    offload: OffloadFiles | None
     local_buffer_size: int
+
+    @property
+    def segment_name(self) -> str:
+        """The name peers and the master know our segment by."""
+
+    @property
+    def segment(self) -> StoreSegment | None:
+        """The memory we contribute (None without one)."""
+
+    @property
+    def offload(self) -> OffloadFiles | None:
+        """The SSD tier's files, when there is a tier dir."""
 
     @property
     def master(self) -> MasterClient:
@@ -86,6 +97,9 @@ class StoreInternals(Protocol):
                  op: str, flat: tuple[list[int], list[int], list[Any] | None] | None = None) -> list[int]: ...
 
     def read_batch(self, keys: list[str], dests: list[Any], op: str) -> list[int]: ...
+
+    def read_ranges(self, keys: list[str], reply: BatchGetReply, t_req: float, kix: np.ndarray, addr: np.ndarray,
+                    off: np.ndarray, size: np.ndarray, op: str) -> np.ndarray | None: ...
 
     def forget(self, keys: Iterable[str]) -> None: ...
 

@@ -34,7 +34,6 @@ from mooncake_core.store.internals import StoreInternals
 from mooncake_core.store.memory import memmove
 from mooncake_core.store.packing import expand_gets
 from mooncake_core.store.protocol import GetReply, ReplicaDesc
-from mooncake_core.store.range_batch import read_ranges
 from mooncake_core.store.range_plan import (
     Coverage,
     Fragment,
@@ -347,7 +346,7 @@ class RangeApi:
     def _read_all(self, frags: list[Fragment], op: str, tally: Callable[[Fragment, int], None],
                   use_sessions: bool) -> None:
         """Read every fragment. Without a cached session lease among them: as arrays under one
-        packed batch get (``range_batch``); else (or for replies of another shape, e.g. disk
+        packed batch get (``ReadPath.read_ranges``); else (or for replies of another shape, e.g. disk
         replicas) fragment by fragment under per-key leases."""
         keys = [f.key for f in frags]
         if use_sessions and self._any_session(keys):
@@ -360,7 +359,7 @@ class RangeApi:
         kix = np.fromiter(map(ix.__getitem__, keys), np.int64, len(keys))
         addr, off, size = (np.fromiter((getattr(f, a) for f in frags), np.int64, len(frags))
                            for a in ("addr", "obj_off", "size"))
-        rcs = read_ranges(self.core, uniq, reply, t_req, kix, addr, off, size, op)
+        rcs = self.core.read_ranges(uniq, reply, t_req, kix, addr, off, size, op)
         if rcs is None:
             self._read_fragments(frags, self._leases_from(uniq, expand_gets(reply, len(uniq)), t_req), op, tally)
             return

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from mooncake_core.store import single_put
+from mooncake_core.store import reservations
 from mooncake_core.store.master_batch import batch_reservation_key
 from mooncake_core.store.master_client import MasterClient
 
@@ -34,13 +34,13 @@ def test_batches_through_reservations_read_back_everywhere(cluster) -> None:
             assert client.put_batch(list(batch), list(batch.values())) == 0
             vals.update(batch)
             if b == 0:
-                assert client._core.batch.current is not None, "the first batch asks for a reservation"
+                assert client._core.writes.batch.current is not None, "the first batch asks for a reservation"
         for k, v in vals.items():
             assert w.cmd(op="get", key=k) == want(v), k
         got = client.get_batch(list(vals))
         assert [sha(g) for g in got] == [sha(v) for v in vals.values()]
     # per-key codes through a reservation: an existing key is success and keeps its old value
-    resv = d._core.batch.current
+    resv = d._core.writes.batch.current
     assert resv is not None
     old_key = next(k for k in vals if k.startswith(f"{id(d)}-5-"))
     keys = [f"{id(d)}-again-{i}" for i in range(20)]
@@ -49,7 +49,7 @@ def test_batches_through_reservations_read_back_everywhere(cluster) -> None:
     rcs = d.batch_put_from(keys, [ctypes.cast(ctypes.c_char_p(v), ctypes.c_void_p).value for v in news],
                            [len(v) for v in news])
     assert rcs == [0] * 20
-    assert d._core.batch.current is not resv, "the batch went through the reservation and got the next one"
+    assert d._core.writes.batch.current is not resv, "the batch went through the reservation and got the next one"
     with MasterClient(m.addr) as mc:
         assert mc.get_replica_list(keys[0]).replicas[0].addr == int(resv.addrs[0])
     assert w.cmd(op="get", key=old_key) == want(vals[old_key]), "the old value stays"
@@ -66,13 +66,13 @@ def test_a_batch_reservation_the_master_forgot_falls_back_to_put_start(master_fa
     reservation is refused (-704) and the batch takes batch_put_start, so it still lands and
     reads back. The age limit is lifted so the stale reservation is really tried; the batch
     waits out the new master's recovery hold first (see test_single_put_reservation)."""
-    monkeypatch.setattr(single_put, "RESERVATION_MAX_AGE_S", 120.0)
+    monkeypatch.setattr(reservations, "RESERVATION_MAX_AGE_S", 120.0)
     m = master_factory(client_ttl=30, recovery_hold_ms=500)
     w = worker_factory(m, 16 * MiB)
     c = client_factory(m)
     first = [payload(i, 2048) for i in range(8)]
     assert c.put_batch([f"a{i}" for i in range(8)], first) == 0
-    assert c._core.batch.current is not None
+    assert c._core.writes.batch.current is not None
     restart_master(m)  # the worker re-mounts its segment; then past the recovery hold
     caplog.set_level(logging.DEBUG, logger="mooncake.store.client")
     second = [payload(100 + i, 2048) for i in range(8)]

@@ -33,12 +33,12 @@ def test_puts_fall_back_to_put_end_against_an_older_master(older, segment: int) 
         vals = {f"single-{segment}-{i}": payload(i, 1000 + i) for i in range(3)}
         for k, v in vals.items():
             assert c.put(k, v) == 0, m.log_tail()
-        assert c._core.single.enabled is False, "the master's refusal of put_commit was not recognised"
+        assert c._core.writes.single.enabled is False, "the master's refusal of put_commit was not recognised"
         for b in range(3):  # the first batch falls back; the later ones go the two-round-trip way
             batch = {f"batch-{segment}-{b}-{i}": payload(100 * b + i, 1024) for i in range(20)}
             assert c.put_batch(list(batch), list(batch.values())) == 0, m.log_tail()
-            assert c._core.batch.enabled is False, "the refusal of batch_put_commit was not recognised"
-            assert c._core.batch.current is None
+            assert c._core.writes.batch.enabled is False, "the refusal of batch_put_commit was not recognised"
+            assert c._core.writes.batch.current is None
             vals.update(batch)
         for k, v in vals.items():  # published: another process reads every value back
             assert w.cmd(op="get", key=k) == {"len": len(v), "sha": sha(v)}, k

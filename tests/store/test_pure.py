@@ -298,7 +298,7 @@ def test_a_smaller_value_written_over_the_start_of_an_object_changes_its_fingerp
 
 
 def test_part_offsets_lay_pieces_end_to_end_per_key() -> None:
-    from mooncake_core.store.batch_path import part_offsets
+    from mooncake_core.store.batch_arrays import part_offsets
 
     # key 0: pieces of 3, 0, 5 bytes; key 1: none; key 2: one of 4; key 3: 2 and 1
     key, off = part_offsets(np.array([3, 0, 1, 2]), np.array([3, 0, 5, 4, 2, 1]))
@@ -310,7 +310,7 @@ def test_part_offsets_lay_pieces_end_to_end_per_key() -> None:
 
 def test_reservation_slot_hands_a_fitting_young_reservation_to_one_put() -> None:
     from mooncake_core.store.protocol import ReplicaDesc, ReplicateConfigMsg
-    from mooncake_core.store.single_put import RESERVATION_MAX_AGE_S, Reservation, ReservationSlot
+    from mooncake_core.store.reservations import RESERVATION_MAX_AGE_S, Reservation, ReservationSlot
 
     msg, other = ReplicateConfigMsg(), ReplicateConfigMsg()
     slot = ReservationSlot()

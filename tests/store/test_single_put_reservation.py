@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from mooncake_core.store import single_put
+from mooncake_core.store import reservations
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.store.master_state import RESERVATION_PREFIX
 
@@ -35,15 +35,15 @@ def test_puts_through_reservations_read_back_everywhere(cluster) -> None:
     for client in (c, d):
         for k, v in vals.items():
             assert wget(w, f"{id(client)}-{k}") == want(v), k
-    assert d._core.single.current is not None, "a client that keeps putting holds a reservation"
+    assert d._core.writes.single.current is not None, "a client that keeps putting holds a reservation"
     # an existing key through a reservation: success, the old value stays, the reservation too
     key = f"{id(d)}-k0"
     assert d.put("fresh", payload(98, len(vals["k0"]))) == 0  # a young reservation of this size
-    resv = d._core.single.current
+    resv = d._core.writes.single.current
     assert resv is not None and resv.size == len(vals["k0"])
     assert d.put(key, payload(99, len(vals["k0"]))) == 0
     assert wget(w, key) == want(vals["k0"])
-    assert d._core.single.current is resv
+    assert d._core.writes.single.current is resv
     with MasterClient(m.addr) as mc:
         assert not mc.exist_key(RESERVATION_PREFIX + d._core.client_id), "a reservation is never visible"
 
@@ -56,13 +56,13 @@ def test_a_reservation_the_master_forgot_falls_back_to_put_start(master_factory,
     re-reports, and a miss is allowed). The age limit is lifted so the stale reservation is really tried; the puts wait
     out the new master's recovery hold first (within the hold nothing is allocated, which is
     what makes such a late write harmless)."""
-    monkeypatch.setattr(single_put, "RESERVATION_MAX_AGE_S", 120.0)
+    monkeypatch.setattr(reservations, "RESERVATION_MAX_AGE_S", 120.0)
     m = master_factory(client_ttl=30, recovery_hold_ms=500)
     w = worker_factory(m, 16 * MiB)
     c = client_factory(m)
     a, b = payload(1, 4096), payload(2, 4096)
     assert c.put("a", a) == 0 and c.put("a2", a) == 0
-    assert c._core.single.current is not None
+    assert c._core.writes.single.current is not None
     restart_master(m)  # the worker re-mounts its segment; then past the recovery hold
     caplog.set_level(logging.DEBUG, logger="mooncake.store.client")
     assert c.put("b", b) == 0
