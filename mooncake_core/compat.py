@@ -26,6 +26,7 @@ ALIASES: dict[str, str] = {
     "mooncake.async_store": "mooncake_core.store.async_store",
     "mooncake.buffer_pool": "mooncake_core.store.buffer_pool",
     "mooncake._fast_copy": "mooncake_core.store.fast_copy",
+    "mooncake.structured_object_store": "mooncake_core.structured",
 }
 
 #: names the original exports from the top-level ``mooncake`` package -> our module

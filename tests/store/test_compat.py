@@ -94,3 +94,16 @@ def test_alias_ships_the_originals_async_store_and_a_real_file(python_exe) -> No
         print("ok")
     """)
     assert out.strip() == "ok"
+
+
+def test_alias_ships_the_originals_structured_object_store(python_exe) -> None:
+    out = _run(python_exe, """
+        from mooncake_core import compat
+        compat.install(force=True)
+        from mooncake.structured_object_store import MISSING, _choose_leaf_codec, _escape_key, infer_structure
+        import mooncake_core.structured as ours
+        assert MISSING is ours.MISSING and infer_structure is ours.infer_structure
+        assert _choose_leaf_codec is ours.choose_leaf_codec and _escape_key is ours.escape_key
+        print("ok")
+    """)
+    assert out.strip() == "ok"
