@@ -22,7 +22,7 @@ __all__ = ["ALIASES", "install", "is_installed", "uninstall"]
 ALIASES: dict[str, str] = {
     "mooncake.engine": "mooncake_core.engine",
     "mooncake.store": "mooncake_core.store",
-    "mooncake.mooncake_config": "mooncake_core.store.config",
+    "mooncake.mooncake_config": "mooncake_core.store.mooncake_config",
     "mooncake.async_store": "mooncake_core.store.async_store",
     "mooncake.buffer_pool": "mooncake_core.store.buffer_pool",
     "mooncake._fast_copy": "mooncake_core.store.fast_copy",

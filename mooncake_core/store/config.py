@@ -217,7 +217,8 @@ class StoreConfig:
         return self.rdma_devices
 
 
-# Upstream's Python-side names for the same thing (mooncake.mooncake_config.MooncakeConfig,
-# vLLM's MooncakeStoreConfig); framework code may construct these via from_file/load_from_env.
+# Upstream's Python-side names for the same thing (vLLM's MooncakeStoreConfig); framework code may
+# construct these via from_file/load_from_env. The original's mooncake.mooncake_config.MooncakeConfig,
+# field for field and as lenient as it is, is mooncake_core.store.mooncake_config.MooncakeConfig.
 MooncakeStoreConfig = StoreConfig
 MooncakeConfig = StoreConfig
