@@ -27,6 +27,7 @@ ALIASES: dict[str, str] = {
     "mooncake.buffer_pool": "mooncake_core.store.buffer_pool",
     "mooncake._fast_copy": "mooncake_core.store.fast_copy",
     "mooncake.structured_object_store": "mooncake_core.structured",
+    "mooncake.http_metadata_server": "mooncake_core.metadata.kv_bootstrap",
 }
 
 #: names the original exports from the top-level ``mooncake`` package -> our module

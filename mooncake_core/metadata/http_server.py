@@ -5,7 +5,10 @@ Semantics follow Mooncake's ``mooncake_http_metadata_server``:
 - ``GET /metadata?key=K``    200 with the stored body, 404 ``metadata not found``
 - ``PUT /metadata?key=K``    stores the raw body, 200 ``metadata updated``
 - ``DELETE /metadata?key=K`` 200 ``metadata deleted``, 404 when missing
-- missing or blank ``key``  400 ``metadata key is required``
+- missing or blank ``key``  400 ``metadata key is required``; a key is used with surrounding
+  whitespace stripped (``?key=%20k%20`` is ``k``), as Mooncake's Python server does
+- these responses carry ``Content-Type: application/json`` (short text bodies), as Mooncake's do:
+  its clients and tests read the header; our own additions below answer ``text/plain``
 - ``MC_METADATA_HTTP_TOKEN`` set: requests need ``Authorization: Bearer <token>`` (else 401)
 - key/byte budgets (``MC_METADATA_MAX_KEYS``, ``MC_METADATA_MAX_TOTAL_BYTES``): 507
 
@@ -17,10 +20,11 @@ Unlike Mooncake's server, a PUT of an existing ``rpc_meta`` key with a different
 accepted (last writer wins, as with etcd and Redis), so an engine restarted on a new port can
 re-publish itself.
 
-Three ways to run it: the console script (:func:`main`); :class:`HttpMetadataServer` on a
-background thread (tests, demos, the store master's ``--enable_http_metadata_server``); or
+Four ways to run it: the console script (:func:`main`); :class:`HttpMetadataServer` on a
+background thread (tests, demos, the store master's ``--enable_http_metadata_server``);
 :class:`MetadataHttpService` inside an existing aiohttp app/loop (``add_routes`` or
-``start``/``stop`` coroutines).
+``start``/``stop`` coroutines); or the original's ``KVBootstrapServer`` interface
+(:mod:`mooncake_core.metadata.kv_bootstrap`, ``mooncake.http_metadata_server``).
 """
 
 from __future__ import annotations
@@ -53,6 +57,11 @@ DEFAULT_MAX_BODY = 16 << 20
 
 def _text(status: int, text: str) -> web.Response:
     return web.Response(status=status, text=text, content_type="text/plain")
+
+
+def _reply(status: int, text: str) -> web.Response:
+    """A response Mooncake's server defines, with the content type it sends."""
+    return web.Response(status=status, text=text, content_type="application/json")
 
 
 class MetadataHttpService:
@@ -105,7 +114,7 @@ class MetadataHttpService:
     # ---- wiring --------------------------------------------------------------------------
     def add_routes(self, app: web.Application) -> None:
         """Serve /metadata, /health and /metrics from ``app``."""
-        app.router.add_route("*", "/metadata", self._handle_metadata)
+        app.router.add_route("*", "/metadata", self.handle_metadata)
         app.router.add_get("/health", self._handle_health)
         app.router.add_get("/metrics", self._handle_metrics)
 
@@ -144,7 +153,9 @@ class MetadataHttpService:
     def _token_ok(self, request: web.Request) -> bool:
         return auth.bearer_ok(self.auth_token, request.headers.get("Authorization"))
 
-    async def _handle_metadata(self, request: web.Request) -> web.StreamResponse:
+    async def handle_metadata(self, request: web.Request) -> web.StreamResponse:
+        """``/metadata``: GET / PUT / DELETE one key, or list a prefix. Reads only the request's
+        method, query, headers (when a token is required) and body."""
         t0 = time.perf_counter()
         method = request.method
         if method == "GET" and "key" not in request.query and "prefix" in request.query:
@@ -171,28 +182,25 @@ class MetadataHttpService:
             return web.json_response({"keys": keys})
         key = request.query.get("key", "").strip()
         if not key:
-            return _text(400, "metadata key is required: use /metadata?key=<non-blank key>")
-        key = request.query["key"]  # stored verbatim, as Mooncake does
+            return _reply(400, "metadata key is required: use /metadata?key=<non-blank key>")
         if method == "GET":
             value = self.store.get(key)
             if value is None:
-                return _text(404, "metadata not found")
+                return _reply(404, "metadata not found")
             return web.Response(status=200, body=value, content_type="application/json")
         if method == "PUT":
             return await self._put(request, key)
         if method == "DELETE":
             if not self.store.delete(key):
-                return _text(404, "metadata not found")
+                return _reply(404, "metadata not found")
             err = await self._persist()
-            return err or _text(200, "metadata deleted")
-        return _text(405, f"method {request.method} not allowed (use GET, PUT or DELETE)")
+            return err or _reply(200, "metadata deleted")
+        return _reply(405, f"method {request.method} not allowed (use GET, PUT or DELETE)")
 
     async def _put(self, request: web.Request, key: str) -> web.StreamResponse:
         too_big = _text(413, f"body for key {key!r} exceeds the limit of "
                              f"{format_size(self.max_body)} ({self.max_body} bytes)")
-        if request.content_length is not None and request.content_length > self.max_body:
-            return too_big
-        try:
+        try:  # the app's client_max_size stops the read just past max_body
             data = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return too_big
@@ -204,7 +212,7 @@ class MetadataHttpService:
         if result is PutResult.BYTE_BUDGET:
             return _text(507, f"metadata size budget exhausted ({self.store.max_total_bytes} bytes)")
         err = await self._persist()
-        return err or _text(200, "metadata updated")
+        return err or _reply(200, "metadata updated")
 
     async def _persist(self) -> web.Response | None:
         """Write a snapshot if the table changed; concurrent changes share one write."""
@@ -294,6 +302,11 @@ class HttpMetadataServer:
             self._thread = None
             raise failure[0]
         return self
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The serving thread (None before ``start`` and after ``stop``)."""
+        return self._thread
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._thread is None:

@@ -62,3 +62,6 @@ class KVStore:
 
     def __len__(self) -> int:
         return len(self.data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data

@@ -96,10 +96,16 @@ def test_alias_ships_the_originals_async_store_and_a_real_file(python_exe) -> No
     assert out.strip() == "ok"
 
 
-def test_alias_ships_the_originals_structured_object_store(python_exe) -> None:
+def test_alias_ships_the_originals_structured_object_store_config_and_metadata_server(python_exe) -> None:
     out = _run(python_exe, """
         from mooncake_core import compat
         compat.install(force=True)
+        from mooncake.http_metadata_server import KVBootstrapServer, KVPoll
+        from mooncake_core.metadata.kv_bootstrap import KVBootstrapServer as our_server
+        assert KVBootstrapServer is our_server and KVPoll.Success.value == 4
+        from mooncake.mooncake_config import MooncakeConfig, _parse_segment_size
+        from mooncake_core.store.mooncake_config import MooncakeConfig as our_config
+        assert MooncakeConfig is our_config and _parse_segment_size("2kb") == 2048
         from mooncake.structured_object_store import MISSING, _choose_leaf_codec, _escape_key, infer_structure
         import mooncake_core.structured as ours
         assert MISSING is ours.MISSING and infer_structure is ours.infer_structure
