@@ -28,6 +28,7 @@ ALIASES: dict[str, str] = {
     "mooncake._fast_copy": "mooncake_core.store.fast_copy",
     "mooncake.structured_object_store": "mooncake_core.structured",
     "mooncake.http_metadata_server": "mooncake_core.metadata.kv_bootstrap",
+    "mooncake.dataproto_catalog": "mooncake_core.structured.catalog",
 }
 
 #: names the original exports from the top-level ``mooncake`` package -> our module

@@ -17,6 +17,18 @@ from mooncake_core.structured.infer import (
     escape_key,
     infer_structure,
 )
+from mooncake_core.structured.refs import (
+    DATAPROTO_REF_HANDLE_TYPE,
+    DATAPROTO_REF_HANDLE_VERSION,
+    STORAGE_GROUP_ID,
+    MooncakeDataProtoRef,
+    RemoteBundleRef,
+    StructuredFieldLocation,
+    export_dataproto_ref,
+    import_dataproto_ref,
+    is_dataproto_ref_handle,
+)
+from mooncake_core.structured.catalog import DataProtoCatalog
 
 # the original's spellings of the same helpers
 _choose_leaf_codec = choose_leaf_codec
@@ -24,9 +36,21 @@ _escape_key = escape_key
 _CodecDecision = CodecDecision
 _InferredLeaf = InferredLeaf
 _InferredNode = InferredNode
+export_ref = export_dataproto_ref
+import_ref = import_dataproto_ref
 
 __all__ = [
+    "DATAPROTO_REF_HANDLE_TYPE",
+    "DATAPROTO_REF_HANDLE_VERSION",
     "MISSING",
+    "STORAGE_GROUP_ID",
+    "DataProtoCatalog",
+    "MooncakeDataProtoRef",
+    "RemoteBundleRef",
+    "StructuredFieldLocation",
+    "export_dataproto_ref",
+    "import_dataproto_ref",
+    "is_dataproto_ref_handle",
     "CodecDecision",
     "InferredLeaf",
     "InferredNode",

@@ -106,6 +106,10 @@ def test_alias_ships_the_originals_structured_object_store_config_and_metadata_s
         from mooncake.mooncake_config import MooncakeConfig, _parse_segment_size
         from mooncake_core.store.mooncake_config import MooncakeConfig as our_config
         assert MooncakeConfig is our_config and _parse_segment_size("2kb") == 2048
+        from mooncake.dataproto_catalog import DataProtoCatalog
+        from mooncake.structured_object_store import export_dataproto_ref, import_dataproto_ref
+        from mooncake_core.structured import DataProtoCatalog as our_catalog
+        assert DataProtoCatalog is our_catalog and callable(export_dataproto_ref) and callable(import_dataproto_ref)
         from mooncake.structured_object_store import MISSING, _choose_leaf_codec, _escape_key, infer_structure
         import mooncake_core.structured as ours
         assert MISSING is ours.MISSING and infer_structure is ours.infer_structure
