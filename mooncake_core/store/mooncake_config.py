@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mooncake_core import envs
-from mooncake_core.store.config import StoreConfig
+from mooncake_core.store.config import StoreConfig, parse_bool
 from mooncake_core.utils.net import LOOPBACK_NAMES, endpoint_host, local_ip
 
 __all__ = ["DEFAULT_GLOBAL_SEGMENT_SIZE", "DEFAULT_LOCAL_BUFFER_SIZE", "KNOWN_PROTOCOLS", "MooncakeConfig",
@@ -45,8 +45,6 @@ _REQUIRED = ("local_hostname", "metadata_server", "master_server_address")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
 _SIZE_RE = re.compile(r"^(?P<num>.*?)\s*(?P<unit>[kmgt]?b?)$")
-_TRUE = frozenset({"true", "1", "yes", "on", "enable"})
-_FALSE = frozenset({"false", "0", "no", "off", "disable", ""})
 
 
 def parse_segment_size(value: Any) -> int:
@@ -75,19 +73,9 @@ def parse_segment_size(value: Any) -> int:
 
 def parse_config_bool(value: Any) -> bool:
     """A boolean from a config file or env var: bool, number, None (False) or one of the usual
-    words; ValueError for any other string (``bool("false")`` would be True)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return bool(value)
-    if value is None:
-        return False
-    word = str(value).strip().lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    raise ValueError(f"Invalid boolean value: {value!r} (use true/false, yes/no, on/off, 1/0)")
+    words (``enable``/``disable`` too); ValueError for any other string (``bool("false")``
+    would be True). The same words as our store config's."""
+    return parse_bool(value, name="config boolean")
 
 
 @dataclass
