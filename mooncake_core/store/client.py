@@ -25,7 +25,7 @@ from __future__ import annotations
 import atexit
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mooncake_core.store.codes import EXIST_ERROR, INVALID, OK
 from mooncake_core.store.config import StoreConfig
@@ -34,6 +34,7 @@ from mooncake_core.store.object_api import ObjectApi
 from mooncake_core.store.parallel_api import ParallelApi
 from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.store.range_api import RangeApi
+from mooncake_core.store.shm import Region
 from mooncake_core.store.tensor_api import TensorApi
 from mooncake_core.store.types import BufferHandle, ReplicaStatus, ReplicateConfig, SoftPinAction
 from mooncake_core.utils.log import get_logger
@@ -41,6 +42,9 @@ from mooncake_core.utils.log import get_logger
 __all__ = ["EXIST_ERROR", "MooncakeDistributedStore", "ReplicaStatus", "ReplicateConfig", "SoftPinAction"]
 
 log = get_logger("mooncake.store.client")
+
+if TYPE_CHECKING:
+    from mooncake_core.store.dummy_client import DummyClient
 
 
 class MooncakeDistributedStore:
@@ -56,6 +60,8 @@ class MooncakeDistributedStore:
         self._ranges = RangeApi(self._core)
         self._parallel = ParallelApi(self._objects, self._tensors, self._ranges)
         self._at_exit: Callable[[], None] | None = None
+        self._dummy: DummyClient | None = None
+        self._pool_regions: dict[int, Region] = {}
 
     # ================================================================== setup / teardown
     def setup(self, local_hostname: Any = None, metadata_server: Any = None,
@@ -123,12 +129,61 @@ class MooncakeDistributedStore:
         self._at_exit = close_quietly
         atexit.register(close_quietly)
 
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """Attach to the node's ``mooncake_client`` at ``server_address`` ("host:port", this
+        host) as a *dummy* client: no segment here; every call runs on the service's store and
+        bytes move through memory both processes map (``alloc_from_mem_pool`` buffers; a
+        ``local_buffer_size`` staging window per calling thread). ``mem_pool_size`` bounds the
+        ``alloc_from_mem_pool`` total. Objects stored belong to the service's pool: they outlive
+        this process. 0, or -1 with the reason logged (service not running, refused...)."""
+        from mooncake_core.store.dummy_client import DummyClient
+
+        if self._dummy is not None or self._core.ready:
+            log.error("setup_dummy: this store is already set up")
+            return -1
+        backend = DummyClient()
+        rc = backend.setup(mem_pool_size, local_buffer_size, server_address)
+        if rc != 0:
+            return rc
+        self._dummy = backend
+        local = {"register_buffer", "unregister_buffer", "alloc_from_mem_pool", "health_check", "get_hostname"}
+        for name in _FORWARDED:
+            setattr(self, name, getattr(backend, name) if name in local else backend.forwarder(name))
+        return 0
+
+    def alloc_from_mem_pool(self, size: int) -> int:
+        """A buffer of ``size`` bytes for zero-copy ``put_from``/``get_into`` (0 on failure).
+        On a dummy client it is memory shared with ``mooncake_client``; on a full client,
+        page-aligned memory of this process (freed by ``close``)."""
+        from mooncake_core.store.shm import create_region
+
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            log.error("alloc_from_mem_pool: size must be a positive integer, got %r", size)
+            return 0
+        try:
+            r = create_region(size, "mooncake-pool")
+        except OSError as e:
+            log.error("alloc_from_mem_pool(%d): %s", size, e)
+            return 0
+        self._pool_regions[r.addr] = r
+        return r.addr
+
     def close(self) -> int:
-        """Stop the heartbeat, unmount our segment (its objects leave the pool), free memory."""
+        """Stop the heartbeat, unmount our segment (its objects leave the pool), free memory.
+        A dummy client detaches (its objects stay in the service's pool)."""
+        if self._dummy is not None:
+            dummy, self._dummy = self._dummy, None
+            for name in _FORWARDED:
+                self.__dict__.pop(name, None)
+            return dummy.close()
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
             self._at_exit = None
-        return self._core.close()
+        rc = self._core.close()
+        regions, self._pool_regions = self._pool_regions, {}
+        for r in regions.values():
+            r.close()
+        return rc
 
     def __enter__(self) -> MooncakeDistributedStore:
         return self
@@ -543,3 +598,10 @@ class MooncakeDistributedStore:
         bytes, both written straight from their buffers (no join). 0 or negative."""
         return self._ranges.put_from_with_metadata(key, buffer_ptr, metadata_buffer_ptr, size, metadata_size,
                                                    config)
+
+
+#: the methods a dummy client forwards to mooncake_client (or answers itself): every public
+#: method but its own lifecycle
+_FORWARDED = tuple(n for n in vars(MooncakeDistributedStore)
+                   if not n.startswith("_") and callable(vars(MooncakeDistributedStore)[n])
+                   and n not in ("setup", "setup_dummy", "close"))

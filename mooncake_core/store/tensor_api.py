@@ -253,6 +253,12 @@ class TensorApi:
 
     def batch_get_tensor_into(self, keys: list[str], buffer_ptrs: list[int], sizes: list[int]) -> list[Any]:
         keys = check_keys(keys, "batch_get_tensor_into")
+        if (isinstance(buffer_ptrs, (list, tuple)) and isinstance(sizes, (list, tuple))
+                and not len(keys) == len(buffer_ptrs) == len(sizes)):
+            # upstream answers this one with INVALID_PARAMS per key, not an exception
+            log.error("batch_get_tensor_into: %d keys, %d buffer_ptrs, %d sizes (must match): every key gets -600",
+                      len(keys), len(buffer_ptrs), len(sizes))
+            return [INVALID] * len(keys)
         ptrs, sizes = check_ptr_lists("batch_get_tensor_into", keys, buffer_ptrs, sizes)
         _tensor.require_torch()
         return self._tensor_reads(keys, ptrs, sizes, "batch_get_tensor_into") if keys else []
