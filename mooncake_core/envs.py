@@ -16,6 +16,7 @@ Names follow the original Mooncake where it has them (``MC_*`` of the Transfer E
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -75,8 +76,7 @@ def _timeout(raw: str, name: str) -> float:
     try:
         t = float(raw)
     except ValueError:
-        from mooncake_core.utils.log import get_logger
-        get_logger("mooncake.te").warning("MC_TRANSFER_TIMEOUT is not a number, using 30", extra={"value": raw})
+        logging.getLogger("mooncake.te").warning("MC_TRANSFER_TIMEOUT is not a number, using 30", extra={"value": raw})
         return 30.0
     return t if t > 0 else 30.0
 

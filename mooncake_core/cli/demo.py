@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which part of the main job to run: the Transfer Engine demo, the Store demo "
                         "(mooncake_master --enable_http_metadata_server + a client that puts and gets), "
                         "or both (default)")
-    p.add_argument("--_target", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--_target", dest="target_child", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"mooncake_demo: {e}", file=sys.stderr)
         return 2
-    if a._target:
+    if a.target_child:
         try:
             return _target_main(a.metadata, size)
         except KeyboardInterrupt:  # Ctrl-C reaches the whole group: the parent reports it

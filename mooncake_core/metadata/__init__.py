@@ -13,8 +13,8 @@ from typing import Any
 
 from mooncake_core.metadata.base import MetadataBackend, MetadataError
 from mooncake_core.metadata.conn_string import (ACCEPTED_FORMS, P2PHANDSHAKE, EtcdSpec, HttpSpec, MetadataSpec,
-                                                RedisSpec, parse_conn_string)
-from mooncake_core.metadata.factory import open_metadata
+                                                RedisSpec)
+from mooncake_core.metadata.factory import open_metadata, parse_conn_string
 
 __all__ = [
     "open_metadata", "MetadataBackend", "MetadataError", "parse_conn_string", "MetadataSpec", "HttpSpec",

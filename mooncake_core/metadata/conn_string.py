@@ -17,13 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.parse
-from typing import TYPE_CHECKING, Mapping
+from typing import Callable, Mapping, Protocol
 
 from mooncake_core import envs
 from mooncake_core.utils.net import parse_host_port
 
-if TYPE_CHECKING:
-    from mooncake_core.plugins.specs import MetadataBackendPlugin
+
+class SchemeParser(Protocol):
+    """What this module needs of a metadata backend plugin: its accepted forms and its parser
+    (the plugin manager's ``MetadataBackendPlugin`` is one; this module imports no plugin code)."""
+
+    @property
+    def forms(self) -> str: ...
+
+    @property
+    def parse(self) -> Callable[[str, Mapping[str, str]], MetadataSpec]: ...
 
 P2PHANDSHAKE = "P2PHANDSHAKE"
 
@@ -70,25 +78,18 @@ class RedisSpec(MetadataSpec):
     password: str | None = None
 
 
-def _bad(conn: str, why: str) -> ValueError:
+def _bad(conn: str, why: str, backends: Mapping[str, SchemeParser] | None = None) -> ValueError:
     return ValueError(f"invalid metadata connection string {conn!r}: {why}. "
-                      f"Accepted forms: {accepted_forms()}")
+                      f"Accepted forms: {accepted_forms(backends or {})}")
 
 
-def accepted_forms(backends: Mapping[str, MetadataBackendPlugin] | None = None) -> str:
+def accepted_forms(backends: Mapping[str, SchemeParser]) -> str:
     """The built-in forms (:data:`ACCEPTED_FORMS`) plus those of metadata backend plugins."""
-    if backends is None:
-        backends = _registered()
     extra = []
     for b in dict.fromkeys(backends.values()):  # one entry per plugin, registration order
         if b.forms and b.forms not in ACCEPTED_FORMS:
             extra.append(b.forms)
     return ", ".join([ACCEPTED_FORMS, *extra])
-
-
-def _registered() -> dict[str, MetadataBackendPlugin]:
-    from mooncake_core.plugins import metadata_backends  # late: the plugin manager loads entry points
-    return metadata_backends()
 
 
 def _host_port(conn: str, text: str) -> tuple[str, int]:
@@ -118,14 +119,14 @@ def _endpoint_list(conn: str, text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def parse_conn_string(conn: str, env: Mapping[str, str] | None = None,
-                      backends: Mapping[str, MetadataBackendPlugin] | None = None) -> MetadataSpec:
+def parse_conn_string(conn: str, env: Mapping[str, str] | None, backends: Mapping[str, SchemeParser]) -> MetadataSpec:
     """Turn a connection string into the spec of the backend its scheme names; ValueError
     on bad input.
 
     ``env`` supplies the ``MC_REDIS_*`` fallbacks (defaults to ``os.environ``) and
-    ``backends`` the scheme table (defaults to the registered plugins); both are
-    parameters so the logic stays testable without touching the process.
+    ``backends`` the scheme table; both are parameters so the logic stays testable without
+    touching the process (``mooncake_core.metadata.parse_conn_string`` passes the registered
+    plugins).
     """
     if env is None:
         import os
@@ -135,17 +136,15 @@ def parse_conn_string(conn: str, env: Mapping[str, str] | None = None,
                          f"Accepted forms: {accepted_forms(backends)}")
     text = conn.strip()
     if not text:
-        raise _bad(conn, "empty")
+        raise _bad(conn, "empty", backends)
     if text.upper() == P2PHANDSHAKE:
         return MetadataSpec(kind="p2p")
     if "://" not in text:  # Mooncake's default plugin: a bare etcd endpoint list
         return parse_etcd(conn)
     scheme = text.partition("://")[0].lower()
-    if backends is None:
-        backends = _registered()
     plugin = backends.get(scheme)
     if plugin is None:
-        raise _bad(conn, f"unknown scheme {scheme!r} (registered: {', '.join(sorted(backends))})")
+        raise _bad(conn, f"unknown scheme {scheme!r} (registered: {', '.join(sorted(backends))})", backends)
     return plugin.parse(conn, env)
 
 

@@ -6,8 +6,21 @@ comes from the plugin manager, so a third-party ``scheme://`` works with no edit
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from mooncake_core.metadata import conn_string
 from mooncake_core.metadata.base import MetadataBackend
-from mooncake_core.metadata.conn_string import P2PHANDSHAKE, parse_conn_string
+from mooncake_core.metadata.conn_string import P2PHANDSHAKE, MetadataSpec
+
+
+def parse_conn_string(conn: str, env: Mapping[str, str] | None = None,
+                      backends: Mapping[str, conn_string.SchemeParser] | None = None) -> MetadataSpec:
+    """Parse ``conn`` against the registered metadata backends (built-ins and plugins), or
+    ``backends`` when given; ValueError names the string and lists the accepted forms."""
+    if backends is None:
+        from mooncake_core.plugins import metadata_backends  # late: the plugin manager loads entry points
+        backends = metadata_backends()
+    return conn_string.parse_conn_string(conn, env, backends)
 
 
 def open_metadata(conn_str: str, *, timeout: float = 5.0) -> MetadataBackend | None:
@@ -28,4 +41,4 @@ def open_metadata(conn_str: str, *, timeout: float = 5.0) -> MetadataBackend | N
     return backends[scheme].open(spec, timeout)
 
 
-__all__ = ["P2PHANDSHAKE", "open_metadata"]
+__all__ = ["P2PHANDSHAKE", "open_metadata", "parse_conn_string"]

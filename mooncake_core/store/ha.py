@@ -95,7 +95,8 @@ def _client(host: str, port: int, timeout: float):
 def redis_spec(conn: str) -> Any:
     """``redis://[[user]:password@]host:port[/db]`` -> the metadata layer's RedisSpec (credentials
     may also come from MC_REDIS_USERNAME / MC_REDIS_PASSWORD, as for redis:// metadata)."""
-    from mooncake_core.metadata.conn_string import RedisSpec, parse_conn_string
+    from mooncake_core.metadata.conn_string import RedisSpec
+    from mooncake_core.metadata.factory import parse_conn_string
 
     if not isinstance(conn, str) or not conn.strip().lower().startswith("redis://"):
         raise ValueError(f"Redis HA backend: expected 'redis://host:port[/db]', got {conn!r}")

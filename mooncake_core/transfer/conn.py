@@ -189,6 +189,14 @@ class PeerPool(Generic[C]):
                 return c
             c.close()  # idle too long: the target may have closed it (its idle timeout)
 
+    def take_idle(self) -> C | None:
+        """An idle connection as it is (the caller checks its age), or None: the latency path's
+        lock-free fast take."""
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return None
+
     def checkin(self, c: C) -> None:
         c.last_used = time.monotonic()
         c.uses += 1
@@ -197,7 +205,7 @@ class PeerPool(Generic[C]):
         else:
             c.close()
 
-    def _stale(self, c: C, e: BaseException) -> bool:
+    def stale(self, c: C, e: BaseException) -> bool:
         """A reused connection that the peer closed since (it restarted, or timed us out):
         the request never reached a live server, so one retry on a fresh connection is safe
         (WRITE and READ are idempotent) and the other idle connections are suspect too."""
@@ -237,7 +245,7 @@ class PeerPool(Generic[C]):
             out = fn(c)
         except BaseException as e:
             err = self.failed(c, e)
-            if not self._stale(c, e) or (group is not None and group.cancelled):
+            if not self.stale(c, e) or (group is not None and group.cancelled):
                 raise err from None
             log.info("pooled connection was closed by the peer; retrying on a new one",
                      extra={"segment": self.name})

@@ -66,6 +66,12 @@ def record(transport: str, op: str, nbytes: int, nreq: int, seconds: float, ok: 
     s.sum += seconds
 
 
+def served_counters() -> dict[str, int]:
+    """The live served-bytes counters by op: the rpc server's hot loop adds to them in place
+    (one dict item update per request, no call)."""
+    return _served
+
+
 def served(op: str, nbytes: int) -> None:
     """Bytes this engine's rpc port moved for peers (target side)."""
     _served[op] = _served.get(op, 0) + nbytes

@@ -280,10 +280,7 @@ class TcpTransport(Transport):
                      deadline: float) -> None:
         """One request of at most ``slice_size`` bytes on one pooled connection (latency path)."""
         pool = self._pools.get((desc.host, desc.port)) or self.pool(desc.host, desc.port, desc.name)
-        try:
-            c = pool._idle.pop()
-        except IndexError:
-            c = None
+        c = pool.take_idle()
         if c is None or time.monotonic() - c.last_used >= POOL_IDLE_MAX:
             if c is not None:
                 c.close()
@@ -293,7 +290,7 @@ class TcpTransport(Transport):
             c.one(opcode, local, remote, length, deadline)
         except BaseException as e:
             err = pool.failed(c, e)
-            if not pool._stale(c, e):
+            if not pool.stale(c, e):
                 raise err from None
             pool.use(lambda c: c.one(opcode, local, remote, length, deadline), deadline)
             return

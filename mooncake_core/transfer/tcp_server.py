@@ -28,7 +28,7 @@ from mooncake_core.transfer.iov import iov_array, recv_iov, send_iov
 from mooncake_core.transfer.memory import RegionTable, memview
 from mooncake_core.transfer.sockio import (PeerClosed, Poller, busy_poll_s, drain, is_timeout, recv_exact,
                                            recv_into_exact, sendmsg_all, set_buffers, set_kernel_timeouts)
-from mooncake_core.transfer.wire import (MAGIC, REQ, RESP, WIRE_VERSION, Op, Response, Status, WireError,
+from mooncake_core.transfer.wire import (MAGIC, OP_VALUES, REQ, RESP, WIRE_VERSION, Op, Response, Status, WireError,
                                          unpack_request, version_mismatch_message)
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import bind_listener
@@ -134,7 +134,7 @@ class TcpServer:
         unpack = REQ.unpack
         contains = self.regions.contains
         rpack = RESP.pack
-        served = metrics._served
+        served = metrics.served_counters()
         poller = Poller(self._spin)
         authed = self._token is None
         nonce: bytes | None = None
@@ -174,7 +174,7 @@ class TcpServer:
                             sendmsg_all(conn, bufs)
                             served["read"] += length
                         continue
-                if magic == MAGIC and ver == WIRE_VERSION and op not in Op._value2member_map_:
+                if magic == MAGIC and ver == WIRE_VERSION and op not in OP_VALUES:
                     self._unknown_op(conn, op, rid, peer)
                     return
                 req = unpack_request(hdr)  # slow path: raises WireError on garbage
@@ -236,7 +236,7 @@ class TcpServer:
             if req.op in (Op.WRITE, Op.WRITEV) and req.length <= REFUSED_DRAIN_MAX:
                 drain(conn, req.length, scratch)  # so that the initiator reads the refusal
         metrics.refused("auth")
-        what = Op(req.op).name if req.op in Op._value2member_map_ else f"op {req.op}"
+        what = Op(req.op).name if req.op in OP_VALUES else f"op {req.op}"
         msg = auth.refusal(f"segment {self._segment_name()!r} refused {what}", reason)
         log.warning("refused unauthenticated peer", extra={"peer": peer, "op": what, "reason": reason})
         self._reply(conn, req.op, req.req_id, Status.UNAUTHORIZED, msg.encode())

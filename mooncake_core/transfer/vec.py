@@ -50,7 +50,7 @@ def locals_ok(local: np.ndarray, remote: np.ndarray, length: np.ndarray) -> bool
     return bool((local > 0).all() and (remote >= 0).all() and (length >= 0).all())
 
 
-def _region_arrays(desc: Any) -> tuple[np.ndarray, np.ndarray]:
+def region_arrays(desc: Any) -> tuple[np.ndarray, np.ndarray]:
     """Sorted region starts / ends of a descriptor, cached on it (rebuilt if buffers change)."""
     cache = desc.__dict__.get("_vec_index")
     if cache is None or cache[2] != len(desc.buffers):
@@ -93,7 +93,7 @@ def group_bounds(length: np.ndarray, max_bytes: int, max_items: int) -> tuple[li
 
 def in_bounds(desc: Any, remote: np.ndarray, length: np.ndarray) -> bool:
     """Is every [remote, remote+length) inside one published region (as ``find_region``)?"""
-    starts, ends = _region_arrays(desc)
+    starts, ends = region_arrays(desc)
     if not len(starts):
         return not len(remote)
     i = np.searchsorted(starts, remote, side="right") - 1

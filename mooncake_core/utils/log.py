@@ -47,6 +47,10 @@ class _KvFormatter(logging.Formatter):
         return line
 
 
+class _ServiceHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler setup_logging installs, told apart from others so a second call replaces it."""
+
+
 def setup_logging(level: str | None = None, json_format: bool | None = None) -> None:
     """Configure the root logger once for a service process (idempotent)."""
     from mooncake_core import envs
@@ -56,10 +60,9 @@ def setup_logging(level: str | None = None, json_format: bool | None = None) -> 
         json_format = envs.MC_LOG_JSON
     root = logging.getLogger()
     for h in list(root.handlers):
-        if getattr(h, "_mooncake", False):
+        if isinstance(h, _ServiceHandler):
             root.removeHandler(h)
-    handler = logging.StreamHandler(sys.stderr)
-    handler._mooncake = True  # type: ignore[attr-defined]
+    handler = _ServiceHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter() if json_format else _KvFormatter())
     root.addHandler(handler)
     root.setLevel(level)

@@ -8,23 +8,40 @@ here, or in another distribution as a ``mooncake_handoff_protocols`` plugin (doc
 
 from __future__ import annotations
 
+from mooncake_core.plugins import NamedFactory, handoff_protocols, hookimpl
+
+from ..builtin_plugin import BuiltinPlugin
 from .base import HandoffProtocol, InstanceAddr
 from .mooncake import MooncakeHandoff
 from .mooncake_core import MooncakeCoreHandoff
 from .sglang import SglangHandoff
 from .vllm import VllmHandoff
 
-#: the built-in protocols, registered as a plugin by mooncake_proxy.plugins
+#: the built-in protocols, registered with the plugin manager as the first plugin
 BUILTIN_HANDOFFS: tuple[type[HandoffProtocol], ...] = (VllmHandoff, MooncakeHandoff, SglangHandoff,
                                                          MooncakeCoreHandoff)
 HANDOFFS: dict[str, type[HandoffProtocol]] = {c.name: c for c in BUILTIN_HANDOFFS}
 
 
+class _BuiltinHandoffs:
+    @hookimpl
+    def mooncake_handoff_protocols(self) -> list[NamedFactory]:
+        return [NamedFactory(cls.name, cls, (cls.__doc__ or "").strip().split("\n")[0])
+                for cls in BUILTIN_HANDOFFS]
+
+
+_BUILTIN = BuiltinPlugin("mooncake_proxy.handoff", _BuiltinHandoffs())
+
+
+def handoffs() -> dict[str, NamedFactory]:
+    """Every registered protocol by ``--handoff`` name: the built-ins, then plugins'."""
+    _BUILTIN.ensure()
+    return handoff_protocols()
+
+
 def make_handoff(name: str) -> HandoffProtocol:
     """Instantiate a protocol by its ``--handoff`` name (built-in or a plugin's, see
     docs/plugins.md); ValueError lists the registered ones."""
-    from mooncake_proxy.plugins import handoffs
-
     table = handoffs()
     f = table.get(name)
     if f is None:
@@ -36,4 +53,4 @@ def make_handoff(name: str) -> HandoffProtocol:
 
 
 __all__ = ["BUILTIN_HANDOFFS", "HANDOFFS", "HandoffProtocol", "InstanceAddr", "MooncakeCoreHandoff", "MooncakeHandoff",
-           "SglangHandoff", "VllmHandoff", "make_handoff"]
+           "SglangHandoff", "VllmHandoff", "handoffs", "make_handoff"]

@@ -29,7 +29,8 @@ from .hashing import BlockHasher
 from .latency import LatencyBoard, LatencyModel, SchedulerSettings
 from .lru import LruBlockCache
 from .ttft_error import TtftErrorQuantile
-from .policies import POLICIES, PrefillPlan, Scheduler, make_scheduler, policy_names
+from .policies import POLICIES, PrefillPlan, Scheduler
+from .registry import make_scheduler, policy_names
 
 __all__ = [
     "BlockHasher", "RequestInfo", "InstanceInfo", "ClusterState", "Decision", "Rejection",

@@ -23,7 +23,6 @@ only round-robin cursors, the random generator and hotness counters advance.
 from __future__ import annotations
 
 import abc
-import inspect
 import math
 import random
 from collections import Counter
@@ -37,7 +36,7 @@ from .cost import CostModel
 from .datatypes import Decision, InstanceInfo, Rejection, RequestInfo, SloConfig
 from .latency import LatencyBoard, LatencyModel, SchedulerSettings
 
-__all__ = ["BUILTIN_SCHEDULERS", "POLICIES", "Scheduler", "make_scheduler", "policy_names", "RandomScheduler",
+__all__ = ["BUILTIN_SCHEDULERS", "POLICIES", "Scheduler", "RandomScheduler",
            "RoundRobinScheduler", "LoadBalanceScheduler", "CacheAwareScheduler", "ConductorScheduler"]
 
 
@@ -816,58 +815,9 @@ class ConductorScheduler(Scheduler):
         return 0
 
 
-#: the built-in policies (registered as a plugin by mooncake_proxy.plugins), in --help order
+
+#: the built-in policies (registered with the plugin manager by .registry), in --help order
 BUILTIN_SCHEDULERS: tuple[type[Scheduler], ...] = (
     RandomScheduler, RoundRobinScheduler, LoadBalanceScheduler, CacheAwareScheduler, ConductorScheduler)
 #: names of the built-in policies
 POLICIES: tuple[str, ...] = tuple(c.policy for c in BUILTIN_SCHEDULERS)
-
-
-def policy_names() -> tuple[str, ...]:
-    """Every registered policy: the built-ins, then those of plugins (docs/plugins.md)."""
-    from mooncake_proxy.plugins import policy_names as names
-    return names()
-
-
-def make_scheduler(policy: str, cluster: ClusterState, cost: CostModel | None = None,
-                   slo: SloConfig | None = None, seed: int = 0, *, settings: SchedulerSettings | None = None,
-                   latency: LatencyBoard | None = None, **options: object) -> Scheduler:
-    """Build the scheduler for ``policy`` (a built-in of :data:`POLICIES` or a plugin's).
-    ``options`` go to the policy class (``conductor``: ``replicate_hot``, ``hot_threshold``);
-    ``settings`` and ``latency`` (``Scheduler.__init__``) too, when given -- a plugin's factory
-    that takes neither still builds schedulers with the defaults."""
-    from mooncake_proxy.plugins import policies
-
-    table = policies()
-    f = table.get(policy)
-    if f is None:
-        raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(table)}")
-    allowed = getattr(f.factory, "options", ())
-    bad = sorted(set(options) - set(allowed))
-    if bad:
-        raise ValueError(f"policy {policy!r} takes no options {bad}"
-                         + (f" (it takes: {', '.join(allowed)})" if allowed else ""))
-    given: dict[str, object] = {}
-    if settings is not None and not settings.is_default():
-        given["settings"] = settings
-    if latency is not None:
-        given["latency"] = latency
-    if given and not _takes(f.factory, given):
-        raise ValueError(f"policy {policy!r}: its factory takes no {' / '.join(given)} keyword (the proxy's "
-                         f"scheduler settings, --calibrate's latency model); accept them and pass them on to "
-                         f"Scheduler.__init__")
-    sched = f.factory(cluster, cost, slo, seed, **given, **options)
-    if not isinstance(sched, Scheduler):
-        raise TypeError(f"scheduling plugin {policy!r} built a {type(sched).__name__}, not a Scheduler")
-    return sched
-
-
-def _takes(factory: object, keywords: Iterable[str]) -> bool:
-    """Whether ``factory`` accepts every one of ``keywords`` (by name, or through ``**kwargs``)."""
-    try:
-        params = inspect.signature(factory).parameters  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return True  # not introspectable: let the call say
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return True
-    return all(k in params for k in keywords)

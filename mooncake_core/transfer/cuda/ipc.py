@@ -219,7 +219,7 @@ class CudaIpcTransport(Transport):
         if not len(length):
             return
         entries = self._entries(desc)
-        starts, _ends = vec._region_arrays(desc)
+        starts, _ends = vec.region_arrays(desc)
         idx = np.searchsorted(starts, remote, side="right") - 1  # bounds were checked by the engine
         bases = np.zeros(len(starts), dtype=np.int64)
         devices: set[int] = set()

@@ -32,7 +32,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from mooncake_core import envs
 
@@ -148,7 +148,7 @@ def _mapped_path(lib: ctypes.CDLL, fallback: str) -> str:
 RDMA_MODULES = ("ib", "ib_mlx5", "ib_mlx5_ext", "ib_mlx5_gda", "ib_mlx5_gdp", "ib_efa", "efa", "rdmacm")
 
 
-def modules_setting(env: dict[str, str] | os._Environ[str], rdma_devices: list[str]) -> str | None:
+def modules_setting(env: Mapping[str, str], rdma_devices: list[str]) -> str | None:
     """The ``UCX_MODULES`` value to set before loading UCX, or None to leave it alone."""
     if rdma_devices or env.get("UCX_MODULES", "").strip():
         return None
