@@ -130,3 +130,47 @@ class Rendezvous(Generic[Offer]):
     def pending(self) -> int:
         """Wants not yet answered plus offers not yet expired."""
         return len(self._wants) + len(self._offers)
+
+
+@dataclass
+class ClockOffsets:
+    """Decode side: each prefill host's wall clock against ours, measured NTP-style over one
+    notification round trip, so a lease expiry the prefill stated on *its* clock is checked on
+    ours with the skew taken out (clocks of different hosts may differ by seconds; the margin
+    alone does not cover that).
+
+    ``sample`` takes our wall/monotonic readings at send and receipt and the peer's wall time
+    stamped in between: offset = peer - midpoint, uncertain by half the round trip. ``deadline``
+    turns a peer-clock expiry into our wall clock, minus that uncertainty. An offset older than
+    ``max_age_s`` is stale (a host's clock may be stepped): the caller measures again.
+    """
+
+    max_age_s: float = 30.0
+    _by_peer: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # peer -> (offset, err, mono)
+
+    def sample(self, peer: str, sent_wall: float, sent_mono: float, peer_wall: float,
+               recv_wall: float, recv_mono: float) -> tuple[float, float]:
+        rtt = max(0.0, recv_mono - sent_mono)
+        offset = peer_wall - (sent_wall + recv_wall) / 2.0
+        self._by_peer[peer] = (offset, rtt / 2.0, recv_mono)
+        return offset, rtt / 2.0
+
+    def assume(self, peer: str, now_mono: float) -> None:
+        """A peer that cannot answer (an older version): take its clock as ours, say so once."""
+        self._by_peer[peer] = (0.0, 0.0, now_mono)
+
+    def fresh(self, peer: str, now_mono: float) -> bool:
+        got = self._by_peer.get(peer)
+        return got is not None and now_mono - got[2] <= self.max_age_s
+
+    def offset(self, peer: str) -> tuple[float, float] | None:
+        got = self._by_peer.get(peer)
+        return None if got is None else (got[0], got[1])
+
+    def deadline(self, peer: str, peer_expiry: float) -> float:
+        """``peer_expiry`` (the peer's wall clock) on our wall clock, early by the uncertainty;
+        uncorrected for a peer never measured."""
+        got = self._by_peer.get(peer)
+        if got is None:
+            return peer_expiry
+        return peer_expiry - got[0] - got[1]

@@ -32,6 +32,9 @@ PREFILL_WAIT_S = 120.0
 #: long asks again. A ``ready`` can be lost: it is the prefill's first contact with the decode's
 #: segment, which may fail on a loaded box, and nothing else would ever resend it.
 WANT_RETRY_S = 5.0
+#: Default ``clock_refresh_s``: a decode measures a prefill host's clock offset again once the last
+#: measurement is this old (a host's clock may be stepped meanwhile); ``peer_clock.py``.
+CLOCK_REFRESH_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class P2PConfig:
     sync_load_max_bytes: int = SYNC_LOAD_MAX_BYTES
     prefill_wait_s: float = PREFILL_WAIT_S
     want_retry_s: float = WANT_RETRY_S
+    clock_refresh_s: float = CLOCK_REFRESH_S
     idle_wait_ms: float = IDLE_WAIT_MS
     local_hostname: str = "127.0.0.1"
     metadata_server: str = "P2PHANDSHAKE"
@@ -66,6 +70,7 @@ class P2PConfig:
             sync_load_max_bytes=int(extra("sync_load_max_bytes", SYNC_LOAD_MAX_BYTES)),
             prefill_wait_s=float(extra("prefill_wait_s", PREFILL_WAIT_S)),
             want_retry_s=float(extra("want_retry_s", WANT_RETRY_S)),
+            clock_refresh_s=float(extra("clock_refresh_s", CLOCK_REFRESH_S)),
             idle_wait_ms=float(extra("idle_wait_ms", IDLE_WAIT_MS)),
             local_hostname=extra("local_hostname", envs.MOONCAKE_LOCAL_HOSTNAME or "127.0.0.1"),
             metadata_server=extra("metadata_server", "P2PHANDSHAKE"),

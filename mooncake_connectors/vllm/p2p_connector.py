@@ -23,7 +23,8 @@ How a request flows (pull model, like vLLM's NixlConnector, on our Transfer Engi
    (``fail`` -> the client gets an error; ``recompute`` -> decode recomputes) applies.
 4. The prefill worker's ``get_transfer_results`` drains notifications and reports the request
    in ``finished_sending`` (vLLM frees its blocks) -- or does so when the lease expires, so a
-   vanished decode never leaks blocks. A decode refuses to read after the lease expiry.
+   vanished decode never leaks blocks. A decode refuses to read after the lease expiry, judged
+   on its own clock with the prefill host's measured clock offset taken out (``peer_clock.py``).
 
 Concurrent hand-off (``mooncake_proxy --handoff mooncake-core``): the proxy sends both requests
 at once with a transfer id it chose; the prefill's params carry that id, the decode's carry it
@@ -55,6 +56,8 @@ worker), ``metadata_server`` (default ``P2PHANDSHAKE``: no metadata service need
 that starts it and reported received by that same step; 0 makes every read asynchronous),
 ``prefill_wait_s`` (default 120: concurrent hand-off, how long a decode waits for ``ready``),
 ``want_retry_s`` (default 5: concurrent hand-off, how long before a decode asks again),
+``clock_refresh_s`` (default 30: how old a prefill host's measured clock offset may get before the
+decode measures it again),
 ``idle_wait_ms`` (default 50: how long a worker may sleep, woken by the Transfer Engine, in a step
 without scheduled tokens while transfers are outstanding; 0 = busy polling; ``idle.py``).
 Tensor parallelism (``tensor_parallel_size`` N on either side): every worker registers its own

@@ -1,8 +1,10 @@
 """The decode side of a ``MooncakeCoreConnector`` worker: pull a request's KV blocks from a prefill.
 
 A request the scheduler hands over (``RecvReq``) is read at once when its params name the
-prefill's blocks; in the concurrent hand-off it first waits for the prefill's ``ready`` (asked
-for with ``want``, asked again every ``want_retry_s``, given up after ``prefill_wait_s``). Reads
+prefill's blocks (the first read from a prefill host waits one notification round trip for that
+host's clock offset, ``peer_clock.PeerClocks``: the lease is judged on this host's clock); in
+the concurrent hand-off it first waits for the prefill's ``ready`` (asked for with ``want``,
+asked again every ``want_retry_s``, given up after ``prefill_wait_s``). Reads
 go through the Transfer Engine, block granular with contiguous runs merged, one batch per
 prefill rank read from (``tp.rank_plan``); small ones inside the step, larger ones
 asynchronously. Every ending -- read, failed, aborted, not started -- is reported to vLLM once
@@ -23,9 +25,10 @@ from mooncake_connectors.vllm.layout import Slab, coalesce, pair_blocks, plan, r
 from mooncake_connectors.vllm.p2p_config import LEASE_MARGIN_S, P2PConfig
 from mooncake_connectors.vllm.p2p_messages import RecvReq, remote_shard
 from mooncake_connectors.vllm.p2p_notifier import Notifier
+from mooncake_connectors.vllm.peer_clock import LeaseExpired, PeerClocks
 from mooncake_connectors.vllm.tp import KVShard, RankPlan, rank_plan, readers
 from mooncake_core.engine import TransferEngine
-from mooncake_core.pd.notify import Confirmation, Kind, NotifyError, Ready, Want
+from mooncake_core.pd.notify import ClockAnswer, Confirmation, Kind, NotifyError, Ready, Want
 from mooncake_core.pd.params import ParamsError, PendingPrefill, RemotePrefill
 
 logger = init_logger("vllm.mooncake_core.p2p_connector")
@@ -81,6 +84,17 @@ class Puller:
         self.waiting: dict[str, tuple[RecvReq, float, float]] = {}
         self._cancelled: set[str] = set()  # aborted while an async read runs
         self._cancelled_now: list[str] = []  # aborted before their read: report
+        #: each prefill host's clock against ours (leases are stated on the prefill's)
+        self._clocks = PeerClocks(config.clock_refresh_s, segment, notifier, self._read, self._fail)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """This host's wall clock, leases are checked on it (tests inject a skewed one)."""
+        return self._clocks.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self._clocks.clock = clock
 
     def set_local(self, slabs: list[Slab], shard: Callable[[], KVShard]) -> None:
         """This worker's registered KV slabs and its layout (known once vLLM registered the caches)."""
@@ -92,8 +106,8 @@ class Puller:
         return bool(self._read_now or self._failed_now or self._cancelled_now)
 
     def pending(self) -> bool:
-        """Reads in flight or ``ready`` awaited (a poll may sleep for them)."""
-        return bool(self._pulls or self.waiting)
+        """Reads in flight, ``ready`` or a clock answer awaited (a poll may sleep for them)."""
+        return bool(self._pulls or self.waiting or self._clocks.waiting())
 
     # ---------------------------------------------------------------- from the scheduler
     def start(self, r: RecvReq) -> None:
@@ -111,6 +125,11 @@ class Puller:
                 if r.pending is not None:
                     self._tell_pending(r.pending, "release")
                 return
+        parked = self._clocks.cancel(rid)
+        if parked is not None and parked.remote is not None:  # waiting for the prefill's clock: nothing read
+            self._cancelled_now.append(rid)
+            self._notifier.release(parked.remote.segments, parked.remote.tp_size, parked.remote.transfer_id)
+            return
         if any(p.req.request_id == rid for p in self._pulls):
             self._cancelled.add(rid)  # reported when the read ends
         # else: already reported received; the scheduler freed the blocks itself
@@ -159,8 +178,14 @@ class Puller:
             return
         self.submit(RecvReq(r.request_id, rp, r.local_block_ids, r.local_hit_blocks))
 
+    def on_clock(self, answer: ClockAnswer) -> None:
+        """A prefill answered our clock query: its reads waiting for the offset start now."""
+        self._clocks.on_answer(answer)
+
     def retry_waiting(self, mono: float) -> None:
-        """Give up on a ``ready`` not come within ``prefill_wait_s``; ask again after ``want_retry_s``."""
+        """Give up on a ``ready`` not come within ``prefill_wait_s``; ask again after ``want_retry_s``.
+        Reads waiting for a clock answer that did not come start with the prefill's clock taken as ours."""
+        self._clocks.tick(mono)
         for tid, (r, deadline, again) in list(self.waiting.items()):
             if mono > deadline:
                 del self.waiting[tid]
@@ -195,12 +220,18 @@ class Puller:
         return cached
 
     def submit(self, r: RecvReq) -> None:
+        """Read ``r``'s blocks once its prefill host's clock offset is known."""
+        self._clocks.submit(r)
+
+    def _read(self, r: RecvReq) -> None:
         rp = r.remote
         assert rp is not None
         rplan: RankPlan | None = None
         try:
-            if time.time() > rp.lease_expiry_unix - LEASE_MARGIN_S:
-                raise RuntimeError(f"prefill lease on transfer {rp.transfer_id} expired before the read started")
+            left = self._clocks.lease_end(rp) - self.clock()
+            if left < LEASE_MARGIN_S:
+                raise LeaseExpired(f"prefill lease on transfer {rp.transfer_id} ends in {left:.1f} s on our clock "
+                                   f"(the prefill's clock offset taken out), too close to start the read")
             rplan = rank_plan(self.tp_rank, self._local_shard(), remote_shard(rp))
             pairs = pair_blocks(r.local_block_ids, rp.block_ids, r.local_hit_blocks)
             runs = coalesce(pairs)
@@ -237,7 +268,7 @@ class Puller:
         except Exception as e:
             logger.error("MooncakeCoreConnector: KV pull for request %s (transfer %s from %s) failed to start: %s",
                          r.request_id, rp.transfer_id, ",".join(rp.segments), e)
-            self._fail(r, "start")
+            self._fail(r, "lease" if isinstance(e, LeaseExpired) else "start")
             targets = ([rp.segments[k] for k in rplan.notify] if rplan is not None
                        else self._notifier.targets(rp.segments, rp.tp_size))
             for seg in targets:  # best effort: lets a live prefill free early
@@ -281,7 +312,7 @@ class Puller:
             for seg in p.notify:
                 self._notifier.confirm(seg, rp.transfer_id, "release", p.readers)
             return
-        if code == 1 and time.time() < rp.lease_expiry_unix:
+        if code == 1 and self.clock() < self._clocks.lease_end(rp):
             pulled_ms = (time.monotonic() - p.started) * 1e3
             t_n = time.monotonic()
             for seg in p.notify:

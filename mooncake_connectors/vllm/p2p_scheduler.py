@@ -10,15 +10,16 @@ hint, ``mooncake_core.pd.peer_prefix``), or must be held for a decode once it fi
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata
 from vllm.logger import init_logger
 
 from mooncake_connectors.vllm import stats as S
-from mooncake_connectors.vllm.p2p_config import LEASE_MARGIN_S, P2PConfig
+from mooncake_connectors.vllm.p2p_config import P2PConfig
 from mooncake_connectors.vllm.p2p_messages import (MooncakeConnectorMetadata, MooncakeHandshake, RecvReq, SendReq,
                                                    remote_shard)
+from mooncake_connectors.vllm.peer_clock import MAX_CLOCK_SKEW_S
 from mooncake_connectors.vllm.tp import TPMismatch, rank_plan
 from mooncake_core.pd.params import (ParamsError, PendingPrefill, RemotePrefill, chosen_transfer_id, is_pending,
                                      new_transfer_id, parse_pending, tokens_digest, wants_remote_decode,
@@ -49,6 +50,8 @@ class P2PScheduler:
         self._loading: dict[str, float] = {}  # decode requests handed to the worker, not yet received: since
         self._peer: dict[str, RemotePrefill | None] = {}  # peer prefix hints checked, until allocation
         self.stats = S.StatsRecorder()  # what the scheduler decided (requests, blocks, waits): vLLM's stats hook
+        #: this host's wall clock: the lease expiry a prefill states is on it (tests inject a skewed one)
+        self.clock: Callable[[], float] = time.time
 
     def set_handshake(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
         ranks = []
@@ -146,8 +149,10 @@ class P2PScheduler:
         return self._loadable(request, rp, num_computed_tokens)
 
     def _loadable(self, request: "Request", rp: RemotePrefill, num_computed_tokens: int) -> tuple[int, bool]:
-        if time.time() > rp.lease_expiry_unix - LEASE_MARGIN_S:
-            logger.warning("MooncakeCoreConnector: request %s: the prefill's lease on transfer %s has expired; "
+        # The expiry is on the prefill's clock, which may differ from ours: only params stale beyond
+        # any plausible skew are refused here; the worker judges the lease with the offset measured.
+        if self.clock() > rp.lease_expiry_unix + MAX_CLOCK_SKEW_S:
+            logger.warning("MooncakeCoreConnector: request %s: the prefill's lease on transfer %s ended long ago; "
                            "computing locally", request.request_id, rp.transfer_id)
             return 0, False
         n = min(len(request.prompt_token_ids or ()), rp.num_tokens) - num_computed_tokens
@@ -238,7 +243,7 @@ class P2PScheduler:
             logger.error("MooncakeCoreConnector: request %s: %s; not handing off", request.request_id, e)
             return False, None
         tid = chosen or new_transfer_id(self.engine_id, request.request_id)
-        expiry = time.time() + self.lease_s
+        expiry = self.clock() + self.lease_s
         rp = RemotePrefill(transfer_id=tid, segment=self.hs.segment, engine_id=self.engine_id,
                            request_id=request.request_id, block_ids=list(block_ids),
                            num_tokens=request.num_computed_tokens, block_size=self.block_size,

@@ -10,6 +10,7 @@ triggers it (``leases.Rendezvous``).
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 from vllm.logger import init_logger
@@ -37,6 +38,8 @@ class Sender:
         self._rdv: Rendezvous[RemotePrefill] = Rendezvous()  # wants <-> finished requests
         self._done: set[str] = set()  # requests whose blocks may be freed (next poll reports them)
         self._held_since: dict[str, float] = {}
+        #: this host's wall clock: lease expiries are stated on it (tests inject a skewed one)
+        self.clock: Callable[[], float] = time.time
 
     def has_results(self) -> bool:
         return bool(self._done)
@@ -48,7 +51,7 @@ class Sender:
     def hold(self, rid: str, sr: SendReq) -> None:
         """The scheduler handed request ``rid`` off: hold its blocks (and offer ``ready``)."""
         self._held_since[rid] = time.monotonic()
-        if self._sends.hold(rid, sr.transfer_id, sr.expiry, time.time()):
+        if self._sends.hold(rid, sr.transfer_id, sr.expiry, self.clock()):
             self._done.add(rid)  # (under TP a decode rank may have confirmed before this rank held)
         if sr.ready is not None:
             for pair in self._rdv.offer(sr.transfer_id, sr.ready, sr.expiry):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Callable
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
@@ -28,7 +29,7 @@ from mooncake_connectors.vllm.p2p_sender import Sender
 from mooncake_connectors.vllm.tp import KVShard, rank_hostname
 from mooncake_core.engine import TransferEngine
 from mooncake_core.pd import notify
-from mooncake_core.pd.notify import NotifyError, Ready, Want
+from mooncake_core.pd.notify import CLOCK_NAME, ClockAnswer, ClockQuery, NotifyError, Ready, Want
 
 logger = init_logger("vllm.mooncake_core.p2p_connector")
 
@@ -66,6 +67,8 @@ class P2PWorker:
         self.notifier = Notifier(self.te, self.tp_rank, self.tp_size)
         self.puller = Puller(config, self.te, self.notifier, self.segment, self.stats)
         self.sender = Sender(config.lease_s, self.notifier, self.stats)
+        #: this host's wall clock: leases are stated (prefill) and checked (decode) on it
+        self.clock: Callable[[], float] = time.time
         logger.info("MooncakeCoreConnector worker: Transfer Engine segment %s (metadata %s, TP rank %d of %d)",
                     self.segment, meta, self.tp_rank, self.tp_size)
 
@@ -105,6 +108,10 @@ class P2PWorker:
     def shard(self) -> KVShard:
         return KVShard(self.tp_size, self.slabs[0].block_bytes, len(self.slabs), self.kv_heads, self._heads_outer)
 
+    def set_clock(self, clock: Callable[[], float]) -> None:
+        """Use ``clock`` as this host's wall clock (tests: a host whose clock is off)."""
+        self.clock = self.sender.clock = self.puller.clock = clock
+
     # ---------------------------------------------------------------- each step
     def start_load(self, meta: MooncakeConnectorMetadata) -> None:
         """Route the scheduler's step metadata: aborts and releases, hand-offs to hold, loads to start."""
@@ -125,6 +132,8 @@ class P2PWorker:
             except NotifyError as e:
                 if e.kind == "ready":  # a bad ready fails the decode waiting for it
                     self.puller.on_ready(n.name, e)
+                elif e.kind == "clock=":  # the query goes unanswered: the prefill's clock is taken as ours
+                    logger.warning("MooncakeCoreConnector: bad clock answer %r: %s", n.msg[:80], e)
                 else:
                     logger.warning("MooncakeCoreConnector: ignoring notification %r for transfer %s: %s",
                                    n.msg[:40], n.name, e)
@@ -133,6 +142,10 @@ class P2PWorker:
                 self.puller.on_ready(n.name, msg)
             elif isinstance(msg, Want):
                 self.sender.on_want(n.name, msg, now)
+            elif isinstance(msg, ClockQuery):  # prefill: our wall clock, stamped now
+                self.notifier.send(msg.segment, CLOCK_NAME, ClockAnswer(self.segment, self.clock()), inline=True)
+            elif isinstance(msg, ClockAnswer):
+                self.puller.on_clock(msg)
             else:
                 self.sender.on_confirmation(n.name, msg, now)
 
@@ -145,7 +158,7 @@ class P2PWorker:
         if wait:
             self.te.wait_notifies(self._events_seen, wait)
         self._events_seen = self.te.notify_events()  # taken before draining: no event is missed
-        now = time.time()
+        now = self.clock()
         self._drain_notifies(now)  # first: a ``ready`` starts its read in this very poll
         self.puller.retry_waiting(time.monotonic())
         self.puller.collect(res)

@@ -8,6 +8,10 @@ output really depends on the transferred KV. The decode server of the test loads
 "kv_connector_module_path": "corrupting_connector", ...}'`` (this directory on PYTHONPATH);
 the production connector has no test switch.
 
+With ``MOONCAKE_TEST_CLOCK_SKEW_FILE`` set, its wall clock (the one leases are stated and checked
+on) is shifted by the number of seconds in that file, read again at most every 0.2 s: a host whose
+clock is off, without touching the machine's.
+
 It also loses, once, the ``ready`` notification of a concurrent hand-off whose transfer id
 starts with ``DROP_READY`` (env ``MOONCAKE_TEST_DROP_READY_PREFIX``; the prefill worker sends nothing the first time that transfer is
 ready): a decode must ask again and still get its KV. The prefill server of the test loads it
@@ -22,6 +26,7 @@ learns they are ready, so the decode computes on the noise).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -33,6 +38,26 @@ MARKER = "mooncake_test_corrupt"
 #: Transfer ids starting with this lose their first ``ready`` (prefill worker side); set by the
 #: test fixture (vllm_harness.DROP_READY), unset: nothing is dropped.
 DROP_READY = os.environ.get("MOONCAKE_TEST_DROP_READY_PREFIX", "")
+#: a file holding this instance's clock skew in seconds (unset: the real clock)
+SKEW_FILE = os.environ.get("MOONCAKE_TEST_CLOCK_SKEW_FILE", "")
+
+
+class SkewedClock:
+    """time.time() plus the skew in SKEW_FILE (re-read at most every 0.2 s)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.skew, self.read_at = path, 0.0, -1.0
+
+    def __call__(self) -> float:
+        mono = time.monotonic()
+        if mono - self.read_at > 0.2:
+            try:
+                with open(self.path) as f:
+                    self.skew = float(f.read().strip() or 0)
+            except (OSError, ValueError):
+                self.skew = 0.0
+            self.read_at = mono
+        return time.time() + self.skew
 
 
 class CorruptingMooncakeConnector(MooncakeCoreConnector):
@@ -43,6 +68,11 @@ class CorruptingMooncakeConnector(MooncakeCoreConnector):
         self._views: list[torch.Tensor] = []     # worker: one (num_blocks, -1) view per KV slab
         self._dropped: set[str] = set()          # worker: transfers whose first ready was lost
         self._lose_first_ready()
+        if SKEW_FILE:  # both sides of this instance state and check leases on the skewed clock
+            if self._sched is not None:
+                self._sched.clock = SkewedClock(SKEW_FILE)
+            if self._worker is not None:
+                self._worker.set_clock(SkewedClock(SKEW_FILE))
 
     # ---------------------------------------------------------------- scheduler side
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from mooncake_connectors.vllm.layout import (Run, Slab, coalesce, pair_blocks, plan, remote_slabs_from_regions,
                                              slabs_of)
-from mooncake_connectors.vllm.leases import Rendezvous, SendTracker
+from mooncake_connectors.vllm.leases import ClockOffsets, Rendezvous, SendTracker
 from mooncake_core.pd.params import (ParamsError, PendingPrefill, RemotePrefill, chosen_transfer_id,
                                              concurrent_decode_params, concurrent_prefill_params, is_pending,
                                              new_transfer_id, parse_pending, wants_remote_decode,
@@ -277,3 +277,23 @@ def test_rendezvous_drops_unpaired_entries_at_expiry():
     assert r.offer("w", {}, 30.0) == []  # the want expired: the offer waits for a new one
     r.expire(40.0)
     assert r.pending() == 0
+
+
+@pytest.mark.parametrize("skew", [10.0, -10.0, 0.0])
+def test_clock_offset_takes_a_peers_skew_out_of_its_lease(skew):
+    """A prefill whose clock is ``skew`` s off states its lease expiry on that clock; after one
+    round trip the decode knows the offset and checks the lease on its own clock, early by half
+    the round trip -- never late, whichever way the skew goes."""
+    c = ClockOffsets(max_age_s=30.0)
+    assert c.deadline("p:1", 1000.0) == 1000.0 and not c.fresh("p:1", 0.0)  # unmeasured: uncorrected
+    # our send at wall 500.0 / mono 50.0, the answer back 4 ms later; the peer stamped its clock
+    # 1 ms after our send (it is ``skew`` ahead of ours)
+    off, err = c.sample("p:1", 500.0, 50.0, 500.001 + skew, 500.004, 50.004)
+    assert off == pytest.approx(skew - 0.001) and err == pytest.approx(0.002)
+    true_expiry_ours = 530.0                      # the prefill frees at 30 s after our 500.0
+    stated = true_expiry_ours + skew               # ... which its params state on its clock
+    d = c.deadline("p:1", stated)
+    assert d <= true_expiry_ours and true_expiry_ours - d < 0.01
+    assert c.fresh("p:1", 60.0) and not c.fresh("p:1", 80.1)  # refreshed every max_age_s
+    c.assume("q:2", 70.0)
+    assert c.deadline("q:2", 123.0) == 123.0 and c.offset("q:2") == (0.0, 0.0)
