@@ -19,7 +19,7 @@ STRICT=(mooncake_core/store/master_state.py mooncake_core/store/master_records.p
         mooncake_proxy/scheduling mooncake_proxy/first_token.py
         mooncake_core/transfer/wire.py mooncake_core/utils/range_allocator.py mooncake_core/auth.py mooncake_core/store/limits.py mooncake_core/store/dummy_wire.py
         mooncake_core/dashboard/window.py mooncake_core/utils/rounds.py mooncake_core/utils/progress.py
-        mooncake_connectors/vllm/layout.py mooncake_core/pd mooncake_connectors/vllm/stats.py
+        mooncake_connectors/vllm/layout.py mooncake_connectors/vllm/kv_groups.py mooncake_core/pd mooncake_connectors/vllm/stats.py
         mooncake_connectors/vllm/tp.py mooncake_core/store/tensor_layout.py mooncake_core/transfer/ucx/lanes.py mooncake_core/transfer/ucx/plan.py mooncake_core/transfer/topology.py mooncake_core/structured/infer.py mooncake_core/store/mooncake_config.py mooncake_core/structured/refs.py mooncake_core/structured/catalog.py)
 rc=0
 echo "[lint] ruff check"

@@ -87,6 +87,11 @@ class RemotePrefill:
     # digest of the ``num_tokens`` token ids whose KV the blocks hold (``tokens_digest``); "" from
     # an older prefill. A peer-prefix load (``peer_prefix.py``) checks it against its own prompt.
     tokens_digest: str = ""
+    # hybrid models (vLLM's hybrid KV cache manager): every KV cache group's block ids, in group
+    # order (``block_ids`` is then the full-attention group's), and the prefill's group layout
+    # (``kv_groups.GroupLayout.tag``) the decode's must equal; () / "" for one group
+    group_block_ids: tuple[tuple[int, ...], ...] = ()
+    kv_layout: str = ""
 
     def __post_init__(self) -> None:
         if not self.segments:  # one rank
@@ -127,6 +132,8 @@ class RemotePrefill:
             "mooncake_kv_heads": self.kv_heads,
             "mooncake_heads_outer": self.heads_outer,
             "mooncake_tokens_digest": self.tokens_digest,
+            **({"mooncake_group_block_ids": [list(g) for g in self.group_block_ids],
+                "mooncake_kv_layout": self.kv_layout} if self.group_block_ids else {}),
         }
 
     @classmethod
@@ -163,7 +170,42 @@ class RemotePrefill:
             heads_outer=_get(d, "mooncake_heads_outer", bool, "true or false: the prefill's blocks are head-outer")
             if d.get("mooncake_heads_outer") is not None else False,
             tokens_digest=_digest(d),
+            group_block_ids=_group_block_ids(d),
+            kv_layout=_kv_layout(d),
         )
+
+
+#: Most KV cache groups accepted in params (a hybrid model has a few: one per layer kind).
+MAX_GROUPS = 64
+#: Longest ``mooncake_kv_layout`` accepted (ours: the groups' tags and a 16-character digest).
+MAX_LAYOUT = 1024
+
+
+def _group_block_ids(d: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    v = d.get("mooncake_group_block_ids")
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not 0 < len(v) <= MAX_GROUPS or not all(isinstance(g, list) for g in v):
+        raise ParamsError(f"kv_transfer_params: 'mooncake_group_block_ids' must be a list of 1..{MAX_GROUPS} lists "
+                          f"of block ids (one per KV cache group), got {v!r:.80}")
+    if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for g in v for b in g):
+        raise ParamsError("kv_transfer_params: 'mooncake_group_block_ids' must hold non-negative integers")
+    if d.get("mooncake_kv_layout") is None:
+        raise ParamsError("kv_transfer_params: 'mooncake_group_block_ids' without 'mooncake_kv_layout' (the "
+                          "prefill's KV cache group layout)")
+    return tuple(tuple(g) for g in v)
+
+
+def _kv_layout(d: dict[str, Any]) -> str:
+    v = d.get("mooncake_kv_layout")
+    if v is None:
+        return ""
+    if not isinstance(v, str) or len(v) > MAX_LAYOUT or not v.isprintable() or not v.isascii():
+        raise ParamsError(f"kv_transfer_params: 'mooncake_kv_layout' must be at most {MAX_LAYOUT} printable ASCII "
+                          f"characters, got {v!r:.80}")
+    if v and d.get("mooncake_group_block_ids") is None:
+        raise ParamsError("kv_transfer_params: 'mooncake_kv_layout' without 'mooncake_group_block_ids'")
+    return v
 
 
 #: Hex characters of ``tokens_digest`` (a 128-bit BLAKE2b).

@@ -15,7 +15,8 @@ from mooncake_core.pd.params import ParamsError, RemotePrefill, new_transfer_id
 def valid_params() -> dict:
     return RemotePrefill(transfer_id=new_transfer_id("e", "r"), segment="127.0.0.1:5000", engine_id="e",
                          request_id="r", block_ids=[3, 4], num_tokens=40, block_size=32, block_bytes=4096,
-                         num_slabs=8, lease_expiry_unix=1e9).to_params()
+                         num_slabs=8, lease_expiry_unix=1e9, group_block_ids=((5,), (3, 4)),
+                         kv_layout="state,full/32#1r2s#0123456789abcdef").to_params()
 
 
 KEYS = list(valid_params())
@@ -29,6 +30,8 @@ def check_params(d: object) -> None:
         return
     assert isinstance(rp.segment, str) and 0 < rp.port < 65536
     assert all(isinstance(b, int) and b >= 0 for b in rp.block_ids)
+    assert all(isinstance(b, int) and b >= 0 for g in rp.group_block_ids for b in g)
+    assert isinstance(rp.kv_layout, str) and bool(rp.kv_layout) <= bool(rp.group_block_ids)
     assert rp.block_size > 0 and rp.num_tokens >= 0 and rp.block_bytes >= 0 and rp.num_slabs >= 0
     assert rp.lease_expiry_unix == rp.lease_expiry_unix  # not NaN
     json.dumps(rp.to_params())  # what we return to vLLM is JSON
