@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -256,6 +257,35 @@ def completion(url: str, prompt, max_tokens: int = 16, kv_transfer_params: dict 
     if kv_transfer_params is not None:
         body["kv_transfer_params"] = kv_transfer_params
     return http_json(url + "/v1/completions", body, timeout=timeout)
+
+
+def greedy_tokens(url: str, prompt, max_tokens: int, timeout: float = 300.0) -> list[int]:
+    """The token ids a server (or a proxy in front of one) generates greedily for ``prompt``."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True,
+            "ignore_eos": True}
+    return http_json(url + "/v1/completions", body, timeout=timeout)["choices"][0]["token_ids"]
+
+
+def pulled_reads(log_text: str) -> list[tuple[int, int]]:
+    """(blocks, bytes) of every request a P2P decode pulled, in order, from its ``kv pulled`` log lines."""
+    return [(int(b), int(nb)) for b, nb in re.findall(r"kv pulled request=\S+ transfer=\S+ blocks=(\d+) bytes=(\d+)",
+                                                        log_text)]
+
+
+def wait_prefill_freed(prefill: "VllmServer", timeout: float = 30.0) -> None:
+    """Wait until the prefill holds no KV blocks (the decode confirmed; long before the lease)."""
+    wait_until(lambda: metric(http_text(prefill.url + "/metrics"), "vllm:kv_cache_usage_perc") == 0.0, timeout,
+               "prefill KV usage back to 0 after the decode's confirmation")
+
+
+def corrupted_handoff(prefill: "VllmServer", decode: "VllmServer", prompt, max_tokens: int) -> tuple[dict, list[int]]:
+    """The tests' negative control: hand ``prompt`` off with the marker that makes the decode's
+    ``CorruptingMooncakeConnector`` (tests/vllm/corrupting_connector.py) overwrite the received
+    blocks with noise; returns (the prefill's params, the decode's greedy tokens)."""
+    params = completion(prefill.url, prompt, 1, {"do_remote_decode": True})["kv_transfer_params"]
+    got = completion(decode.url, prompt, max_tokens, dict(params, mooncake_test_corrupt=True),
+                     timeout=300)["choices"][0]["token_ids"]
+    return params, got
 
 
 def prompt_ids(seed: int, n: int = 200) -> list[int]:

@@ -20,15 +20,15 @@ local run is a trustworthy oracle for a TP 2 hand-off (the replicated-latent rul
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 
 import pytest
 
 from mooncake_lab.checkout_shim import shim_pythonpath
-from mooncake_lab.vllm_harness import (VllmServer, completion, free_port, http_json, http_text, make_tiny_model, metric, own_tokens,
-                          p2p_config, prompt_ids, start_all, start_proxy, stop_proxy, wait_until)
+from mooncake_lab.vllm_harness import (VllmServer, corrupted_handoff, free_port, greedy_tokens, http_text,
+                                       make_tiny_model, metric, own_tokens, p2p_config, prompt_ids, pulled_reads,
+                                       start_all, start_proxy, stop_proxy, wait_prefill_freed)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -37,7 +37,6 @@ BLOCK = 16  # vLLM CPU's MLA kernel
 LATENT_BYTES = (512 + 64) * 2  # one token's latent, bf16
 LAYERS = 2
 EXT_HITS = "vllm:external_prefix_cache_hits_total"
-USAGE = "vllm:kv_cache_usage_perc"
 
 
 @pytest.fixture(scope="module")
@@ -69,19 +68,15 @@ def test_mla_through_proxy_equals_local_with_external_hits(mla_pair):
             prompt = prompt_ids(seed, n)
             want = own_tokens(d, prompt, 8)
             hits0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
-            body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "return_token_ids": True,
-                    "ignore_eos": True}
-            got = http_json(url + "/v1/completions", body, timeout=300)["choices"][0]["token_ids"]
+            got = greedy_tokens(url, prompt, 8)
             assert metric(http_text(d.url + "/metrics"), EXT_HITS) - hits0 == n, \
                 "the decode did not load the prompt's latent KV from the prefill"
             assert got == want, "greedy output from the transferred MLA latent differs from a local run"
         # exactly the prompt's blocks of latent moved, every layer's
-        moved = [(int(b), int(nb)) for b, nb in re.findall(r"kv pulled request=\S+ transfer=\S+ blocks=(\d+) "
-                                                           r"bytes=(\d+)", d.log_text())]
+        moved = pulled_reads(d.log_text())
         assert moved[-2:] == [(b, b * BLOCK * LATENT_BYTES * LAYERS) for b in (-(-100 // BLOCK), 64 // BLOCK)], moved
         # the decode confirmed: the prefill frees the blocks long before the lease
-        wait_until(lambda: metric(http_text(p.url + "/metrics"), USAGE) == 0.0, 30,
-                   "prefill KV usage back to 0 after the decode's confirmation")
+        wait_prefill_freed(p)
     finally:
         stop_proxy(proxy)
 
@@ -90,7 +85,5 @@ def test_mla_negative_control_noise_over_the_latent_changes_the_output(mla_pair)
     p, d, _ = mla_pair
     prompt = prompt_ids(3, 100)
     want = own_tokens(d, prompt, 8)
-    params = completion(p.url, prompt, 1, {"do_remote_decode": True})["kv_transfer_params"]
-    params["mooncake_test_corrupt"] = True  # honoured by the decode's CorruptingMooncakeConnector
-    got = completion(d.url, prompt, 8, params, timeout=300)["choices"][0]["token_ids"]
+    _params, got = corrupted_handoff(p, d, prompt, 8)
     assert got != want, "noise over the received latent did not change the output: the decode ignores it"
