@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from mooncake_core import envs
 from mooncake_connectors.vllm.idle import IDLE_WAIT_MS
+from mooncake_connectors.vllm.kv_groups import FULL, STATE, WINDOW, GroupSpec, window_blocks
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 #: A decode does not start a read this close to the prefill's lease expiry (the blocks may be
 #: freed and reused mid-read); it recomputes or fails per policy instead.
@@ -54,9 +56,15 @@ class P2PConfig:
     metadata_server: str = "P2PHANDSHAKE"
     protocol: str = "tcp"
     device_name: str = ""
+    #: the KV cache groups that move (vLLM's transfer groups), in order; one full group when unknown
+    groups: tuple[GroupSpec, ...] = ()
+    #: layer name -> index in ``groups``
+    group_of_layer: tuple[tuple[str, int], ...] = ()
+    #: index of each of ``groups`` among vLLM's KV cache groups (vLLM hands block ids of all of them)
+    transfer_group_ids: tuple[int, ...] = (0,)
 
     @classmethod
-    def from_vllm(cls, vllm_config: "VllmConfig") -> "P2PConfig":
+    def from_vllm(cls, vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None" = None) -> "P2PConfig":
         ktc = vllm_config.kv_transfer_config
 
         def extra(key: str, default: Any) -> Any:
@@ -76,9 +84,48 @@ class P2PConfig:
             metadata_server=extra("metadata_server", "P2PHANDSHAKE"),
             protocol=extra("protocol", "tcp"),
             device_name=extra("device_name", ""),
+            groups=group_specs(kv_cache_config, vllm_config.cache_config.block_size),
+            group_of_layer=tuple(sorted(
+                (name, i) for i, g in enumerate(kv_cache_config.transfer_groups) for name in g.layer_names))
+            if kv_cache_config is not None else (),
+            transfer_group_ids=tuple(kv_cache_config.transfer_group_ids)
+            if kv_cache_config is not None and kv_cache_config.kv_cache_groups else (0,),
         )
+
+    @property
+    def hybrid(self) -> bool:
+        """vLLM's hybrid KV cache manager gives this model's groups block ids of their own."""
+        return len(self.groups) > 1 or any(g.kind != FULL for g in self.groups)
+
+    @property
+    def has_state(self) -> bool:
+        """A group holds a recurrent state (Mamba): the decode must compute the prompt's last token."""
+        return any(g.kind == STATE for g in self.groups)
 
     @property
     def p2p_handshake(self) -> bool:
         """No metadata service: peers learn each other's segments from the params themselves."""
         return str(self.metadata_server).strip().upper() == "P2PHANDSHAKE"
+
+
+def group_specs(kv_cache_config: "KVCacheConfig | None", block_size: int) -> tuple[GroupSpec, ...]:
+    """vLLM's transfer groups as ``kv_groups.GroupSpec``; raises ``ValueError`` naming a group kind
+    this connector cannot move (so the engine fails at start, not with wrong output later)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec
+
+    if kv_cache_config is None or not kv_cache_config.kv_cache_groups:
+        return (GroupSpec(FULL, block_size),)
+    out = []
+    for i, g in zip(kv_cache_config.transfer_group_ids, kv_cache_config.transfer_groups):
+        spec = g.kv_cache_spec
+        if isinstance(spec, MambaSpec):
+            out.append(GroupSpec(STATE, spec.block_size))
+        elif isinstance(spec, SlidingWindowSpec):
+            out.append(GroupSpec(WINDOW, spec.block_size, window_blocks(spec.sliding_window, spec.block_size)))
+        elif type(spec) in (FullAttentionSpec, MLAAttentionSpec) or len(kv_cache_config.transfer_groups) == 1:
+            out.append(GroupSpec(FULL, spec.block_size))  # (one group: its blocks are the request's, as ever)
+        else:
+            raise ValueError(f"MooncakeCoreConnector: KV cache group {i} ({', '.join(g.layer_names[:3])}...) is a "
+                             f"{type(spec).__name__}; this connector moves full-attention, sliding-window and Mamba "
+                             f"state groups only")
+    return tuple(out) or (GroupSpec(FULL, block_size),)

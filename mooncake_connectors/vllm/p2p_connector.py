@@ -75,6 +75,15 @@ a layout that is not head-outer, are refused with a log line naming both TPs (th
 computes the prompt). (The tests' negative control -- received KV overwritten with noise --
 is a subclass in ``tests/vllm/corrupting_connector.py``; this connector has no test switch.)
 
+Hybrid models (``SupportsHMA``: vLLM's hybrid KV cache manager, e.g. Mamba2 + attention): every
+KV cache group has block ids of its own, and the groups' layers overlay shared buffers. The
+worker registers each buffer once and publishes the groups' layout in its handshake; the
+prefill's ``request_finished_all_groups`` sends every group's block ids and that layout, the
+decode refuses another layout or TP size and reads each group's blocks in that group's layers
+(``kv_groups.py``: a window only its needed blocks, a Mamba state as the state). For a model
+with a recurrent state the prefill computes the prompt minus its last token (``on_new_request``)
+and the decode loads that many, as vLLM's own Mooncake connector does.
+
 The parts, as vLLM's own Mooncake connectors are cut: this module is the connector vLLM loads,
 delegating to its scheduler side (``p2p_scheduler.P2PScheduler``) or its worker side
 (``p2p_worker.P2PWorker``: the decode's ``p2p_puller.Puller``, the prefill's
@@ -90,7 +99,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorHandshakeMetadata,
                                                                 KVConnectorMetadata, KVConnectorRole,
-                                                                KVConnectorTransferResults)
+                                                                KVConnectorTransferResults, SupportsHMA)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from mooncake_connectors.vllm import stats as S
@@ -118,8 +127,12 @@ def _tp_rank() -> int:
     return get_tensor_model_parallel_rank()
 
 
-class MooncakeCoreConnector(StatsHook, KVConnectorBase_V1):
-    """vLLM KV connector V1 moving KV blocks between instances over the Mooncake Transfer Engine."""
+class MooncakeCoreConnector(StatsHook, KVConnectorBase_V1, SupportsHMA):
+    """vLLM KV connector V1 moving KV blocks between instances over the Mooncake Transfer Engine.
+
+    ``SupportsHMA``: with vLLM's hybrid KV cache manager (hybrid Mamba + attention or
+    sliding-window models) every KV cache group has block ids of its own; they travel per group
+    (``kv_groups.py``)."""
 
     PROM = P2P_PROM  # series of vLLM's KV connector stats hook (connector_stats.py)
 
@@ -128,7 +141,7 @@ class MooncakeCoreConnector(StatsHook, KVConnectorBase_V1):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: "KVCacheConfig | None" = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        config = P2PConfig.from_vllm(vllm_config)
+        config = P2PConfig.from_vllm(vllm_config, kv_cache_config)
         self.engine_id: str = config.engine_id
         if role == KVConnectorRole.SCHEDULER:
             self._sched: P2PScheduler | None = P2PScheduler(config)
@@ -154,7 +167,16 @@ class MooncakeCoreConnector(StatsHook, KVConnectorBase_V1):
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._sched is not None
+        return self._sched.request_finished(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: "Request",
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._sched is not None
         return self._sched.request_finished(request, block_ids)
+
+    def on_new_request(self, request: "Request") -> None:
+        if self._sched is not None:
+            self._sched.on_new_request(request)
 
     def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
         if self._sched is not None:
@@ -166,8 +188,8 @@ class MooncakeCoreConnector(StatsHook, KVConnectorBase_V1):
             self._sched.update_connector_output(connector_output)
 
     def get_loaded_kv_cache_group_ids(self, request: "Request") -> tuple[int, ...]:
-        # We transfer the request's own blocks, so every group is restored.
-        return tuple(range(len(self._kv_cache_config.kv_cache_groups)))
+        # We transfer the request's own blocks of every group that takes part in transfers.
+        return tuple(self._kv_cache_config.transfer_group_ids)
 
     # ---------------------------------------------------------------- worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):

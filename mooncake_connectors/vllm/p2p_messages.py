@@ -26,6 +26,7 @@ class MooncakeHandshake(KVConnectorHandshakeMetadata):
     tp_size: int = 1
     kv_heads: int = 0  # KV heads on this rank
     heads_outer: bool = True  # a block is [kv_heads, ...] (tp.KVShard)
+    kv_layout: str = ""  # hybrid models: the KV cache groups' layout (kv_groups.GroupLayout.tag); "" otherwise
 
     def shard(self) -> KVShard:
         return KVShard(self.tp_size, self.block_bytes, self.num_slabs, self.kv_heads, self.heads_outer)
@@ -45,6 +46,9 @@ class RecvReq:
     local_hit_blocks: int
     pending: PendingPrefill | None = None
     need_tokens: int = 0
+    #: hybrid models: the fresh local blocks of every KV cache group (``local_block_ids`` is then
+    #: all of them, for load errors); None for one group
+    local_group_block_ids: list[list[int]] | None = None
 
 
 @dataclass

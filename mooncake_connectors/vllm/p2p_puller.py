@@ -21,6 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransfe
 from vllm.logger import init_logger
 
 from mooncake_connectors.vllm import stats as S
+from mooncake_connectors.vllm.kv_groups import GroupLayout, group_plan
 from mooncake_connectors.vllm.layout import Slab, coalesce, pair_blocks, plan, remote_slabs_from_regions
 from mooncake_connectors.vllm.p2p_config import LEASE_MARGIN_S, P2PConfig
 from mooncake_connectors.vllm.p2p_messages import RecvReq, remote_shard
@@ -75,7 +76,9 @@ class Puller:
         self.want_retry_s = config.want_retry_s
         self._slabs: list[Slab] = []
         self._shard: Callable[[], KVShard] | None = None
+        self._groups: GroupLayout | None = None  # hybrid models: the KV cache groups' layout
         self._remote: dict[str, list[Slab]] = {}  # "segment|engine id" -> the prefill's slabs
+        self._remote_groups: dict[str, list[list[Slab]]] = {}  # hybrid: "segment|engine id|groups" -> per group
         self._pulls: list[Pull] = []
         self._read_now: list[Pull] = []  # finished synchronously this step (small reads)
         self._failed_now: list[RecvReq] = []
@@ -96,10 +99,12 @@ class Puller:
     def clock(self, clock: Callable[[], float]) -> None:
         self._clocks.clock = clock
 
-    def set_local(self, slabs: list[Slab], shard: Callable[[], KVShard]) -> None:
-        """This worker's registered KV slabs and its layout (known once vLLM registered the caches)."""
+    def set_local(self, slabs: list[Slab], shard: Callable[[], KVShard], groups: GroupLayout | None = None) -> None:
+        """This worker's registered KV slabs and its layout (known once vLLM registered the caches);
+        ``groups`` for a hybrid model."""
         self._slabs = slabs
         self._shard = shard
+        self._groups = groups
 
     def has_results(self) -> bool:
         """Endings this step's poll will report."""
@@ -166,6 +171,10 @@ class Puller:
             if rp.block_size != self.block_size:
                 raise ParamsError(f"prefill block size {rp.block_size} differs from this decode's {self.block_size}")
             rank_plan(self.tp_rank, self._local_shard(), remote_shard(rp))  # TPMismatch names the difference
+            layout = self._groups.tag if self._groups is not None else ""
+            if rp.kv_layout != layout:
+                raise ParamsError(f"the prefill's KV cache groups ({rp.kv_layout or 'one group'}) differ from this "
+                                  f"decode's ({layout or 'one group'})")
             if rp.num_tokens < r.need_tokens or len(rp.block_ids) < need_blocks:
                 raise ParamsError(f"prefill computed {rp.num_tokens} tokens in {len(rp.block_ids)} blocks, the "
                                   f"decode needs {r.need_tokens}")
@@ -176,7 +185,8 @@ class Puller:
             if r.pending is not None:
                 self._tell_pending(r.pending, "failed")
             return
-        self.submit(RecvReq(r.request_id, rp, r.local_block_ids, r.local_hit_blocks))
+        self.submit(RecvReq(r.request_id, rp, r.local_block_ids, r.local_hit_blocks,
+                            local_group_block_ids=r.local_group_block_ids))
 
     def on_clock(self, answer: ClockAnswer) -> None:
         """A prefill answered our clock query: its reads waiting for the offset start now."""
@@ -233,13 +243,17 @@ class Puller:
                 raise LeaseExpired(f"prefill lease on transfer {rp.transfer_id} ends in {left:.1f} s on our clock "
                                    f"(the prefill's clock offset taken out), too close to start the read")
             rplan = rank_plan(self.tp_rank, self._local_shard(), remote_shard(rp))
-            pairs = pair_blocks(r.local_block_ids, rp.block_ids, r.local_hit_blocks)
-            runs = coalesce(pairs)
             reads = []  # (segment, local addrs, remote addrs, lengths) per prefill rank read from
-            for src in rplan.reads:
-                seg = rp.segments[src.rank]
-                reads.append((seg, *plan(self._slabs, self._remote_slabs(rp, seg), runs, src.part, src.parts,
-                                         src.remote_part, src.remote_parts)))
+            if self._groups is not None:
+                nblocks, reads = self._group_reads(r, rp, rplan)
+            else:
+                pairs = pair_blocks(r.local_block_ids, rp.block_ids, r.local_hit_blocks)
+                runs = coalesce(pairs)
+                nblocks = len(pairs)
+                for src in rplan.reads:
+                    seg = rp.segments[src.rank]
+                    reads.append((seg, *plan(self._slabs, self._remote_slabs(rp, seg), runs, src.part, src.parts,
+                                             src.remote_part, src.remote_parts)))
             nbytes = sum(sum(ln) for _s, _la, _ra, ln in reads)
             notify = [rp.segments[k] for k in rplan.notify]
             if nbytes <= self.sync_load_max_bytes:
@@ -250,15 +264,15 @@ class Puller:
                 started = time.monotonic()
                 for seg, la, ra, ln in reads:
                     if self._te.batch_transfer_sync_read(seg, la, ra, ln) != 0:
-                        self._remote.pop(f"{seg}|{rp.engine_id}", None)
+                        self._forget(seg, rp.engine_id)
                         raise RuntimeError(f"read from {seg} failed: {self._te.last_error}")
-                self._read_now.append(Pull(r, [], nbytes, len(pairs), started, notify, rplan.readers))
+                self._read_now.append(Pull(r, [], nbytes, nblocks, started, notify, rplan.readers))
                 return
-            pull = Pull(r, [], nbytes, len(pairs), time.monotonic(), notify, rplan.readers)
+            pull = Pull(r, [], nbytes, nblocks, time.monotonic(), notify, rplan.readers)
             for seg, la, ra, ln in reads:
                 bid = self._te.batch_transfer_async_read(seg, la, ra, ln)
                 if bid <= 0:
-                    self._remote.pop(f"{seg}|{rp.engine_id}", None)
+                    self._forget(seg, rp.engine_id)
                     if pull.batch_ids:  # reads already running may still write the blocks: report at their end
                         pull.codes[-1] = -1
                         break
@@ -273,6 +287,42 @@ class Puller:
                        else self._notifier.targets(rp.segments, rp.tp_size))
             for seg in targets:  # best effort: lets a live prefill free early
                 self._notifier.confirm(seg, rp.transfer_id, "failed", readers(self.tp_size, rp.tp_size))
+
+    def _group_reads(self, r: RecvReq, rp: RemotePrefill,
+                     rplan: RankPlan) -> tuple[int, list[tuple[str, list[int], list[int], list[int]]]]:
+        """A hybrid model's reads: each KV cache group's blocks in that group's layers, whole
+        blocks from the prefill rank of the same number (equal TP sizes only)."""
+        assert self._groups is not None
+        if r.local_group_block_ids is None or not rp.group_block_ids:
+            raise ParamsError(f"transfer {rp.transfer_id}: a hybrid model's hand-off needs block ids per KV cache "
+                              f"group on both sides (the prefill sent {len(rp.group_block_ids)} groups)")
+        reads = []
+        nblocks = 0
+        for src in rplan.reads:
+            if src.parts != 1 or src.remote_parts != 1:
+                raise ParamsError(f"transfer {rp.transfer_id}: a hybrid model's KV moves between equal TP sizes "
+                                  f"only (prefill TP {rp.tp_size}, decode TP {self.tp_size})")
+            seg = rp.segments[src.rank]
+            la, ra, ln, nblocks = group_plan(self._groups.specs, self._groups.local_slabs(),
+                                             self._remote_group_slabs(rp, seg), r.local_group_block_ids,
+                                             [list(g) for g in rp.group_block_ids], r.local_hit_blocks)
+            reads.append((seg, la, ra, ln))
+        return nblocks, reads
+
+    def _forget(self, segment: str, engine_id: str) -> None:
+        """Drop what we cached of a prefill whose read failed (it may have restarted)."""
+        self._remote.pop(f"{segment}|{engine_id}", None)
+        self._remote_groups.pop(f"{segment}|{engine_id}|groups", None)
+
+    def _remote_group_slabs(self, rp: RemotePrefill, segment: str) -> list[list[Slab]]:
+        assert self._groups is not None
+        key = f"{segment}|{rp.engine_id}|groups"
+        cached = self._remote_groups.get(key)
+        if cached is None:
+            regions = [(a, n) for a, n, _loc in self._te.get_segment_buffers(segment)]
+            cached = self._groups.remote_slabs(regions, segment)
+            self._remote_groups[key] = cached
+        return cached
 
     def _fail(self, r: RecvReq, reason: str) -> None:
         """``r``'s KV will not arrive (the next poll reports it failed); ``reason`` is one of
@@ -329,7 +379,7 @@ class Puller:
         logger.error("MooncakeCoreConnector: KV pull for request %s (transfer %s from %s) failed: %s",
                      p.req.request_id, rp.transfer_id, ",".join(p.notify), why)
         for seg in p.notify:
-            self._remote.pop(f"{seg}|{rp.engine_id}", None)
+            self._forget(seg, rp.engine_id)
             self._notifier.confirm(seg, rp.transfer_id, "failed", p.readers)
         self._fail(p.req, "read" if code != 1 else "lease")
 

@@ -16,6 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandsha
 from vllm.logger import init_logger
 
 from mooncake_connectors.vllm import stats as S
+from mooncake_connectors.vllm.kv_groups import sent_blocks, token_group
 from mooncake_connectors.vllm.p2p_config import P2PConfig
 from mooncake_connectors.vllm.p2p_messages import (MooncakeConnectorMetadata, MooncakeHandshake, RecvReq, SendReq,
                                                    remote_shard)
@@ -37,6 +38,7 @@ class P2PScheduler:
     """Scheduler-side state of one instance (both roles: an instance may prefill and decode)."""
 
     def __init__(self, config: P2PConfig):
+        self.config = config
         self.engine_id = config.engine_id
         self.block_size = config.block_size
         self.lease_s = config.lease_s
@@ -61,7 +63,7 @@ class P2PScheduler:
                 raise ValueError(f"MooncakeCoreConnector: expected worker handshake metadata for TP rank {r} of "
                                  f"{self.tp_size}, got {metadata!r}")
             ranks.append(hs)
-        if len({(h.block_bytes, h.num_slabs, h.kv_heads, h.heads_outer) for h in ranks}) != 1:
+        if len({(h.block_bytes, h.num_slabs, h.kv_heads, h.heads_outer, h.kv_layout) for h in ranks}) != 1:
             raise ValueError(f"MooncakeCoreConnector: TP ranks report different KV layouts: {ranks!r}")
         if len({h.segment for h in ranks}) != len(ranks):
             raise ValueError(f"MooncakeCoreConnector: TP ranks share a Transfer Engine segment name: {ranks!r}")
@@ -82,6 +84,12 @@ class P2PScheduler:
     def _peer_prefix(self, request: "Request") -> RemotePrefill | None:
         """The request's checked peer prefix hint (``peer_prefix.py``), parsed once per request."""
         rid = request.request_id
+        if rid not in self._peer and self.config.hybrid:
+            logger.warning("MooncakeCoreConnector: request %s: a peer prefix hint is not used for a hybrid model "
+                           "(the peer's Mamba state and sliding window are at its own prompt's end, not at this "
+                           "prompt's prefix); computing the prefix here", rid)
+            self._release_hint(request)
+            self._peer[rid] = None
         if rid not in self._peer:
             try:
                 rp = parse_peer_prefix(request.kv_transfer_params, request.prompt_token_ids, self.block_size)
@@ -108,6 +116,16 @@ class P2PScheduler:
         if rp.block_size != self.block_size:
             logger.error("MooncakeCoreConnector: request %s: prefill block size %d != decode block size %d; "
                          "computing locally", request.request_id, rp.block_size, self.block_size)
+            return None
+        if self.hs is not None and rp.kv_layout != self.hs.kv_layout:
+            logger.error("MooncakeCoreConnector: request %s: the prefill's KV cache groups (%s) differ from this "
+                         "decode's (%s): the same model, dtype and block size on both sides? computing locally",
+                         request.request_id, rp.kv_layout or "one group", self.hs.kv_layout or "one group")
+            return None
+        if self.config.hybrid and rp.tp_size != self.tp_size:
+            logger.error("MooncakeCoreConnector: request %s: prefill TP %d, decode TP %d: a hybrid model's KV moves "
+                         "between equal TP sizes only (a Mamba state is split by heads per rank and cannot be "
+                         "re-split); computing locally", request.request_id, rp.tp_size, self.tp_size)
             return None
         if self.hs is not None:
             try:
@@ -141,7 +159,7 @@ class P2PScheduler:
         if is_pending(params):  # concurrent hand-off: the prefill computes the whole prompt
             if self._parse_pending(request) is None:
                 return 0, False
-            n = len(request.prompt_token_ids or ()) - num_computed_tokens
+            n = self._loadable_prompt(request) - num_computed_tokens
             return (n, True) if n > 0 else (0, False)
         rp = self._parse(request)
         if rp is None:
@@ -155,8 +173,28 @@ class P2PScheduler:
             logger.warning("MooncakeCoreConnector: request %s: the prefill's lease on transfer %s ended long ago; "
                            "computing locally", request.request_id, rp.transfer_id)
             return 0, False
-        n = min(len(request.prompt_token_ids or ()), rp.num_tokens) - num_computed_tokens
+        n = min(self._loadable_prompt(request), rp.num_tokens) - num_computed_tokens
         return (n, True) if n > 0 else (0, False)
+
+    def _loadable_prompt(self, request: "Request") -> int:
+        """Prompt tokens a decode may load: all, or all but the last for a model with a recurrent
+        state (the decode computes the last token from the state after the others, as vLLM's own
+        Mooncake connector does: a state cannot be rolled back to recompute a token)."""
+        n = len(request.prompt_token_ids or ())
+        return n - 1 if self.config.has_state and n > 1 else n
+
+    def on_new_request(self, request: "Request") -> None:
+        """Prefill of a model with a recurrent state: compute the prompt minus its last token, so
+        the state handed over is the one the decode continues from (``_loadable_prompt``)."""
+        params = request.kv_transfer_params
+        if (not self.config.has_state or not wants_remote_decode(params) or params.get("_mooncake_truncated")
+                or request.num_prompt_tokens <= 1 or request.prompt_token_ids is None):
+            return
+        request.prompt_token_ids.pop()
+        request._all_token_ids.pop()
+        request.num_prompt_tokens -= 1
+        request.max_tokens = 1
+        params["_mooncake_truncated"] = True
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
         params = request.kv_transfer_params
@@ -172,10 +210,18 @@ class P2PScheduler:
         who = pending or rp
         if who is not None:
             if num_external_tokens > 0:
-                hashed = sum(1 for b in blocks.blocks[0] if b.block_hash is not None)
-                ids = blocks.get_unhashed_block_ids()
+                groups: list[list[int]] | None = None
+                if self.config.hybrid:
+                    every = blocks.get_unhashed_block_ids_all_groups()
+                    groups = [list(every[i]) for i in self.config.transfer_group_ids]
+                    ids = [b for g in groups for b in g]
+                    tg = self.config.transfer_group_ids[token_group(self.config.groups)]
+                    hashed = sum(1 for b in blocks.blocks[tg] if b.block_hash is not None)
+                else:
+                    hashed = sum(1 for b in blocks.blocks[0] if b.block_hash is not None)
+                    ids = blocks.get_unhashed_block_ids()
                 self._recv.append(RecvReq(request.request_id, rp, ids, hashed,
-                                          pending, hashed * self.block_size + num_external_tokens))
+                                          pending, hashed * self.block_size + num_external_tokens, groups))
                 self._loading[request.request_id] = time.monotonic()
                 self.stats.add(S.REMOTE_REQUESTS)
                 self.stats.add(S.REMOTE_BLOCKS, len(ids))
@@ -203,7 +249,9 @@ class P2PScheduler:
             if t0 is not None:
                 self.stats.observe(S.REMOTE_WAIT_SECONDS, now - t0)
 
-    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: "Request",
+                         block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        """``block_ids``: every KV cache group's (vLLM's ``request_finished_all_groups``)."""
         from vllm.v1.request import RequestStatus
 
         params = request.kv_transfer_params
@@ -231,7 +279,13 @@ class P2PScheduler:
             return False, None
         if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
             return False, None  # aborted prefill: nothing to hand off
-        if not block_ids:
+        if self.config.hybrid:
+            groups = [sent_blocks(spec, list(block_ids[i]))
+                      for spec, i in zip(self.config.groups, self.config.transfer_group_ids)]
+            flat = groups[token_group(self.config.groups)]
+        else:
+            groups, flat = [], list(block_ids[0]) if block_ids else []
+        if not flat and not any(groups):
             return False, None
         if self.hs is None:
             logger.error("MooncakeCoreConnector: no worker handshake yet; cannot hand off request %s",
@@ -245,16 +299,17 @@ class P2PScheduler:
         tid = chosen or new_transfer_id(self.engine_id, request.request_id)
         expiry = self.clock() + self.lease_s
         rp = RemotePrefill(transfer_id=tid, segment=self.hs.segment, engine_id=self.engine_id,
-                           request_id=request.request_id, block_ids=list(block_ids),
+                           request_id=request.request_id, block_ids=flat,
                            num_tokens=request.num_computed_tokens, block_size=self.block_size,
                            block_bytes=self.hs.block_bytes, num_slabs=self.hs.num_slabs, lease_expiry_unix=expiry,
                            segments=self.segments, kv_heads=self.hs.kv_heads, heads_outer=self.hs.heads_outer,
-                           tokens_digest=tokens_digest((request.prompt_token_ids or ())[:request.num_computed_tokens]))
+                           tokens_digest=tokens_digest((request.prompt_token_ids or ())[:request.num_computed_tokens]),
+                           group_block_ids=tuple(tuple(g) for g in groups), kv_layout=self.hs.kv_layout)
         out = rp.to_params()
         # concurrent hand-off: the worker sends these to the decode that asks for ``tid``
         self._send[request.request_id] = SendReq(tid, expiry, rp if chosen else None)
         self.stats.add(S.HANDOFF_REQUESTS)
-        self.stats.add(S.HANDOFF_BLOCKS, len(block_ids))
+        self.stats.add(S.HANDOFF_BLOCKS, sum(map(len, groups)) if groups else len(flat))
         return True, out
 
 

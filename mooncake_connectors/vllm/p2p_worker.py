@@ -20,6 +20,7 @@ from vllm.logger import init_logger
 
 from mooncake_connectors.vllm import stats as S
 from mooncake_connectors.vllm.idle import idle_wait_s
+from mooncake_connectors.vllm.kv_groups import GroupLayout
 from mooncake_connectors.vllm.layout import Slab, heads_outer, slabs_of
 from mooncake_connectors.vllm.p2p_config import P2PConfig
 from mooncake_connectors.vllm.p2p_messages import MooncakeConnectorMetadata, MooncakeHandshake
@@ -45,8 +46,10 @@ class P2PWorker:
     notifier built on them."""
 
     def __init__(self, config: P2PConfig, tp_rank: int, kv_heads: int, num_blocks: int | None):
+        self.config = config
         self.engine_id = config.engine_id
         self.num_blocks = num_blocks
+        self.groups: GroupLayout | None = None  # hybrid models: the KV cache groups' layout
         self.te = TransferEngine()
         self.tp_size = config.tp_size
         self.tp_rank = tp_rank
@@ -74,6 +77,9 @@ class P2PWorker:
 
     # ---------------------------------------------------------------- setup
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        if self.config.hybrid:
+            self._register_groups(kv_caches)
+            return
         slabs: list[Slab] = []
         where: dict[int, str] = {}  # slab base -> location: GPU KV caches (kv_buffer_device "cuda") are cuda:N
         for name, t in kv_caches.items():
@@ -98,14 +104,46 @@ class P2PWorker:
         logger.info("MooncakeCoreConnector worker: registered %d KV slabs of %d blocks x %d bytes (%s)",
                     len(slabs), slabs[0].num_blocks, slabs[0].block_bytes, self.segment)
 
+    def _register_groups(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Hybrid models: the groups' layers overlay shared buffers (``kv_groups.py``); register
+        each buffer once and plan per group. A Mamba layer comes as a raw byte view whose block
+        stride (the page) exceeds its state: its slabs are strided, moved a block at a time."""
+        group_of = dict(self.config.group_of_layer)
+        layers: list[tuple[int, list[Slab]]] = []
+        where: dict[int, str] = {}
+        for name, t in kv_caches.items():
+            if name not in group_of:
+                continue  # a layer of a group that takes no part in transfers
+            nb = self.num_blocks or t.shape[0]
+            layer = slabs_of(t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.element_size(), nb)
+            loc = f"cuda:{t.device.index or 0}" if t.device.type == "cuda" else "cpu:0"
+            where.update((s.base, loc) for s in layer)
+            layers.append((group_of[name], layer))
+        self.groups = GroupLayout.build(self.config.groups, layers)
+        for base, nbytes in self.groups.regions:
+            loc = next((w for b, w in where.items() if base <= b < base + nbytes), "cpu:0")
+            if self.te.register_memory(base, nbytes, loc) != 0:
+                raise RuntimeError(f"MooncakeCoreConnector: register_memory({base:#x}, {nbytes}) failed: "
+                                   f"{self.te.last_error}")
+        self.slabs = [s for group in self.groups.local_slabs() for s in group]
+        self._heads_outer = False  # heads are not sliced across TP sizes for a hybrid model
+        self.puller.set_local(self.slabs, self.shard, self.groups)
+        logger.info("MooncakeCoreConnector worker: hybrid KV cache groups %s: %d layer slabs over %d registered "
+                    "buffers of %d blocks (%s)", self.groups.tag, len(self.slabs), len(self.groups.regions),
+                    self.groups.num_blocks, self.segment)
+
     def handshake(self) -> MooncakeHandshake:
         if not self.slabs:
             raise RuntimeError("MooncakeCoreConnector: handshake requested before register_kv_caches")
-        return MooncakeHandshake(segment=self.segment, block_bytes=self.slabs[0].block_bytes,
-                                 num_slabs=len(self.slabs), tp_rank=self.tp_rank, tp_size=self.tp_size,
-                                 kv_heads=self.kv_heads, heads_outer=self._heads_outer)
+        shard = self.shard()
+        return MooncakeHandshake(segment=self.segment, block_bytes=shard.block_bytes,
+                                 num_slabs=shard.num_slabs, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                                 kv_heads=self.kv_heads, heads_outer=self._heads_outer,
+                                 kv_layout=self.groups.tag if self.groups is not None else "")
 
     def shard(self) -> KVShard:
+        if self.groups is not None:  # hybrid: equal TP only (p2p_scheduler refuses others)
+            return KVShard(self.tp_size, self.groups.page_bytes, len(self.slabs), self.kv_heads, False)
         return KVShard(self.tp_size, self.slabs[0].block_bytes, len(self.slabs), self.kv_heads, self._heads_outer)
 
     def set_clock(self, clock: Callable[[], float]) -> None:
