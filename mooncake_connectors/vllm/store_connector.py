@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
-                                                                KVConnectorRole)
+                                                                KVConnectorRole, SupportsHMA)
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -84,6 +84,36 @@ def _store_from_config(vllm_config: "VllmConfig", segment: str | None):
     return store
 
 
+def _one_group(kv_cache_config: "KVCacheConfig | None") -> None:
+    """Refuse a model whose KV cache is not one full-attention group (vLLM's hybrid manager keeps
+    several groups, or a window / state group, apart), naming why.
+
+    A stored prefix of a hybrid Mamba model would need the recurrent state at every block
+    boundary it may be reused from; vLLM keeps those only in its Mamba cache mode ``align``
+    (prefix caching), which vLLM CPU 0.32 cannot run, and hands the connector the state at the
+    prompt's end otherwise. Sliding-window groups drop the blocks outside the window before a
+    request finishes (vLLM's null block takes their place), so their prefix blocks are gone when
+    the store would save them -- a single sliding-window group as much as one of several."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, UniformTypeKVCacheSpecs
+
+    groups = kv_cache_config.kv_cache_groups if kv_cache_config is not None else []
+
+    def full(spec: Any) -> bool:
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            return all(full(s) for s in spec.kv_cache_specs.values())
+        return type(spec) in (FullAttentionSpec, MLAAttentionSpec)
+
+    if len(groups) <= 1 and all(full(g.kv_cache_spec) for g in groups):
+        return
+    kinds = ", ".join(type(g.kv_cache_spec).__name__ for g in groups)
+    raise ValueError(f"MooncakeCoreStoreConnector: this model has {len(groups)} KV cache group"
+                     f"{'' if len(groups) == 1 else 's'} ({kinds}) under "
+                     "vLLM's hybrid KV cache manager; the store keeps prefixes of one full-attention group only. A "
+                     "sliding-window model runs with --disable-hybrid-kv-cache-manager (every block kept); a hybrid "
+                     "Mamba model (its state exists only at the prompt's end) is served disaggregated through "
+                     "MooncakeCoreConnector instead")
+
+
 @dataclass
 class StoreMeta(KVConnectorMetadata):
     """Scheduler -> worker each step: blocks to load now, blocks to save (request id -> pairs)."""
@@ -92,8 +122,13 @@ class StoreMeta(KVConnectorMetadata):
     saves: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
 
-class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1):
-    """Saves/loads full KV blocks to/from the Mooncake Store under prefix-chained keys."""
+class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1, SupportsHMA):
+    """Saves/loads full KV blocks to/from the Mooncake Store under prefix-chained keys.
+
+    ``SupportsHMA`` so that vLLM keeps its hybrid KV cache manager on (a hybrid Mamba model does
+    not start without it) and tells a model's groups apart; the store holds one group's blocks:
+    a model with several KV cache groups, or a window or state group, is refused at start with the
+    reason (``_one_group``)."""
 
     PROM = STORE_PROM  # series of vLLM's KV connector stats hook (connector_stats.py)
 
@@ -104,6 +139,7 @@ class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         if vllm_config.parallel_config.tensor_parallel_size != 1:
             raise ValueError("MooncakeCoreStoreConnector supports tensor_parallel_size 1 only")
+        _one_group(kv_cache_config)
         self.block_size = vllm_config.cache_config.block_size
         mc = vllm_config.model_config
         self.model_tag = f"{mc.model}|{mc.dtype}"
@@ -188,6 +224,10 @@ class MooncakeCoreStoreConnector(StatsHook, KVConnectorBase_V1):
         meta = StoreMeta(loads=self._loads, saves=self._saves)
         self._loads, self._saves = {}, {}
         return meta
+
+    def request_finished_all_groups(self, request: "Request",
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished(request, block_ids[0] if block_ids else [])  # one group (_one_group)
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         from vllm.v1.request import RequestStatus

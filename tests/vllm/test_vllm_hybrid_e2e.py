@@ -10,7 +10,8 @@ last token and the decode loads that state and KV and computes the last token it
 We check, through ``mooncake_proxy`` (both hand-offs), that the decode's greedy output equals its
 own computation, that it counted the prompt but one token as external hits and moved exactly the
 attention blocks plus one state, that the prefill frees them on the decode's confirmation, and --
-the negative control -- that noise written over the received blocks changes the output.
+the negative control -- that noise written over the received blocks changes the output. The store
+connector, which keeps prefixes of one KV cache group, refuses the model at start, naming why.
 
 vLLM CPU 0.32 runs this model only with ``--no-enable-prefix-caching`` (with prefix caching its
 own Mamba2 kernel crashes on a 100-token prompt, connector or not), so the decode's own prefix
@@ -98,3 +99,21 @@ def test_hybrid_negative_control_noise_over_received_blocks_changes_the_output(h
     assert params["remote_num_tokens"] == 99 and len(params["mooncake_group_block_ids"]) == 2
     assert got != want, "noise over the received state and KV did not change the output: the decode ignores it"
 
+
+def test_store_connector_refuses_a_hybrid_model_at_start_naming_why(vllm_py, tmp_path):
+    """The store keeps prefixes of one KV cache group; a hybrid model must fail at start with the
+    reason and the way out, not with vLLM's "Failed to promote local KV cache specs" nor with
+    wrong output. (The refusal comes before the store is set up: no master needed.)"""
+    model = make_tiny_model(vllm_py, tmp_path / "tiny-hybrid", "--arch", "granite_hybrid")
+    cfg = {"kv_connector": "MooncakeCoreStoreConnector", "kv_role": "kv_both",
+           "kv_connector_extra_config": {"master_server_address": f"127.0.0.1:{free_port()}",
+                                         "metadata_server": "P2PHANDSHAKE"}}
+    s = VllmServer(vllm_py, model, free_port(), 1, tmp_path / "store.log", cfg, args=NO_PREFIX_CACHING).start()
+    try:
+        with pytest.raises(RuntimeError, match="exited"):
+            s.wait_healthy(timeout=300)
+        log = s.log_text()
+        assert "MooncakeCoreStoreConnector: this model has 2 KV cache groups (MambaSpec, FullAttentionSpec)" in log
+        assert "MooncakeCoreConnector instead" in log and "Failed to promote" not in log
+    finally:
+        s.stop()
