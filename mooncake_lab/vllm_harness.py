@@ -266,6 +266,15 @@ def greedy_tokens(url: str, prompt, max_tokens: int, timeout: float = 300.0) -> 
     return http_json(url + "/v1/completions", body, timeout=timeout)["choices"][0]["token_ids"]
 
 
+def proxied_vs_own(decode: "VllmServer", url: str, prompt, max_tokens: int) -> tuple[list[int], list[int], float]:
+    """(greedy tokens for ``prompt`` through ``url`` -- a proxy handing off to ``decode`` --, the
+    decode's own computation, the external prefix-cache hits the decode counted for the former)."""
+    want = own_tokens(decode, prompt, max_tokens)
+    hits0 = metric(http_text(decode.url + "/metrics"), "vllm:external_prefix_cache_hits_total")
+    got = greedy_tokens(url, prompt, max_tokens)
+    return got, want, metric(http_text(decode.url + "/metrics"), "vllm:external_prefix_cache_hits_total") - hits0
+
+
 def pulled_reads(log_text: str) -> list[tuple[int, int]]:
     """(blocks, bytes) of every request a P2P decode pulled, in order, from its ``kv pulled`` log lines."""
     return [(int(b), int(nb)) for b, nb in re.findall(r"kv pulled request=\S+ transfer=\S+ blocks=(\d+) bytes=(\d+)",
@@ -278,14 +287,17 @@ def wait_prefill_freed(prefill: "VllmServer", timeout: float = 30.0) -> None:
                "prefill KV usage back to 0 after the decode's confirmation")
 
 
-def corrupted_handoff(prefill: "VllmServer", decode: "VllmServer", prompt, max_tokens: int) -> tuple[dict, list[int]]:
+def corrupted_handoff(prefill: "VllmServer", decode: "VllmServer", prompt,
+                      max_tokens: int) -> tuple[dict, list[int], list[int]]:
     """The tests' negative control: hand ``prompt`` off with the marker that makes the decode's
     ``CorruptingMooncakeConnector`` (tests/vllm/corrupting_connector.py) overwrite the received
-    blocks with noise; returns (the prefill's params, the decode's greedy tokens)."""
+    blocks with noise; returns (the prefill's params, the decode's greedy tokens, the decode's own
+    computation of the prompt)."""
+    want = own_tokens(decode, prompt, max_tokens)
     params = completion(prefill.url, prompt, 1, {"do_remote_decode": True})["kv_transfer_params"]
     got = completion(decode.url, prompt, max_tokens, dict(params, mooncake_test_corrupt=True),
                      timeout=300)["choices"][0]["token_ids"]
-    return params, got
+    return params, got, want
 
 
 def prompt_ids(seed: int, n: int = 200) -> list[int]:

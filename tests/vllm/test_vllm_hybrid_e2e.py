@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 from mooncake_lab.checkout_shim import shim_pythonpath
-from mooncake_lab.vllm_harness import (VllmServer, completion, corrupted_handoff, free_port, greedy_tokens, http_text,
-                                       make_tiny_model, metric, p2p_config, prompt_ids, pulled_reads, start_all,
-                                       start_proxy, stop_proxy, wait_prefill_freed)
+from mooncake_lab.vllm_harness import (VllmServer, corrupted_handoff, free_port, make_tiny_model, p2p_config,
+                                       prompt_ids, proxied_vs_own, pulled_reads, start_all, start_proxy, stop_proxy,
+                                       wait_prefill_freed)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -38,7 +38,6 @@ HERE = str(Path(__file__).resolve().parent)
 BLOCK = 32
 ATTN_BLOCK_BYTES = BLOCK * 2 * 2 * 32 * 4  # 32 tokens x (K, V) x 2 heads x 32 dims x fp32
 STATE_BYTES = 10112  # the Mamba2 layer's conv + SSM state (vLLM pads its page to 16384)
-EXT_HITS = "vllm:external_prefix_cache_hits_total"
 NO_PREFIX_CACHING = ["--no-enable-prefix-caching"]
 
 
@@ -63,11 +62,6 @@ def hybrid_pair(vllm_py, tmp_path_factory):
         d.stop()
 
 
-def _local(d: VllmServer, prompt: list[int], n: int) -> list[int]:
-    """The decode's own computation (no prefix caching: nothing is reused)."""
-    return completion(d.url, prompt, n)["choices"][0]["token_ids"]
-
-
 @pytest.mark.parametrize("handoff", ["vllm", "mooncake-core"])
 def test_hybrid_through_proxy_equals_local_with_external_hits(hybrid_pair, handoff):
     p, d, logs = hybrid_pair
@@ -76,10 +70,8 @@ def test_hybrid_through_proxy_equals_local_with_external_hits(hybrid_pair, hando
     try:
         for seed, n in zip(seeds, (100, 65)):  # the loaded n - 1 tokens end mid-block, on a block
             prompt = prompt_ids(seed, n)
-            want = _local(d, prompt, 8)
-            hits0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
-            got = greedy_tokens(url, prompt, 8)
-            assert metric(http_text(d.url + "/metrics"), EXT_HITS) - hits0 == n - 1, \
+            got, want, hits = proxied_vs_own(d, url, prompt, 8)
+            assert hits == n - 1, \
                 "the decode did not load the prompt but its last token from the prefill"
             assert got == want, "greedy output from the transferred Mamba state and KV differs from a local run"
         # exactly the attention blocks of n - 1 tokens and one Mamba state moved per request
@@ -94,8 +86,7 @@ def test_hybrid_through_proxy_equals_local_with_external_hits(hybrid_pair, hando
 def test_hybrid_negative_control_noise_over_received_blocks_changes_the_output(hybrid_pair):
     p, d, _ = hybrid_pair
     prompt = prompt_ids(5, 100)
-    want = _local(d, prompt, 8)
-    params, got = corrupted_handoff(p, d, prompt, 8)
+    params, got, want = corrupted_handoff(p, d, prompt, 8)
     assert params["remote_num_tokens"] == 99 and len(params["mooncake_group_block_ids"]) == 2
     assert got != want, "noise over the received state and KV did not change the output: the decode ignores it"
 

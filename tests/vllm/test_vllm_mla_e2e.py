@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from mooncake_lab.checkout_shim import shim_pythonpath
-from mooncake_lab.vllm_harness import (VllmServer, corrupted_handoff, free_port, greedy_tokens, http_text,
-                                       make_tiny_model, metric, own_tokens, p2p_config, prompt_ids, pulled_reads,
-                                       start_all, start_proxy, stop_proxy, wait_prefill_freed)
+from mooncake_lab.vllm_harness import (VllmServer, corrupted_handoff, free_port, make_tiny_model, p2p_config,
+                                       prompt_ids, proxied_vs_own, pulled_reads, start_all, start_proxy, stop_proxy,
+                                       wait_prefill_freed)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -36,7 +36,6 @@ HERE = str(Path(__file__).resolve().parent)
 BLOCK = 16  # vLLM CPU's MLA kernel
 LATENT_BYTES = (512 + 64) * 2  # one token's latent, bf16
 LAYERS = 2
-EXT_HITS = "vllm:external_prefix_cache_hits_total"
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +65,8 @@ def test_mla_through_proxy_equals_local_with_external_hits(mla_pair):
     try:
         for seed, n in ((1, 100), (2, 64)):  # ends mid-block, on a block
             prompt = prompt_ids(seed, n)
-            want = own_tokens(d, prompt, 8)
-            hits0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
-            got = greedy_tokens(url, prompt, 8)
-            assert metric(http_text(d.url + "/metrics"), EXT_HITS) - hits0 == n, \
+            got, want, hits = proxied_vs_own(d, url, prompt, 8)
+            assert hits == n, \
                 "the decode did not load the prompt's latent KV from the prefill"
             assert got == want, "greedy output from the transferred MLA latent differs from a local run"
         # exactly the prompt's blocks of latent moved, every layer's
@@ -84,6 +81,5 @@ def test_mla_through_proxy_equals_local_with_external_hits(mla_pair):
 def test_mla_negative_control_noise_over_the_latent_changes_the_output(mla_pair):
     p, d, _ = mla_pair
     prompt = prompt_ids(3, 100)
-    want = own_tokens(d, prompt, 8)
-    _params, got = corrupted_handoff(p, d, prompt, 8)
+    _params, got, want = corrupted_handoff(p, d, prompt, 8)
     assert got != want, "noise over the received latent did not change the output: the decode ignores it"
