@@ -117,15 +117,16 @@ class P2PScheduler:
             logger.error("MooncakeCoreConnector: request %s: prefill block size %d != decode block size %d; "
                          "computing locally", request.request_id, rp.block_size, self.block_size)
             return None
-        if self.hs is not None and rp.kv_layout != self.hs.kv_layout:
-            logger.error("MooncakeCoreConnector: request %s: the prefill's KV cache groups (%s) differ from this "
-                         "decode's (%s): the same model, dtype and block size on both sides? computing locally",
-                         request.request_id, rp.kv_layout or "one group", self.hs.kv_layout or "one group")
-            return None
+        # before the layout: a rank's layout differs with the TP size, the TP size is the reason
         if self.config.hybrid and rp.tp_size != self.tp_size:
             logger.error("MooncakeCoreConnector: request %s: prefill TP %d, decode TP %d: a hybrid model's KV moves "
                          "between equal TP sizes only (a Mamba state is split by heads per rank and cannot be "
                          "re-split); computing locally", request.request_id, rp.tp_size, self.tp_size)
+            return None
+        if self.hs is not None and rp.kv_layout != self.hs.kv_layout:
+            logger.error("MooncakeCoreConnector: request %s: the prefill's KV cache groups (%s) differ from this "
+                         "decode's (%s): the same model, dtype and block size on both sides? computing locally",
+                         request.request_id, rp.kv_layout or "one group", self.hs.kv_layout or "one group")
             return None
         if self.hs is not None:
             try:
