@@ -151,6 +151,9 @@ STRICT_PARTS = ("mooncake_core", "mooncake_proxy", "mooncake_connectors")
 PRIVATE_ALLOWED: set[tuple[str, str]] = {
     # vLLM's connector factory has no public "is this name registered" query
     ("mooncake_connectors.vllm.plugin", "_registry"),
+    # vLLM's Request has no public way to drop the prompt's last token before scheduling; vLLM's
+    # own Mooncake, MoRIIO and NIXL connectors pop it from the same list
+    ("mooncake_connectors.vllm.p2p_scheduler", "_all_token_ids"),
     # our own marker on the function we wrap (of torch), so a second patch is skipped
     ("mooncake_connectors.vllm.plugin", "_mooncake_shim"),
 }
