@@ -29,8 +29,9 @@ from mooncake_connectors.nixl.config import BackendConfig, parse_params
 
 log = get_logger("mooncake.nixl")
 
-#: version of the call contract between this module and the C++ plugin (kAdapterAbi there)
-ADAPTER_ABI = 1
+#: version of the call contract between this module and the C++ plugin (kAdapterAbi there);
+#: 2: ``register`` takes the NIXL device id (-1 for DRAM, the GPU ordinal for VRAM)
+ADAPTER_ABI = 2
 
 #: batches shorter than this are handed to the engine as lists (its per-request path);
 #: longer ones as int64 arrays (its vectorised path)
@@ -64,30 +65,38 @@ class NixlAdapter:
         self.agent_name = agent_name
         self.num_workers = cfg.num_workers
         self.engine = TransferEngine()
-        rc = self.engine.initialize(cfg.local_hostname, cfg.metadata_server, "tcp", "")
+        rc = self.engine.initialize(cfg.local_hostname, cfg.metadata_server, cfg.protocol, cfg.device_name)
         if rc != 0:
             raise RuntimeError(f"MooncakeCore: Transfer Engine initialize({cfg.local_hostname!r}, "
-                               f"{cfg.metadata_server!r}) failed: {self.engine.last_error}")
+                               f"{cfg.metadata_server!r}, {cfg.protocol!r}, {cfg.device_name!r}) failed: "
+                               f"{self.engine.last_error}")
         self.conn_segment = self.engine.get_local_segment_name().encode()
         self._regs: dict[tuple[int, int], int] = {}  # (addr, length) -> registrations
         self._addr_len: dict[int, int] = {}
         self._lock = threading.Lock()
         log.info("NIXL MooncakeCore backend ready", extra={"agent": agent_name,
                                                            "segment": self.conn_segment.decode(),
-                                                           "workers": cfg.num_workers})
+                                                           "workers": cfg.num_workers,
+                                                           "protocol": cfg.protocol,
+                                                           "device_name": cfg.device_name,
+                                                           "transports": self.engine.transport_names()})
 
     # ------------------------------------------------------------ memory
-    def register(self, addr: int, length: int) -> int:
-        """Register [addr, addr+length) with the TE. NIXL may register one range more than
-        once (several descriptor lists naming the same buffer); the TE holds one region."""
+    def register(self, addr: int, length: int, device: int = -1) -> int:
+        """Register [addr, addr+length) with the TE: DRAM (``device`` -1) as host memory, VRAM
+        as ``cuda:<device>``. NIXL may register one range more than once (several descriptor
+        lists naming the same buffer); the TE holds one region."""
         with self._lock:
             key = (addr, length)
             if key in self._regs:
                 self._regs[key] += 1
                 return NixlStatus.SUCCESS
-            if self.engine.register_memory(addr, length, "*") != 0:  # "*": a VRAM pointer is found as cuda:N
-                log.error("NIXL registerMem failed", extra={"agent": self.agent_name, "addr": hex(addr),
-                                                            "length": length, "error": self.engine.last_error})
+            # DRAM as "*": a GPU pointer registered as DRAM is still found as cuda:N
+            location = "*" if device < 0 else f"cuda:{device}"
+            if self.engine.register_memory(addr, length, location) != 0:
+                kind = "DRAM" if device < 0 else f"VRAM (GPU {device})"
+                log.error(f"NIXL registerMem of {kind} failed: {self.engine.last_error}",
+                          extra={"agent": self.agent_name, "addr": hex(addr), "length": length})
                 return NixlStatus.ERR_BACKEND
             self._regs[key] = 1
             self._addr_len[addr] = length

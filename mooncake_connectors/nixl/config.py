@@ -19,9 +19,14 @@ PARAMS: dict[str, tuple[str, str]] = {
     "metadata_server": ("P2PHANDSHAKE", "TE metadata service: P2PHANDSHAKE (peers exchange descriptors "
                                         "directly), http://..., etcd://..., redis://..."),
     "num_workers": ("2", "threads that run posted transfers (1-64)"),
+    "protocol": ("tcp", "Transfer Engine protocol: tcp, or rdma (one-sided over UCX: RDMA NICs where present)"),
+    "device_name": ("", "NICs for protocol rdma, as the original's device_name / UCX_NET_DEVICES name them "
+                        "(e.g. mlx5_0,mlx5_1); empty: every NIC UCX finds"),
 }
 
 MAX_WORKERS = 64
+#: the Transfer Engine's protocols (``mooncake_core.engine.SUPPORTED_PROTOCOLS``; not imported: pure module)
+PROTOCOLS = ("tcp", "rdma")
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class BackendConfig:
     local_hostname: str
     metadata_server: str
     num_workers: int
+    protocol: str = "tcp"
+    device_name: str = ""
 
 
 def parse_params(params: Mapping[str, str], *, env: Mapping[str, str] | None = None,
@@ -50,4 +57,9 @@ def parse_params(params: Mapping[str, str], *, env: Mapping[str, str] | None = N
         raise ValueError(f"MooncakeCore: num_workers must be an integer 1-{MAX_WORKERS}, got {raw!r}") from None
     if not 1 <= workers <= MAX_WORKERS:
         raise ValueError(f"MooncakeCore: num_workers must be 1-{MAX_WORKERS}, got {workers}")
-    return BackendConfig(local_hostname=host, metadata_server=meta, num_workers=workers)
+    protocol = (params.get("protocol") or PARAMS["protocol"][0]).strip().lower()
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"MooncakeCore: protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    device = (params.get("device_name") or "").strip()  # as given: the engine checks the names
+    return BackendConfig(local_hostname=host, metadata_server=meta, num_workers=workers, protocol=protocol,
+                         device_name=device)

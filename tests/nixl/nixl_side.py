@@ -245,8 +245,43 @@ def sc_errors() -> dict:
     return out
 
 
+def sc_vram_without_gpu() -> dict:
+    """VRAM is listed, but registering it where the engine has no GPU transport is refused
+    (the reason is on stderr); DRAM still registers on the same agent afterwards."""
+    a = nixl_agent("A", nixl_agent_config(backends=[]))
+    a.create_backend(BACKEND)
+    buf = region(1, 1 << 20)
+    out = {"backend_mems": a.get_backend_mem_types(BACKEND),
+           "vram": error_name(lambda: a.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "VRAM"))}
+    out["dram_after"] = error_name(lambda: register(a, buf))
+    return out
+
+
+def sc_protocol() -> dict:
+    """Backend params protocol / device_name reach the Transfer Engine: "rdma" on "lo" starts
+    the UCX transport (the engine's ready line, on stderr, lists it) and moves bytes; an
+    unknown NIC fails backend creation (the engine's reason naming it, on stderr)."""
+    a = nixl_agent("A", nixl_agent_config(backends=[]))
+    b = nixl_agent("B", nixl_agent_config(backends=[]))
+    for ag in (a, b):
+        ag.create_backend(BACKEND, {"protocol": "rdma", "device_name": "lo"})
+    src, dst = region(3, 1 << 20), region(None, 1 << 20)
+    register(a, src)
+    register(b, dst)
+    a.add_remote_agent(b.get_agent_metadata())
+    pieces = scatter(5, 40, size=1 << 20)
+    h = a.initialize_xfer("WRITE", descs(a, src.ctypes.data, pieces), descs(a, dst.ctypes.data, pieces), "B")
+    a.transfer(h)
+    state = wait_state(a, h)
+    c = nixl_agent("C", nixl_agent_config(backends=[]))
+    return {"write": state, "equal": gather(src, pieces) == gather(dst, pieces),
+            "unknown_nic": error_name(lambda: c.create_backend(BACKEND, {"protocol": "rdma",
+                                                                         "device_name": "no_such_nic0"}))}
+
+
 SCENARIOS = {"plugins": sc_plugins, "write_read": sc_write_read, "notifs": sc_notifs, "repost": sc_repost,
-             "release_inflight": sc_release_inflight, "remove_remote": sc_remove_remote, "errors": sc_errors}
+             "release_inflight": sc_release_inflight, "remove_remote": sc_remove_remote, "errors": sc_errors,
+             "vram_without_gpu": sc_vram_without_gpu, "protocol": sc_protocol}
 
 
 # ------------------------------------------------------------------ two-process roles

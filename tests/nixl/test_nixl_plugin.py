@@ -19,19 +19,49 @@ pytestmark = pytest.mark.integration
 SIDE = str(HERE / "nixl_side.py")
 
 
-def scenario(py: str, env: dict, name: str) -> dict:
+def scenario_with_log(py: str, env: dict, name: str) -> tuple[dict, str]:
+    """The scenario's observations and its stderr (where the engine's log lines go)."""
     r = run_py(py, SIDE, name, env=env, timeout=180)
     assert r.returncode == 0, f"{name} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+def scenario(py: str, env: dict, name: str) -> dict:
+    return scenario_with_log(py, env, name)[0]
 
 
 def test_listed_beside_the_bundled_backends(nixl_py, plugin_env) -> None:
     out = scenario(nixl_py, plugin_env, "plugins")
     assert "MooncakeCore" in out["plugins"] and "UCX" in out["plugins"] and "POSIX" in out["plugins"]
-    assert out["mems"] == ["DRAM_SEG"] and out["backend_mems"] == ["DRAM_SEG"]
+    assert out["mems"] == ["DRAM_SEG", "VRAM_SEG"] and out["backend_mems"] == ["DRAM_SEG", "VRAM_SEG"]
     # the C++ plugin's advertised defaults are the Python adapter's (config.PARAMS)
     assert out["params"] == {k: v[0] for k, v in PARAMS.items()}
     assert out["created"] == ["MooncakeCore", "UCX"]
+
+
+def test_vram_listed_but_refused_without_a_gpu_transport(nixl_py, plugin_env) -> None:
+    """NIXL itself routes a VRAM registration to MooncakeCore (it lists VRAM); on a host whose
+    engine has no GPU transport it fails with the engine's reason, and the agent stays usable."""
+    from mooncake_core.transfer import device_memory
+    if device_memory.copier_for("cuda") is not None:
+        pytest.skip("this host has a CUDA device: tests/gpu/test_nixl_vram.py covers VRAM here")
+    out, log = scenario_with_log(nixl_py, plugin_env, "vram_without_gpu")
+    assert out["backend_mems"] == ["DRAM_SEG", "VRAM_SEG"]
+    assert out["vram"] == "nixlBackendError" and out["dram_after"] == ""
+    assert "NIXL registerMem of VRAM (GPU 0) failed: location 'cuda:0'" in log
+    assert "GPU memory needs the cuda plugin" in log  # what is missing and where the fix is documented
+
+
+def test_protocol_and_device_name_reach_the_engine(nixl_py, plugin_env) -> None:
+    """Backend params protocol="rdma", device_name="lo" start the engine's UCX transport on that
+    NIC only (its no-RDMA warning lists the lanes it got), bytes move; an unknown NIC fails
+    backend creation with the engine's message naming it."""
+    out, log = scenario_with_log(nixl_py, plugin_env, "protocol")
+    assert out["write"] == "DONE" and out["equal"]
+    warned = [ln for ln in log.splitlines() if "protocol 'rdma' asked" in ln]
+    assert len(warned) == 2 and all("tcp/lo" in ln and "tcp/eth" not in ln for ln in warned), log[-3000:]
+    assert out["unknown_nic"] == "nixlBackendError"
+    assert "'rdma', 'no_such_nic0') failed: device_name 'no_such_nic0': unknown device" in log
 
 
 def test_scattered_write_and_read_byte_exact_with_notification(nixl_py, plugin_env) -> None:

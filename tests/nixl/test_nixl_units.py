@@ -20,10 +20,14 @@ def test_params_defaults_and_env() -> None:
     assert parse_params({}, env={"MOONCAKE_LOCAL_HOSTNAME": "h1"}).local_hostname == "h1"
     cfg = parse_params({"local_hostname": "h2:1234", "num_workers": "4", "metadata_server": "http://m/metadata"}, env={})
     assert (cfg.local_hostname, cfg.num_workers, cfg.metadata_server) == ("h2:1234", 4, "http://m/metadata")
+    assert (cfg.protocol, cfg.device_name) == ("tcp", "")
+    cfg = parse_params({"protocol": "RDMA", "device_name": " mlx5_0,mlx5_1 "}, env={})
+    assert (cfg.protocol, cfg.device_name) == ("rdma", "mlx5_0,mlx5_1")  # names go to the engine as given
 
 
 @pytest.mark.parametrize("params, needle", [({"num_threads": "4"}, "'num_threads'"), ({"num_workers": "x"}, "integer"),
-                                            ({"num_workers": "0"}, "1-64"), ({"local_hostname": "a b"}, "local_hostname")])
+                                            ({"num_workers": "0"}, "1-64"), ({"local_hostname": "a b"}, "local_hostname"),
+                                            ({"protocol": "ib"}, "protocol must be one of tcp, rdma")])
 def test_params_refused_with_the_key(params, needle) -> None:
     with pytest.raises(ValueError, match=needle):
         parse_params(params, env={})

@@ -51,12 +51,16 @@ namespace {
 
 constexpr const char *kBackendName = "MooncakeCore";
 constexpr const char *kAdapterModule = "mooncake_connectors.nixl.backend";
-constexpr long long kAdapterAbi = 1;  // must equal ADAPTER_ABI in backend.py
+constexpr long long kAdapterAbi = 2;  // must equal ADAPTER_ABI in backend.py
 // Connection info and public metadata are versioned so that peers built from different
 // releases refuse each other with a message instead of misreading each other.
 constexpr const char *kConnPrefix = "mooncake-core-nixl/1 ";
 constexpr const char *kMetaPrefix = "mc1:";
 constexpr int kPollPauseUs = 20;  // pause of a checkXfer that finds the request still in flight
+
+// The memory kinds the Transfer Engine moves: host memory and GPU memory (`cuda:N` regions).
+MemList backend_mems() { return {MEM_DRAM, MEM_VRAM}; }
+bool movable(MemKind kind) { return kind == MEM_DRAM || kind == MEM_VRAM; }
 
 void log_error(const std::string &msg) { std::fprintf(stderr, "[MooncakeCore] error: %s\n", msg.c_str()); }
 
@@ -342,21 +346,25 @@ class MooncakeCoreEngine final : public EngineBase {
     bool remoteCapable() const override { return true; }
     bool localCapable() const override { return true; }
     bool notifCapable() const override { return true; }
-    MemList memKinds() const override { return {MEM_DRAM}; }
+    MemList memKinds() const override { return backend_mems(); }
 
     // ---------------------------------------------------------------- memory
+    // VRAM goes to the engine as a `cuda:<devId>` region (served by its cuda plugin or UCX);
+    // where the engine has no GPU transport the adapter refuses it with the engine's reason.
     Status addMemory(const BlobRange &mem, const MemKind &kind, BackendMeta *&out) override {
-        if (kind != MEM_DRAM) {
-            log_error("only DRAM can be registered (the Transfer Engine has no GPU transport in this build)");
+        if (!movable(kind)) {
+            log_error("only DRAM and VRAM can be registered with MooncakeCore (got memory kind " +
+                      std::to_string(static_cast<int>(kind)) + ")");
             return ST_ERR_NOT_SUPPORTED;
         }
         if (!py_.alive()) return ST_ERR_BACKEND;
+        const long long device = kind == MEM_VRAM ? static_cast<long long>(mem.dev) : -1;
         long long rc;
         {
             GilHold gil(py_);
             rc = call_int(py_, rt_->adapter.reg,
                           make_args(py_, {py_.Long_FromUnsignedLongLong(mem.addr),
-                                          py_.Long_FromUnsignedLongLong(mem.len)}),
+                                          py_.Long_FromUnsignedLongLong(mem.len), py_.Long_FromLongLong(device)}),
                           ST_ERR_BACKEND, "register");
         }
         if (rc != 0) return rc < 0 ? static_cast<Status>(rc) : ST_ERR_BACKEND;
@@ -428,7 +436,7 @@ class MooncakeCoreEngine final : public EngineBase {
 
     Status loadRemoteMeta(const BlobRange &blob, const MemKind &kind, const std::string &agent,
                           BackendMeta *&out) override {
-        if (kind != MEM_DRAM) return ST_ERR_NOT_SUPPORTED;
+        if (!movable(kind)) return ST_ERR_NOT_SUPPORTED;
         if (blob.info.compare(0, std::strlen(kMetaPrefix), kMetaPrefix) != 0) {
             log_error("agent '" + agent + "' published region metadata of another MooncakeCore version");
             return ST_ERR_MISMATCH;
@@ -448,7 +456,8 @@ class MooncakeCoreEngine final : public EngineBase {
     Status prepare(const XferOp &op, const MetaList &local, const MetaList &remote, const std::string &agent,
                    BackendRequest *&req, const OptArgs *) const override {
         if (op != OP_READ && op != OP_WRITE) return ST_ERR_INVALID_PARAM;
-        if (local.kind != MEM_DRAM || remote.kind != MEM_DRAM) return ST_ERR_NOT_SUPPORTED;
+        // any mix of DRAM and VRAM: the engine picks the path per region (cuda IPC, UCX, staging)
+        if (!movable(local.kind) || !movable(remote.kind)) return ST_ERR_NOT_SUPPORTED;
         const size_t n = local.entries.size();
         if (remote.entries.size() != n) {
             log_error("prepXfer: " + std::to_string(n) + " local descriptors but " +
@@ -706,10 +715,9 @@ const char *plugin_version() { return MOONCAKE_NIXL_VERSION; }
 
 Params backend_options() {
     // Defaults of the parameters the adapter understands (docs/nixl.md).
-    return {{"local_hostname", ""}, {"metadata_server", "P2PHANDSHAKE"}, {"num_workers", "2"}};
+    return {{"local_hostname", ""}, {"metadata_server", "P2PHANDSHAKE"}, {"num_workers", "2"},
+            {"protocol", "tcp"},          {"device_name", ""}};
 }
-
-MemList backend_mems() { return {MEM_DRAM}; }
 
 Plugin g_plugin = {kPluginApiVersion, create_engine, destroy_engine, plugin_name,
                    plugin_version,    backend_options, backend_mems};
