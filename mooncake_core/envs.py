@@ -212,6 +212,10 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MOONCAKE_LMDEPLOY_BACKEND", _str, "core",
            "`core`: our backend under LMDeploy's `--migration-backend Mooncake`; `lmdeploy`: keep LMDeploy's "
            "own (on our engine)", _FW),
+    EnvVar("MOONCAKE_LMDEPLOY_DEVICE", _str, "",
+           "NICs our LMDeploy backend's engine uses under `--migration-protocol RDMA` (its `device_name`, e.g. "
+           "`mlx5_0,mlx5_1`, as given)", _FW,
+           "as LMDeploy's own backend: the RDMA device at index rank mod count, none without RDMA devices"),
     EnvVar("MC_LOG_LEVEL", _str, "INFO", "log level of services (`DEBUG`, `INFO`, ...)", _GEN),
     EnvVar("MC_LOG_JSON", _flag, False, "one JSON object per log line", _GEN),
     EnvVar("MOONCAKE_CORE_COMPAT", _flag, False,
@@ -284,6 +288,7 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MOONCAKE_CLIENT_HTTP_PORT: str
     MOONCAKE_VLLM_CPU_SHIM: bool
     MOONCAKE_LMDEPLOY_BACKEND: str
+    MOONCAKE_LMDEPLOY_DEVICE: str
     MC_LOG_LEVEL: str
     MC_LOG_JSON: bool
     MOONCAKE_CORE_COMPAT: bool

@@ -12,6 +12,12 @@ What it does differently from LMDeploy's own ``MooncakeBackend`` (same interface
 * **Any host.** No ``ibv_devices``, no route to a public address: the engine listens on
   ``MOONCAKE_LOCAL_HOSTNAME`` or the host of the engine's own DistServe URL (``endpoint.local_host``)
   and picks the transport per peer itself (same host: cross-memory attach; else tcp).
+* **The migration protocol is honoured.** ``--migration-protocol RDMA`` starts the engine with
+  protocol ``rdma`` (one-sided over UCX) on ``MOONCAKE_LMDEPLOY_DEVICE`` as given, else on the
+  RDMA device LMDeploy's own backend would pick (rank modulo the device count); on a host with
+  no RDMA device (where LMDeploy's backend refuses to start) with tcp and a warning. ``TCP``
+  (and ``NVLINK``: CUDA IPC is the engine's own choice on one host) starts it with tcp
+  (``process_engine.engine_transport``).
 * **One batched read per migration.** The whole assignment (one entry per layer per block) is
   validated and merged into contiguous ranges (``plan.build_plan``) and moved with one
   ``batch_transfer_sync_read``, instead of one blocking ``transfer_sync_read`` per entry.
@@ -46,7 +52,10 @@ from lmdeploy.pytorch.disagg.backend.base import MigrationBackendImpl
 
 from mooncake_connectors.lmdeploy.endpoint import Endpoint, EndpointError, local_host, parse_endpoint
 from mooncake_connectors.lmdeploy.plan import PlanError, RegionInfo, TransferPlan, build_plan
-from mooncake_connectors.lmdeploy.process_engine import PROCESS_ENGINE, ProcessEngine
+from mooncake_connectors.lmdeploy.process_engine import (PROCESS_ENGINE, EngineTransport, ProcessEngine,
+                                                         engine_transport)
+from mooncake_core import envs
+from mooncake_core.transfer.ucx.transport import rdma_devices
 from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.lmdeploy")
@@ -87,7 +96,7 @@ class MooncakeLink:
         self.protocol = init_request.protocol
         host, why = local_host(self.local_engine_id)
         self._holder = holder
-        self.engine = holder.acquire(host)
+        self.engine = holder.acquire(host, self._transport(init_request))
         self.session_id: str = self.engine.get_local_segment_name()
         self.local_kv_table: dict[str, RegionInfo] = {}
         self.remote: Endpoint | None = None
@@ -97,6 +106,15 @@ class MooncakeLink:
         self._freed = False
         log.info("lmdeploy link initialized", extra={"remote_engine_id": self.remote_engine_id,
                                                      "session_id": self.session_id, "host_from": why})
+
+    @staticmethod
+    def _transport(init_request: Any) -> EngineTransport:
+        """LMDeploy's migration protocol and our device setting, as the engine takes them."""
+        proto = getattr(init_request.protocol, "name", str(init_request.protocol))
+        try:
+            return engine_transport(proto, init_request.rank, envs.MOONCAKE_LMDEPLOY_DEVICE, sorted(rdma_devices()))
+        except ValueError as e:
+            raise MigrationError(str(e)) from None
 
     @property
     def remote_url(self) -> str:

@@ -58,3 +58,20 @@ def test_lmdeploys_store_connector_on_our_store_as_far_as_cpu_goes(lmdeploy_pyth
     assert f["load_exact"] is True
     assert f["load_missing"]["invalid_block_ids"] == [7] and f["load_missing_untouched"] is True
     assert f["shutdown"] is True
+
+
+def test_migration_protocol_and_devices_reach_the_engine(lmdeploy_python) -> None:
+    """LMDeploy's DistServeInitRequest through our p2p_initialize: RDMA on MOONCAKE_LMDEPLOY_DEVICE
+    starts the engine's UCX transport on exactly that NIC, an unknown NIC is refused naming it,
+    TCP starts no UCX; RDMA with no device on a host without RDMA devices runs tcp."""
+    env = {k: v for k, v in venv_env(MC_FORCE_TCP="").items() if k not in ("UCX_TLS", "UCX_NET_DEVICES")}
+    f = run_venv_json(lmdeploy_python, [os.path.join(HERE, "lmdeploy_protocol.py")], timeout=180, env=env)["facts"]
+    assert f["rdma_lo"] == {"ucx_rails": ["lo"]}
+    err = f["rdma_unknown_nic"]["error"]
+    assert err.startswith("EngineStartError") and "protocol 'rdma', device_name 'no_such_nic0'" in err
+    assert "unknown device(s) no_such_nic0" in err  # the engine's own check of the name it was given
+    assert f["tcp"] == {"ucx_rails": None}
+    if not f["rdma_devices_here"]:
+        assert f["rdma_no_device_given"] == {"ucx_rails": None}
+    else:  # as LMDeploy's own backend: the RDMA device at rank 0
+        assert f["rdma_no_device_given"]["ucx_rails"] == [f["rdma_devices_here"][0]]

@@ -12,7 +12,7 @@ import pytest
 
 from mooncake_connectors.lmdeploy.endpoint import Endpoint, EndpointError, local_host, parse_endpoint
 from mooncake_connectors.lmdeploy.plan import RegionInfo
-from mooncake_connectors.lmdeploy.process_engine import ProcessEngine
+from mooncake_connectors.lmdeploy.process_engine import ProcessEngine, engine_transport
 
 # what LMDeploy 0.18's MooncakeBackend.endpoint_info produces (json.dumps'd by CacheEngine)
 LMDEPLOY_STYLE = json.dumps({"mr_info": {"0": {"addr": 140000000, "length": 4096, "offset": 0}},
@@ -83,6 +83,24 @@ def test_process_engine_is_shared_and_closed_with_its_last_user() -> None:
     assert pe.engine is None and e1.get_rpc_port() == -1  # port and threads gone
     assert pe.acquire("127.0.0.1") is not e1  # a later link starts a fresh one
     pe.release()
+
+
+@pytest.mark.parametrize("proto, rank, override, devices, want", [
+    ("RDMA", 0, "mlx5_0,mlx5_1", ["mlx5_0"], ("rdma", "mlx5_0,mlx5_1", False)),  # the user's NICs, as given
+    ("RDMA", 3, "", ["mlx5_0", "mlx5_1"], ("rdma", "mlx5_1", False)),  # LMDeploy's own pick: rank mod count
+    ("RDMA", None, "", ["mlx5_0"], ("rdma", "mlx5_0", False)),
+    ("RDMA", 0, "", [], ("tcp", "", True)),  # no RDMA device and no NIC named: tcp, with a warning
+    ("TCP", 0, "mlx5_0", ["mlx5_0"], ("tcp", "", False)),
+    ("NVLINK", 0, "", [], ("tcp", "", False)),
+])
+def test_engine_transport_from_lmdeploys_protocol(proto, rank, override, devices, want) -> None:
+    t = engine_transport(proto, rank, override, devices)
+    assert (t.protocol, t.device_name, t.fallback) == want and t.why
+
+
+def test_engine_transport_refuses_an_unknown_protocol() -> None:
+    with pytest.raises(ValueError, match="'IB'.*RDMA, TCP, NVLINK"):
+        engine_transport("IB", 0, "", [])
 
 
 def test_process_engine_start_failure_is_clear() -> None:
