@@ -59,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the address to check as this host's advertised one (default: MOONCAKE_LOCAL_HOSTNAME, "
                         "else the source address of the route toward the master / metadata host)")
     p.add_argument("--protocol", default="tcp", choices=("tcp", "rdma"),
-                   help="the protocol the engines will use (rdma makes a small memlock limit a failure)")
+                   help="the protocol the engines will use; the checked engine starts with it (rdma: one-sided "
+                        "over UCX, its NICs checked; a small memlock limit is a failure)")
+    p.add_argument("--device_name", default="",
+                   help="NICs for --protocol rdma, as the engines' device_name (e.g. mlx5_0,mlx5_1; names as "
+                        "UCX_NET_DEVICES has them); an unknown one fails the engine check, naming it")
     p.add_argument("--timeout", type=float, default=3.0, help="seconds each network step may take")
     p.add_argument("--log-level", default="error", help="log level of the libraries (their warnings repeat the "
                                                       "checks' findings, hence error)")
@@ -226,7 +230,10 @@ def check_transports(engine: Any, protocol: str) -> Check:
         devs = sorted(os.listdir("/sys/class/infiniband"))
     except OSError:
         devs = []
-    names = engine.transport_names() if engine is not None else []
+    if engine is None:
+        return Check(name, SKIP, f"no Transfer Engine started (step 4); RDMA devices: {', '.join(devs) or 'none'}",
+                     data={"transports": [], "rdma_devices": devs})
+    names = engine.transport_names()
     detail = f"{', '.join(names) or 'none'}; RDMA devices: {', '.join(devs) or 'none'}"
     data = {"transports": names, "rdma_devices": devs}
     if protocol == "rdma" and not {"ucx", "rdma"} & set(names):
@@ -249,10 +256,13 @@ def run(a: argparse.Namespace) -> list[Check]:
     if adv.status != FAIL:
         engine = TransferEngine()
         meta = a.metadata_server if checks[0].status == OK else "P2PHANDSHAKE"
-        if engine.initialize(f"{host}:0" if ":" not in host else f"[{host}]:0", meta, "tcp", "") != 0:
-            checks.append(Check("RPC port reachable", FAIL, f"a Transfer Engine cannot start on {host}: "
+        if engine.initialize(f"{host}:0" if ":" not in host else f"[{host}]:0", meta, a.protocol,
+                             a.device_name) != 0:
+            checks.append(Check("RPC port reachable", FAIL, f"a Transfer Engine cannot start on {host} (protocol "
+                                                            f"{a.protocol!r}, device_name {a.device_name!r}): "
                                                             f"{engine.last_error}",
-                                "fix the advertised address (above) or MC_TCP_BIND_ADDRESS"))
+                                "fix the advertised address (above) or MC_TCP_BIND_ADDRESS"
+                                + ("; name existing NICs in --device_name" if a.device_name else "")))
             engine = None
         else:
             checks.append(check_rpc_port(engine, host, a.timeout))

@@ -32,6 +32,20 @@ def test_dead_metadata_service_fails_naming_it_and_the_fix() -> None:
     assert "1 check(s) failed: metadata service reachable" in out.stdout
 
 
+def test_protocol_and_device_name_reach_the_checked_engine() -> None:
+    """--protocol rdma --device_name start the checked engine with them: a NIC that exists passes;
+    an unknown one fails the engine step with the engine's message naming it (the NIC check runs
+    only under protocol rdma, so both values arrived)."""
+    out = _doctor("--protocol", "rdma", "--device_name", "lo", "--timeout", "1", "--json")
+    by = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert by["RPC port reachable"]["status"] == "ok", out.stdout + out.stderr
+    out = _doctor("--protocol", "rdma", "--device_name", "no_such_nic0", "--timeout", "1")
+    assert out.returncode == 1
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("[FAIL] 4. RPC port reachable"))
+    assert "protocol 'rdma', device_name 'no_such_nic0'" in line and "unknown device(s) no_such_nic0" in line
+    assert "[SKIP] 8. transports: no Transfer Engine started" in out.stdout
+
+
 def test_live_master_and_peer_pass_and_json_parses(python_exe, tmp_path) -> None:
     master = Master(python_exe, str(tmp_path)).start()
     peer = make_client(master, 1 << 20)
