@@ -183,7 +183,8 @@ class StoreCore:
             if rc != 0:
                 raise MooncakeError(rc if rc < 0 else INTERNAL,
                                     f"TransferEngine.initialize({te_host!r}, {cfg.metadata_server!r}, "
-                                    f"{cfg.protocol!r}) failed with {rc}: {te.last_error or 'see the log'}")
+                                    f"{cfg.protocol!r}, {cfg.rdma_devices!r}) failed with {rc}: "
+                                    f"{te.last_error or 'see the log'}")
             engine = te
             self._own_engine = True
         self._engine = engine

@@ -80,3 +80,33 @@ def test_parse_bool() -> None:
     assert parse_bool("false") is False and parse_bool("TRUE") is True and parse_bool(1) is True
     with pytest.raises(ValueError):
         parse_bool("maybe")
+
+
+@pytest.mark.parametrize("form", ["positional", "env"])
+def test_protocol_and_device_reach_the_transfer_engine(form, monkeypatch, caplog) -> None:
+    """setup(..., "rdma", devices) and MOONCAKE_PROTOCOL / MOONCAKE_DEVICE start the store's engine
+    with them: an unknown NIC is refused by the engine's own check (run only under protocol rdma),
+    before any master is contacted, and setup's error says what it was given."""
+    from mooncake_core.store.client import MooncakeDistributedStore
+    from mooncake_core.transfer.ucx import library
+    try:
+        library.load()  # the NIC check is the UCX transport's (CI installs the ucx extra)
+    except library.UcxNotFound as e:
+        pytest.skip(f"no UCX here: {e}")
+    monkeypatch.delenv("MC_FORCE_TCP", raising=False)
+    s = MooncakeDistributedStore()
+    with caplog.at_level("ERROR"):
+        if form == "env":
+            for k, v in {"MOONCAKE_MASTER": "127.0.0.1:1", "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1",
+                         "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE", "MOONCAKE_PROTOCOL": "rdma",
+                         "MOONCAKE_DEVICE": "no_such_nic0", "MOONCAKE_GLOBAL_SEGMENT_SIZE": "16MB",
+                         "MOONCAKE_LOCAL_BUFFER_SIZE": "16MB"}.items():
+                monkeypatch.setenv(k, v)
+            monkeypatch.delenv("MOONCAKE_CONFIG_PATH", raising=False)
+            rc = s.setup()
+        else:
+            rc = s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "rdma", "no_such_nic0", "127.0.0.1:1")
+    assert rc < 0
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "'rdma', 'no_such_nic0') failed" in text and "unknown device(s) no_such_nic0" in text, text
+    s.close()
