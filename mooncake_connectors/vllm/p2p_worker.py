@@ -60,7 +60,7 @@ class P2PWorker:
         rc = self.te.initialize(host, meta, config.protocol, config.device_name)
         if rc != 0:
             raise RuntimeError(f"MooncakeCoreConnector: Transfer Engine initialize({host!r}, {meta!r}, "
-                               f"{config.protocol!r}) failed: {self.te.last_error}")
+                               f"{config.protocol!r}, {config.device_name!r}) failed: {self.te.last_error}")
         self.segment = self.te.get_local_segment_name()
         self.slabs: list[Slab] = []
         self.idle_wait_ms = config.idle_wait_ms

@@ -54,6 +54,22 @@ def test_entry_point_found_by_sglang_loader(sglang_python):
     assert out["bind_env"] is None  # the plugin leaves the bind address to the engine (local_hostname's host)
 
 
+def test_ib_device_reaches_our_engine(sglang_python):
+    """SGLang's MooncakeTransferEngine, fed as --disaggregation-ib-device feeds it (a NIC list, or
+    SGLang's per-GPU JSON), starts our engine on exactly that NIC with protocol rdma (UCX rails
+    published on lo); an unknown NIC is refused by the engine, naming it."""
+    side = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_device_side.py")
+    env = {k: v for k, v in sglang_env(MC_FORCE_TCP="").items() if k not in ("UCX_TLS", "UCX_NET_DEVICES")}
+    r = subprocess.run([sglang_python, side], capture_output=True, text=True, timeout=180, env=env, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    f = json.loads(r.stdout.strip().splitlines()[-1])["facts"]
+    assert f["alias"] is True
+    assert f["plain"] == {"engine": "mooncake_core.engine", "ucx_rails": ["lo"]}
+    assert f["per_gpu_json"] == {"engine": "mooncake_core.engine", "ucx_rails": ["lo"]}  # GPU 0's entry
+    assert f["unknown"]["error"].startswith("RuntimeError")
+    assert "device_name 'no_such_nic0': unknown device(s) no_such_nic0" in r.stderr
+
+
 def test_sglang_plugins_whitelist_excludes_it(sglang_python):
     out = _probe(sglang_python, SGLANG_PLUGINS="some_other_plugin")
     assert "mooncake" not in out["found"]
