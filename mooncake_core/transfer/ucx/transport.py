@@ -174,27 +174,34 @@ class _Worker:
 
     def _run(self) -> None:
         ucp, w = self.ucp, self.worker
-        clock = time.perf_counter
-        quiet_since = 0.0  # when progress last found nothing after an event (0: it found one)
+        quiet_since = 0.0
         while not self._stop.is_set():
             if self.waiters:  # a caller is progressing: stay out of its way until the last one leaves
                 self._unwatched.wait(IDLE_WAIT_S)
                 continue
             with self.lock:
                 n = ucp.progress(w)
-            if n:
-                quiet_since = 0.0
-                continue
-            now = clock()
-            if not quiet_since:
-                quiet_since = now
-            if now - quiet_since < IDLE_SPIN_S:
-                continue
-            with self.lock:
-                armed = ucp.worker_arm(w)
-            if armed:
-                select.select([self.efd], [], [], IDLE_WAIT_S)
-            quiet_since = 0.0
+            quiet_since = self.idle_step(n, quiet_since, IDLE_SPIN_S, IDLE_WAIT_S)
+
+    def idle_step(self, events: int, quiet_since: float, spin_s: float, wait_s: float,
+                  deadline: float | None = None) -> float:
+        """After a progress call that found ``events``: keep spinning while the worker has been
+        quiet for less than ``spin_s`` (since ``quiet_since``; 0 = it was not quiet), else sleep
+        on its event fd for at most ``wait_s`` (and not past ``deadline``). The new quiet_since."""
+        if events:
+            return 0.0
+        now = time.perf_counter()
+        if not quiet_since:
+            quiet_since = now
+        if now - quiet_since < spin_s:
+            return quiet_since
+        with self.lock:
+            armed = self.ucp.worker_arm(self.worker)
+        if armed:
+            if deadline is not None:
+                wait_s = min(wait_s, max(0.0, deadline - time.monotonic()))
+            select.select([self.efd], [], [], wait_s)
+        return 0.0
 
     def enter(self) -> None:
         """A caller progresses this worker itself from now on (the thread stands aside)."""
@@ -213,7 +220,6 @@ class _Worker:
         if req is None:
             return UCS_OK
         ucp, w = self.ucp, self.worker
-        clock = time.perf_counter
         self.enter()
         try:
             it = 0
@@ -231,18 +237,7 @@ class _Worker:
                     with self.lock:
                         ucp.request_free(req)  # released when UCX completes it (cancelled by the close)
                     return UCS_INPROGRESS
-                if n:
-                    quiet_since = 0.0
-                    continue
-                now = clock()
-                if not quiet_since:
-                    quiet_since = now
-                if now - quiet_since >= SPIN_S:  # nothing happening: sleep until the worker has an event
-                    with self.lock:
-                        armed = ucp.worker_arm(w)
-                    if armed:
-                        select.select([self.efd], [], [], min(WAIT_S, max(0.0, deadline - time.monotonic())))
-                    quiet_since = 0.0
+                quiet_since = self.idle_step(n, quiet_since, SPIN_S, WAIT_S, deadline)
         finally:
             self.leave()
 
