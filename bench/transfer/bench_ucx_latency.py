@@ -95,7 +95,7 @@ def _child(tree: str, ops: int) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline-tree", required=False, default="",
                     help="directory holding the baseline mooncake_core (e.g. from git archive)")
@@ -103,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", type=int, default=1000, help="4 KiB operations per measurement (default 1000)")
     ap.add_argument("--target", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     if a.target:
         return _target(a.target, a.child)
     if a.child:
