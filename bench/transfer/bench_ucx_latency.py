@@ -32,19 +32,8 @@ def _use_tree(tree: str) -> None:
 
 def _target(size: int, tree: str) -> int:
     _use_tree(tree)
-    import numpy as np
-
-    from mooncake_core.engine import TransferEngine
-    from mooncake_core.utils.log import setup_logging
-    setup_logging("ERROR")
-    eng = TransferEngine()
-    assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0, eng.last_error
-    buf = np.zeros(size, dtype=np.uint8)
-    assert eng.register_memory(buf.ctypes.data, buf.nbytes) == 0
-    print(json.dumps({"segment": eng.get_local_segment_name(), "addr": buf.ctypes.data}), flush=True)
-    sys.stdin.readline()
-    eng.close()
-    return 0
+    from bench.transfer.bench_ucx import serve  # imports mooncake_core inside: from ``tree``
+    return serve(size)
 
 
 def _child(tree: str, ops: int) -> int:
