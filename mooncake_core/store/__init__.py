@@ -15,6 +15,7 @@ from mooncake_core.store.client import (  # noqa: F401
 from mooncake_core.store.config import MooncakeConfig, MooncakeStoreConfig, StoreConfig  # noqa: F401
 from mooncake_core.store.numa import bind_to_numa_node  # noqa: F401
 from mooncake_core.store.parallelism import ParallelAxis, ReadTarget, TensorParallelism  # noqa: F401
+from mooncake_core.store.types import QueryTaskResponse, TaskStatus, TaskType  # noqa: F401
 
 __all__ = [
     "MooncakeDistributedStore",
@@ -31,4 +32,7 @@ __all__ = [
     "BufferPool",
     "RegisteredBufferPool",
     "BufferLease",
+    "QueryTaskResponse",
+    "TaskStatus",
+    "TaskType",
 ]

@@ -32,11 +32,13 @@ from mooncake_core.store.config import StoreConfig
 from mooncake_core.store.core import StoreCore
 from mooncake_core.store.object_api import ObjectApi
 from mooncake_core.store.parallel_api import ParallelApi
+from mooncake_core.store.pool_api import PoolApi
 from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.store.range_api import RangeApi
 from mooncake_core.store.shm import Region
 from mooncake_core.store.tensor_api import TensorApi
-from mooncake_core.store.types import BufferHandle, ReplicaStatus, ReplicateConfig, SoftPinAction
+from mooncake_core.store.tensor_io import TensorIO
+from mooncake_core.store.types import BufferHandle, QueryTaskResponse, ReplicaStatus, ReplicateConfig, SoftPinAction
 from mooncake_core.utils.log import get_logger
 
 __all__ = ["EXIST_ERROR", "MooncakeDistributedStore", "ReplicaStatus", "ReplicateConfig", "SoftPinAction"]
@@ -59,6 +61,8 @@ class MooncakeDistributedStore:
         self._tensors = TensorApi(self._core, self._objects)
         self._ranges = RangeApi(self._core)
         self._parallel = ParallelApi(self._objects, self._tensors, self._ranges)
+        self._pool = PoolApi(self._core)
+        self._tensor_io = TensorIO(self._tensors)
         self._at_exit: Callable[[], None] | None = None
         self._dummy: DummyClient | None = None
         self._pool_regions: dict[int, Region] = {}
@@ -585,12 +589,11 @@ class MooncakeDistributedStore:
         return self._ranges.batch_put_session_revoke(keys)
 
     def batch_replica_clear(self, keys: list[str], segment_name: str = '') -> list[str]:
-        """Drop the objects of ``keys`` whose read leases have expired; returns the keys
-        cleared (leased or missing ones are skipped, as upstream).
-
-        Clearing only the replicas on one ``segment_name`` needs a master operation this
-        implementation does not have: such a call clears nothing and logs why."""
-        return self._ranges.batch_replica_clear(keys, segment_name)
+        """Drop the replicas on ``segment_name`` (every replica when "") of those ``keys``
+        whose read leases have expired; an object left without a replica is removed.
+        Returns the keys cleared (leased, missing, or with no replica there: skipped, as
+        the original)."""
+        return self._pool.batch_replica_clear(keys, segment_name)
 
     def put_from_with_metadata(self, key: str, buffer_ptr: int, metadata_buffer_ptr: int, size: int,
                                metadata_size: int, config: Any = None) -> int:
@@ -599,9 +602,71 @@ class MooncakeDistributedStore:
         return self._ranges.put_from_with_metadata(key, buffer_ptr, metadata_buffer_ptr, size, metadata_size,
                                                    config)
 
+    # ================================================================== pool management: tasks, memory
+    def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]:
+        """Copy ``key`` onto the segments ``targets`` (those holding it already are skipped).
+        Returns ``(task_id, 0)``, or ``((0, 0), code)``: -704 missing key, -600 unknown
+        segment. The client holding the source replica carries it out; see ``query_task``."""
+        return self._pool.create_copy_task(key, targets)
+
+    def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
+        """Move ``key``'s replica on segment ``source`` to ``target``: ``(task_id, 0)`` or
+        ``((0, 0), code)`` (-704 missing key or no replica on ``source``, -600 unknown
+        segment or ``source == target``). Concurrent moves of one key run one at a time."""
+        return self._pool.create_move_task(key, source, target)
+
+    def query_task(self, task_id: tuple[int, int]) -> tuple[QueryTaskResponse | None, int]:
+        """``(QueryTaskResponse, 0)``, or ``(None, -600)`` for a task id the master does not know."""
+        return self._pool.query_task(task_id)
+
+    def get_offload_rpc_read_count(self) -> int:
+        """Reads of SSD-tier objects served through another client's RPC. Always 0 here:
+        every client reads the shared tier's files (``root_fs_dir``) itself."""
+        return 0
+
+    def init_all(self, protocol: str, device_name: str, mount_segment_size: int = 16 * 1024 * 1024) -> int:
+        """The original's one-call setup: ``setup`` with its defaults (local hostname
+        "localhost", a 1 GiB local buffer) and the metadata server / master from the
+        environment (``MOONCAKE_TE_META_DATA_SERVER``, ``MOONCAKE_MASTER``), contributing
+        ``mount_segment_size`` bytes. 0, or setup's code (-600 when already set up)."""
+        if self._core.ready:
+            log.error("init_all: this store is already set up")
+            return INVALID
+        cfg = StoreConfig.load_from_env() if _env_configured() else None
+        meta = cfg.metadata_server if cfg is not None else "P2PHANDSHAKE"
+        master = cfg.master_server_addr if cfg is not None else "127.0.0.1:50051"
+        return self.setup("localhost", meta, mount_segment_size, 1024 * 1024 * 1024, protocol, device_name, master)
+
+    # ================================================================== tensors: files, CUDA destinations
+    def save_tensor_to_safetensor(self, key: str, file_name: str | None = None) -> int:
+        """Write the tensor stored under ``key`` to a safetensors file (``file_name``, default
+        ``key``). 0, -704 when no tensor is stored there, -600 when the file cannot be written."""
+        return self._tensor_io.save_tensor_to_safetensor(key, file_name)
+
+    def load_tensor_from_safetensor(self, key: str | None = None, file_name: str | None = None) -> Any:
+        """Store the tensor of a safetensors file under ``key`` (default: the file name) and
+        return it; None when the file cannot be read or the put fails."""
+        return self._tensor_io.load_tensor_from_safetensor(key, file_name)
+
+    def get_tensor_into_cuda(self, key: str, tensor: Any) -> int:
+        """Read the stored tensor ``key`` into the preallocated CUDA ``tensor`` (same dtype and
+        element count): bytes written, or negative (-704 missing, -600 mismatch or a
+        destination that is not on a GPU)."""
+        return self._tensor_io.get_tensor_into_cuda(key, tensor)
+
+    def batch_get_tensor_into_cuda(self, keys: list[str], tensors_list: list[Any]) -> list[int]:
+        """``get_tensor_into_cuda`` per key."""
+        return self._tensor_io.batch_get_tensor_into_cuda(keys, tensors_list)
+
 
 #: the methods a dummy client forwards to mooncake_client (or answers itself): every public
 #: method but its own lifecycle
 _FORWARDED = tuple(n for n in vars(MooncakeDistributedStore)
                    if not n.startswith("_") and callable(vars(MooncakeDistributedStore)[n])
                    and n not in ("setup", "setup_dummy", "close"))
+
+
+def _env_configured() -> bool:
+    from mooncake_core import envs
+
+    return bool(envs.MOONCAKE_CONFIG_PATH or envs.MOONCAKE_MASTER)

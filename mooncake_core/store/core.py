@@ -396,6 +396,10 @@ class StoreCore:
     def forget(self, keys: Iterable[str]) -> None:
         self.owned.discard(keys)
 
+    def write_replicas(self, jobs: list[tuple[Parts, int, ReplicaDesc]], skip: set[str] | None = None) -> None:
+        """``WritePath.write_replicas`` (copy/move tasks write their source's bytes with it)."""
+        self.writes.write_replicas(jobs, skip)
+
     def pick_order(self, replicas: Sequence[ReplicaDesc]) -> list[ReplicaDesc]:
         """Memory replicas first (ours, then same host, then others), disk replicas last."""
         return self.reads.pick_order(replicas)

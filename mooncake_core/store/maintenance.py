@@ -20,6 +20,7 @@ from mooncake_core.store.codes import NO_HANDLE
 from mooncake_core.store.memory import bytes_addr, fingerprint
 from mooncake_core.store.offload import offload_relpath
 from mooncake_core.store.protocol import HeartbeatReply, OffloadTask
+from mooncake_core.store.replica_tasks import ReplicaTaskRunner
 from mooncake_core.store.types import ReplicateConfig
 from sortedcontainers import SortedDict
 from mooncake_core.utils.log import get_logger
@@ -53,6 +54,8 @@ class Maintenance:
         self._offload_q: queue.Queue[OffloadTask | None] | None = None
         self._offload_thread: threading.Thread | None = None
         self._offload_pending: set[str] = set()
+        #: copy/move tasks and drain units the master hands us (we hold their source replicas)
+        self.replica_tasks = ReplicaTaskRunner(core)  # type: ignore[arg-type]
 
     def start(self) -> None:
         self._hb_stop.clear()
@@ -73,6 +76,7 @@ class Maintenance:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=10)
         self._hb_thread = None
+        self.replica_tasks.stop()
         if self._offload_q is not None:
             self._offload_q.put(None)
             if self._offload_thread is not None and self._offload_thread is not threading.current_thread():
@@ -124,6 +128,8 @@ class Maintenance:
             self._remount_pending = False
         if reply.offload_tasks:
             self._queue_offload(reply.offload_tasks)
+        if reply.replica_tasks:
+            self.replica_tasks.submit(reply.replica_tasks)
 
     def _remount(self) -> None:
         """After a master restart/failover: mount again and re-report objects we own whose

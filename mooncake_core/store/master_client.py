@@ -521,3 +521,19 @@ class MasterClient:
 
     def offload_failed(self, client_id: str, key: str) -> None:
         self._call(P.OffloadFailedReq(client_id, key))
+
+    # ------------------------------------------------------------------ replica tasks (master_tasks)
+    def create_copy_task(self, client_id: str, key: str, targets: list[str]) -> tuple[int, int]:
+        return tuple(self._call(P.CreateCopyTaskReq(client_id, key, list(targets))))  # type: ignore[return-value]
+
+    def create_move_task(self, client_id: str, key: str, source: str, target: str) -> tuple[int, int]:
+        return tuple(self._call(P.CreateMoveTaskReq(client_id, key, source, target)))  # type: ignore[return-value]
+
+    def query_task(self, task_id: tuple[int, int]) -> "P.TaskInfo":
+        return self._call(P.QueryTaskReq(task_id))
+
+    def replica_task_done(self, client_id: str, task_id: tuple[int, int], ok: bool, message: str = "") -> None:
+        self._call(P.ReplicaTaskDoneReq(client_id, task_id, ok, message))
+
+    def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
+        return self._call(P.BatchReplicaClearReq(list(keys), segment_name))

@@ -167,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if warn:
             log.warning(warn, extra={"address": f"{host}:{server.port}", "advertised": advertise})
         if v["enable_metric_reporting"]:
+            from mooncake_core.store.master_admin import admin_routes
             from mooncake_core.store.master_dashboard import MasterDashboard, routes
             from mooncake_core.utils.metrics import start_metrics_server
 
@@ -174,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dash = MasterDashboard(server, ha_enabled=v["enable_ha"],
                                    te_endpoints=v["dashboard_te_metrics"].split(",")).start()
             mport = start_metrics_server(v["metrics_port"], host=mhost, registry=registry,
-                                         routes=routes(dash))
+                                         routes={**admin_routes(server), **routes(dash)})
             log.info("metrics listening (read-only, no authentication); dashboard at /dashboard",
                      extra={"url": f"http://{mhost}:{mport}/metrics", "port": mport})
         if v["enable_http_metadata_server"]:

@@ -50,10 +50,13 @@ class MasterConfig:
 class Segment:
     """A memory segment a client mounted: ``[base, base+size)`` in that client's memory."""
 
-    __slots__ = ("seg_id", "name", "client_id", "base", "size", "alloc", "hold_until", "__weakref__")
+    __slots__ = ("seg_id", "name", "client_id", "base", "size", "alloc", "hold_until", "status", "__weakref__")
 
     def __init__(self, seg_id: int, name: str, client_id: str, base: int, size: int, alignment: int):
         self.hold_until = 0.0  # no new allocation before this (a segment re-mounted after a master change)
+        #: the original's SegmentStatus number: 1 OK takes allocations; 2 DRAINING, 3 DRAINED,
+        #: 4 GRACEFULLY_UNMOUNTING stay readable and take none (``master_tasks``)
+        self.status = 1
         self.seg_id = seg_id
         self.name = name
         self.client_id = client_id

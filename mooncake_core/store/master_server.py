@@ -75,6 +75,11 @@ def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, C
         P.OffloadDoneReq: lambda r: st.offload_done(r.client_id, r.key, r.path, r.size),
         P.OffloadFailedReq: lambda r: st.offload_failed(r.client_id, r.key),
         P.WatchKeysReq: lambda r: st.watch_keys(r.after, r.prefix, r.limit, r.epoch),
+        P.CreateCopyTaskReq: lambda r: st.tasks.create_copy(r.key, r.targets),
+        P.CreateMoveTaskReq: lambda r: st.tasks.create_move(r.key, r.source, r.target),
+        P.QueryTaskReq: lambda r: st.tasks.query(r.task_id),
+        P.ReplicaTaskDoneReq: lambda r: st.tasks.done(r.client_id, r.task_id, r.ok, r.message),
+        P.BatchReplicaClearReq: lambda r: st.batch_replica_clear(r.keys, r.segment_name),
     }
 
 

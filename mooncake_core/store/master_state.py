@@ -52,6 +52,7 @@ from mooncake_core.store.master_absence import Absences
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE,
                                                  RESERVATION_PREFIX, ClientInfo, Extra, MasterConfig, ObjectMeta,
                                                  PendingPut, Rep, Segment, Stats, VersionClock, check_key, err)
+from mooncake_core.store.master_tasks import ReplicaTasks
 from mooncake_core.store.master_tier import Tier
 from mooncake_core.store.master_space import (SpaceReclaiming, holdings, no_space_message, reclaim_pending,
                                                reclaimable)
@@ -113,6 +114,10 @@ class MasterState:
         self.key_events = KeyEventLog()
         #: eviction and the SSD tier (its records are its own; it sees this object table)
         self.tier = Tier(self)
+        #: segments whose status is not OK (draining, drained): they take no new allocation
+        self._closed_segs = 0
+        #: copy/move tasks and drain jobs (``master_tasks``); wall-clock ms for their timestamps
+        self.tasks = ReplicaTasks(self, lambda: version_clock() // 1_000_000)
 
     def begin_leadership(self) -> None:
         """Called when this master starts serving as elected HA leader: a new epoch, so that
@@ -122,10 +127,36 @@ class MasterState:
     # ================================================================ primitives (the interface master_batch,
     # master_tier and master_reports use: they touch no private member of this class)
     def placeable(self, now: float) -> dict[str, Segment]:
-        """The segments that take new allocations at ``now`` (not in a recovery hold)."""
-        if now >= self._holds_until:
+        """The segments that take new allocations at ``now`` (not in a recovery hold, not
+        being drained)."""
+        if now >= self._holds_until and not self._closed_segs:
             return self.segments
-        return {n: s for n, s in self.segments.items() if s.hold_until <= now}
+        return {n: s for n, s in self.segments.items() if s.hold_until <= now and s.status == 1}
+
+    def set_segment_status(self, seg: Segment, status: int) -> None:
+        """Open (1, OK) or close (draining, drained) ``seg`` to new allocations."""
+        self._closed_segs += (status != 1) - (seg.status != 1)
+        seg.status = status
+
+    def notify_dropped(self, key: str, seg: Segment) -> None:
+        """Tell ``seg``'s owner that its replica of ``key`` is gone (moved, cleared) while the
+        object lives on elsewhere: it must not re-report it after a master change."""
+        c = self.clients.get(seg.client_id)
+        if c is None:
+            return
+        stamp = self._new_version()
+        if len(c.removed) >= MAX_REMOVED_NOTICES:
+            c.removed, c.removed_all_before = [], stamp
+        else:
+            c.removed.append((key, stamp))
+
+    def drop_reservations_in(self, names: set[str]) -> None:
+        """Take back the clients' reservations (single and batch) that hold ranges in the
+        segments ``names``: a put into them would publish there later."""
+        for key, p in list(self.inflight.items()):
+            if key.startswith(RESERVATION_PREFIX) and any(s.name in names for s, _ in p.reps):  # single and batch
+                del self.inflight[key]
+                self.quarantine_ranges(p.client_id, p.reps, p.size)
 
     def intern_size(self, size: int) -> int:
         """``size``, as the one int object shared by every record of that size (memory)."""
@@ -369,6 +400,7 @@ class MasterState:
         (published as ``kind`` events: "expire" when the owner stopped heart-beating)."""
         del self.segments[seg.name]
         del self.segs_by_id[seg.seg_id]
+        self.set_segment_status(seg, 1)  # no longer counted as closed
         self._largest_seg = None
         c = self.clients.get(seg.client_id)
         if c is not None:
@@ -415,13 +447,14 @@ class MasterState:
         for seg, off, size in client.beat(now):  # parked ranges of failed puts, now safe
             self.free_range((seg, off), size)
         tasks, client.tasks = client.tasks, []
+        replica_tasks = self.tasks.take(client_id, now) if self.tasks.queued else []
         removed, client.removed = client.removed, []
         all_before, client.removed_all_before = client.removed_all_before, 0
         if client.pending_remount:
             removed = client.missed + removed
             all_before = max(all_before, client.missed_all_before)
         return HeartbeatReply(need_remount=new or client.pending_remount, offload_tasks=tasks, removed=removed,
-                              removed_all_before=all_before)
+                              removed_all_before=all_before, replica_tasks=replica_tasks)
 
     def _notify_removed(self, key: str, meta: ObjectMeta, everything: bool = False) -> int:
         """Tell the owners of ``meta``'s replicas (next heartbeat) that ``key`` is gone, so a
@@ -475,9 +508,9 @@ class MasterState:
 
     def direct_target(self, cfg: ReplicateConfigMsg, now: float) -> Segment | None:
         """The segment every put with ``cfg`` goes to when placement has no choice to make
-        (one mounted segment, no recovery hold: replicas must be on distinct segments, and a
-        preference can only name that one), else None. Worked out once per batch."""
-        if len(self.segments) != 1 or now < self._holds_until:
+        (one mounted segment, no recovery hold, not drained: replicas must be on distinct
+        segments, and a preference can only name that one), else None. Worked out once per batch."""
+        if len(self.segments) != 1 or now < self._holds_until or self._closed_segs:
             return None
         return next(iter(self.segments.values()))
 
@@ -535,6 +568,12 @@ class MasterState:
 
     def _allocate(self, key: str, size: int, cfg: ReplicateConfigMsg, now: float) -> list[Rep]:
         segs = self.segments
+        if self._closed_segs:
+            segs = {n: s for n, s in segs.items() if s.status == 1}
+            if not segs:
+                self.stats.no_space += 1
+                raise err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: every mounted segment is being drained "
+                          f"or unmounted (no new allocation there); mount another segment")
         if now < self._holds_until:
             segs = {n: s for n, s in segs.items() if s.hold_until <= now}
             if not segs and self.segments:
@@ -849,6 +888,44 @@ class MasterState:
     def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
         return self._batch(lambda k: self.remove(k, force), keys)
 
+    def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
+        """Drop the replicas of ``keys`` on ``segment_name`` -- every replica when it is "" --
+        of objects whose read leases have ended; an object left without any replica is
+        removed. Returns the keys cleared; leased, missing keys and keys with no replica on
+        that segment are skipped (the original's BatchReplicaClear)."""
+        if not isinstance(segment_name, str):
+            raise err(ErrorCode.INVALID_PARAMS, f"batch_replica_clear: segment_name must be a str, "
+                      f"got {type(segment_name).__name__}")
+        now = self.clock()
+        cleared: list[str] = []
+        for key in keys:
+            meta = self.objects.get(key) if isinstance(key, str) else None
+            if meta is None or meta.lease > now or self.tasks.busy.get(key) is not None:
+                continue
+            if not segment_name:
+                self.absent.bury(key, self._notify_removed(key, meta), now)
+                self.drop_object(key, meta, now)
+                cleared.append(key)
+                continue
+            reps = meta.reps()
+            on = [r for r in reps if r[0].name == segment_name]
+            disk = meta.disk
+            on_disk = disk is not None and disk.segment_name == segment_name
+            if not on and not on_disk:
+                continue
+            if len(on) == len(reps) and (disk is None or on_disk):  # nothing would be left
+                self.absent.bury(key, self._notify_removed(key, meta), now)
+                self.drop_object(key, meta, now)
+            else:
+                if on:
+                    meta.set_reps([r for r in reps if r[0].name != segment_name])
+                    self.release_ranges(on, meta.size, 0.0, now)
+                    self.notify_dropped(key, on[0][0])
+                if on_disk:
+                    self.tier.drop_disk(key, meta, 0.0)
+            cleared.append(key)
+        return cleared
+
     def remove_all(self, force: bool = False) -> int:
         """Drop every object; leased ones are skipped unless ``force`` (as :meth:`remove`)."""
         now = self.clock()
@@ -908,6 +985,7 @@ class MasterState:
                         self.quarantine_ranges(cid, p.reps, p.size)
                         del self.inflight[key]
                 del self.clients[cid]
+                self.tasks.client_gone(cid)
                 if had_segments or c.removed or c.removed_all_before:
                     # it may come back and re-report: keep what it missed, remember removals
                     self.absent.expired(cid, now, c.removed, c.removed_all_before)
@@ -929,6 +1007,8 @@ class MasterState:
                 self.quarantine_ranges(p.client_id, p.reps, p.size)
                 del self.inflight[key]
         self.tier.expire_offloads(now)
+        if self.tasks.queued or self.tasks.running or self.tasks.jobs:
+            self.tasks.tick(now)
         cap = self.capacity
         if cap and self.used - self.tier.offloading_bytes() - sum(self.reclaimable().values()) \
                 >= self.cfg.eviction_high_watermark_ratio * cap:  # space reclaimable is not pressure

@@ -163,6 +163,9 @@ class ReplicateConfigMsg(msgspec.Struct, array_like=True):
     soft_pin_ttl_ms: int | None = None
     with_hard_pin: bool = False
     preferred_segments: list[str] = msgspec.field(default_factory=list)
+    #: the original's ``group_ids``: replicas go to segments of these mount groups (see
+    #: ``MasterState.mount_segment``'s ``group``); empty = anywhere
+    group_ids: list[str] = msgspec.field(default_factory=list)
 
 
 class OffloadTask(msgspec.Struct, array_like=True):
@@ -172,6 +175,29 @@ class OffloadTask(msgspec.Struct, array_like=True):
     replica: ReplicaDesc
 
 
+class ReplicaTask(msgspec.Struct, array_like=True):
+    """Ask the client that holds ``source`` (a replica in its own segment) to write its bytes
+    into the ranges ``targets`` the master allocated (a copy or move task, a drain unit), then
+    answer ``replica_task_done``. ``task_id`` is the original's UUID pair."""
+
+    task_id: tuple[int, int]
+    key: str
+    source: ReplicaDesc
+    targets: list[ReplicaDesc]
+
+
+class TaskInfo(msgspec.Struct, array_like=True):
+    """A copy/move task as ``query_task`` reports it (the original's QueryTaskResponse)."""
+
+    task_id: tuple[int, int]
+    type: int  #: 0 REPLICA_COPY, 1 REPLICA_MOVE
+    status: int  #: 0 PENDING, 1 PROCESSING, 2 FAILED, 3 SUCCESS (the original's numbers)
+    created_at_ms_epoch: int
+    last_updated_at_ms_epoch: int
+    assigned_client: str
+    message: str
+
+
 class HeartbeatReply(msgspec.Struct, array_like=True):
     need_remount: bool = False
     offload_tasks: list[OffloadTask] = msgspec.field(default_factory=list)
@@ -179,6 +205,8 @@ class HeartbeatReply(msgspec.Struct, array_like=True):
     #: version clock at that time: stop re-reporting entries at or below it
     removed: list[tuple[str, int]] = msgspec.field(default_factory=list)
     removed_all_before: int = 0  #: >0: every entry at or below this version is gone (remove_all, overflow)
+    #: copy/move work for this client (its segment holds the source replicas)
+    replica_tasks: list[ReplicaTask] = msgspec.field(default_factory=list)
 
 
 class GetReply(msgspec.Struct, array_like=True):
@@ -478,13 +506,47 @@ class WatchKeysReq(_Req, tag="watch_keys"):
     epoch: int = 0
 
 
+class CreateCopyTaskReq(_Req, tag="create_copy_task"):
+    client_id: str
+    key: str
+    targets: list[str]
+
+
+class CreateMoveTaskReq(_Req, tag="create_move_task"):
+    client_id: str
+    key: str
+    source: str
+    target: str
+
+
+class QueryTaskReq(_Req, tag="query_task"):
+    task_id: tuple[int, int]
+
+
+class ReplicaTaskDoneReq(_Req, tag="replica_task_done"):
+    """The executing client's answer to a ReplicaTask: ``ok``, or why not in ``message``."""
+
+    client_id: str
+    task_id: tuple[int, int]
+    ok: bool
+    message: str = ""
+
+
+class BatchReplicaClearReq(_Req, tag="batch_replica_clear"):
+    """Drop the replicas of ``keys`` on ``segment_name`` (all of them when empty) whose
+    read leases have ended; answers the keys cleared."""
+
+    keys: list[str]
+    segment_name: str = ""
+
+
 Request = Union[
     PingReq, AuthChallengeReq, AuthReq, MountSegmentReq, UnmountSegmentReq, HeartbeatReq, ReportObjectsReq,
     PutStartReq, UpsertStartReq, PutEndReq, PutCommitReq, PutRevokeReq, BatchPutStartReq,
     BatchUpsertStartReq, BatchPutEndReq, BatchPutCommitReq, BatchPutRevokeReq, GetReplicaListReq,
     BatchGetReplicaListReq, ExistKeyReq, BatchExistKeyReq, GetSizeReq, RemoveReq,
     RemoveAllReq, RemoveByRegexReq, BatchRemoveReq, OffloadDoneReq, OffloadFailedReq,
-    WatchKeysReq,
+    WatchKeysReq, CreateCopyTaskReq, CreateMoveTaskReq, QueryTaskReq, ReplicaTaskDoneReq, BatchReplicaClearReq,
 ]
 
 #: result type of each method (what the success payload decodes to)
@@ -518,6 +580,11 @@ RESULT_TYPES: dict[type, object] = {
     OffloadDoneReq: None,
     OffloadFailedReq: None,
     WatchKeysReq: KeyEventsReply,
+    CreateCopyTaskReq: tuple[int, int],
+    CreateMoveTaskReq: tuple[int, int],
+    QueryTaskReq: TaskInfo,
+    ReplicaTaskDoneReq: None,
+    BatchReplicaClearReq: list[str],
 }
 
 request_encoder = msgspec.msgpack.Encoder()
@@ -531,7 +598,7 @@ result_decoders: dict[type, msgspec.msgpack.Decoder] = {
 __all__ = [
     "PROTOCOL_VERSION", "MAX_FRAME", "HEADER_SIZE", "REPLY_HEADER_SIZE", "LEN_SIZE", "pack_header",
     "unpack_header", "pack_status", "unpack_status", "unpack_len", "request_frame", "reply_frame",
-    "parse_reply", "ReplicaDesc", "ReplicateConfigMsg", "OffloadTask", "HeartbeatReply",
+    "parse_reply", "ReplicaDesc", "ReplicateConfigMsg", "OffloadTask", "ReplicaTask", "TaskInfo", "HeartbeatReply",
     "GetReply", "Placements", "BatchGetReply", "PutCommitReply", "BatchPutCommitReply",
     "MountReply", "MasterInfo", "KeyEventsReply", "Request", "RESULT_TYPES", "request_encoder",
     "request_decoder", "result_encoder", "result_decoders",

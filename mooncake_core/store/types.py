@@ -6,7 +6,7 @@ import enum
 
 from mooncake_core.store.protocol import ReplicateConfigMsg
 
-__all__ = ["ReplicaStatus", "ReplicateConfig", "SoftPinAction"]
+__all__ = ["QueryTaskResponse", "ReplicaStatus", "ReplicateConfig", "SoftPinAction", "TaskStatus", "TaskType"]
 
 
 class SoftPinAction(enum.IntEnum):
@@ -24,6 +24,48 @@ class ReplicaStatus(enum.IntEnum):
     COMPLETE = 3
     REMOVED = 4
     FAILED = 5
+
+
+class TaskType(enum.IntEnum):
+    """Kind of a copy/move task (the original's names and numbers)."""
+
+    REPLICA_COPY = 0
+    REPLICA_MOVE = 1
+
+
+class TaskStatus(enum.IntEnum):
+    """State of a copy/move task (the original's names and numbers: FAILED is 2)."""
+
+    PENDING = 0
+    PROCESSING = 1
+    FAILED = 2
+    SUCCESS = 3
+
+
+class QueryTaskResponse:
+    """What ``query_task`` answers (the original's attribute names, read-only).
+    ``assigned_client`` is the id of the client that carries the task out."""
+
+    __slots__ = ("_f",)
+
+    def __init__(self, id: tuple[int, int] = (0, 0), type: int = TaskType.REPLICA_COPY,  # noqa: A002
+                 status: int = TaskStatus.PENDING, created_at_ms_epoch: int = 0,
+                 last_updated_at_ms_epoch: int = 0, assigned_client: str = "", message: str = "") -> None:
+        self._f = (tuple(id), TaskType(type), TaskStatus(status), int(created_at_ms_epoch),
+                   int(last_updated_at_ms_epoch), str(assigned_client), str(message))
+
+    id = property(lambda self: self._f[0])
+    type = property(lambda self: self._f[1])
+    status = property(lambda self: self._f[2])
+    created_at_ms_epoch = property(lambda self: self._f[3])
+    last_updated_at_ms_epoch = property(lambda self: self._f[4])
+    assigned_client = property(lambda self: self._f[5])
+    message = property(lambda self: self._f[6])
+
+    def __repr__(self) -> str:
+        i, t, s, c, u, a, m = self._f
+        return (f"QueryTaskResponse(id={i[0]}-{i[1]}, type={int(t)}, status={int(s)}, created_at={c}, "
+                f"last_updated_at={u}, assigned_client={a}, message={m!r})")
 
 
 class ReplicateConfig:

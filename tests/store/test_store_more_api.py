@@ -366,9 +366,22 @@ def test_put_sessions_and_misc(cluster, monkeypatch) -> None:
     assert c.get("leased") == b"l" * 100
     assert c.batch_replica_clear(["fresh", "leased", "missing"]) == ["fresh"]
     assert c.batch_is_exist(["fresh", "leased"]) == [0, 1]
+    assert c.put("two", b"2" * 100, _replicas(2)) == 0
     time.sleep(1.7)
-    assert c.batch_replica_clear(["leased"], w.hostname) == []  # per-segment clearing: unsupported, no-op
+    # one segment: a segment holding no replica clears nothing; the object keeps its other replica
+    where = [r.segment_name for r in c.get_replica_desc("two")]
+    assert sorted(where) == sorted([w.hostname, d.get_hostname()])
+    assert c.batch_replica_clear(["leased"], "nosuch:1") == []
+    time.sleep(1.7)
+    assert c.batch_replica_clear(["two"], where[0]) == ["two"]
+    assert [r.segment_name for r in c.get_replica_desc("two")] == [where[1]] and c.get("two") == b"2" * 100
     assert c.batch_replica_clear(["leased"]) == ["leased"] and c.is_exist("leased") == 0
+
+
+def _replicas(n: int) -> ReplicateConfig:
+    cfg = ReplicateConfig()
+    cfg.replica_num = n
+    return cfg
 
 
 # ============================================================================ unified parallelism API

@@ -1,0 +1,145 @@
+"""Copy/move tasks and a segment drain over real sockets: a ``mooncake_master`` process, two
+clients with segments (the drained one and the target) and a pool-only client that keeps
+putting and reading while the drain runs. Every byte read is compared with what was written;
+after the scale-in (the drained client closes) every object is still there."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from mooncake_core.store import ReplicateConfig, TaskStatus
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+
+def _cfg(*segments: str, replicas: int = 1) -> ReplicateConfig:
+    cfg = ReplicateConfig()
+    cfg.replica_num = replicas
+    cfg.preferred_segments = list(segments)
+    return cfg
+
+
+def _http(url: str, body: dict | None = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read())
+
+
+def _until_done(c, tid, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        resp, rc = c.query_task(tid)
+        assert rc == 0
+        if resp.status in (TaskStatus.SUCCESS, TaskStatus.FAILED):
+            return resp
+        assert time.monotonic() < deadline, f"task {tid} still {resp}"
+        time.sleep(0.1)
+
+
+def _where(c, key: str) -> list[str]:
+    return sorted(r.segment_name for r in c.get_replica_desc(key))
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_copy_move_tasks_and_a_drain_under_load(master_factory, client_factory) -> None:
+    m = master_factory(default_kv_lease_ttl=500)
+    a = client_factory(m, segment=16 * MiB)
+    b = client_factory(m, segment=16 * MiB)
+    c = client_factory(m)
+    sa, sb = a.get_hostname(), b.get_hostname()
+    base = f"http://127.0.0.1:{m.metrics_port}"
+
+    # ---- copy, move, and their bad input
+    data = {f"t{i}": os.urandom(100 * KiB) for i in range(3)}
+    for k, v in data.items():
+        assert c.put(k, v, _cfg(sa)) == 0
+    tid, rc = c.create_copy_task("t0", [sb])
+    assert rc == 0 and _until_done(c, tid).status == TaskStatus.SUCCESS
+    assert _where(c, "t0") == sorted([sa, sb])
+    moves = [c.create_move_task("t1", sa, sb) for _ in range(2)]  # concurrent moves of one key
+    done = [_until_done(c, t) for t, rc in moves if rc == 0]
+    assert len(done) == 2 and sorted(d.status for d in done) == [TaskStatus.FAILED, TaskStatus.SUCCESS]
+    assert "no replica on" in next(d.message for d in done if d.status == TaskStatus.FAILED)
+    assert _where(c, "t1") == [sb] and c.get("t1") == data["t1"]
+    assert c.create_copy_task("nosuch", [sb]) == ((0, 0), -704)
+    assert c.create_move_task("t2", sa, "nosuch:1") == ((0, 0), -600)
+    assert c.create_move_task("t2", sa, sa) == ((0, 0), -600)
+    assert c.query_task((7, 7)) == (None, -600)
+    with pytest.raises(TypeError, match="task_id"):
+        c.query_task("not an id")
+
+    # ---- the original's admin routes
+    q = _http(f"{base}/query_key?key=t0")
+    assert q["success"] and sorted(d["transport_endpoint_"] for d in q["data"]) == sorted([sa, sb])
+    assert _http(f"{base}/query_key?key=nosuch")["error_code"] == -704
+    with urllib.request.urlopen(f"{base}/get_all_segments", timeout=5) as r:
+        assert sorted(r.read().decode().split()) == sorted([sa, sb])
+    assert _http(f"{base}/api/v1/segments/status?segment={sa}")["status_name"] == "OK"
+    assert _http(f"{base}/api/v1/drain_jobs", {"segments": ["nosuch:1"]})["success"] is False
+
+    # ---- drain a's segment while a pool-only client keeps putting and reading
+    objs = dict(data)
+    for i in range(40):
+        k, v = f"d{i}", os.urandom(random.choice([4 * KiB, 64 * KiB, 200 * KiB]))
+        assert c.put(k, v, _cfg(sa, replicas=2 if i % 5 == 0 else 1)) == 0
+        objs[k] = v
+    stop = threading.Event()
+    wrong: list[str] = []
+    missing: list[str] = []
+    lock = threading.Lock()
+    load = b"" + os.urandom(32 * KiB)
+
+    def traffic() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            k = f"live{n}"
+            if n <= 200 and c.put(k, load[: 1 + n % len(load)], _cfg(sa)) == 0:  # about 3 MiB in all
+                with lock:
+                    objs[k] = load[: 1 + n % len(load)]
+            with lock:
+                key, want = random.choice(list(objs.items()))
+            got = c.get(key)
+            if got == b"":
+                missing.append(key)
+            elif got != want:
+                wrong.append(key)
+
+    t = threading.Thread(target=traffic)
+    t.start()
+    try:
+        job = _http(f"{base}/api/v1/drain_jobs", {"segments": [sa], "target_segments": [sb], "max_concurrency": 4})
+        assert job["success"], job
+        deadline = time.monotonic() + 60
+        while True:
+            q = _http(f"{base}/api/v1/drain_jobs/query?job_id={job['job_id']}")
+            if q["status_name"] != "RUNNING":
+                break
+            assert time.monotonic() < deadline, q
+            time.sleep(0.2)
+        assert q["status_name"] == "SUCCEEDED" and q["failed_units"] == 0 and q["active_units"] == 0, q
+        assert _http(f"{base}/api/v1/segments/status?segment={sa}")["status_name"] == "DRAINED"
+        time.sleep(0.5)  # traffic goes on against the drained pool
+    finally:
+        stop.set()
+        t.join(30)
+    assert not wrong and not missing, (wrong[:5], missing[:5])
+    a.close()  # scale-in: nothing of a's segment is lost
+    time.sleep(0.5)
+    for k, v in objs.items():
+        assert _where(c, k) == [sb], k
+        assert c.get(k) == v, k
