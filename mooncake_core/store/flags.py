@@ -186,6 +186,13 @@ def _cluster_id(v: str) -> str | None:
     return None
 
 
+def _allocation_strategy(v: str) -> str | None:
+    ok = ("random", "free_ratio_first", "local_first")
+    if v in ("cxl", "ssd_free_ratio_first"):
+        return f"{v} needs a CXL / NVMe-oF tier this master does not have; use one of {', '.join(ok)}"
+    return None if v in ok else f"must be one of {', '.join(ok)} (case-sensitive)"
+
+
 def _log_level(v: str) -> str | None:
     ok = {"debug", "info", "warning", "warn", "error", "critical"}
     return None if v.lower() in ok else f"must be one of {sorted(ok)}"
@@ -235,6 +242,10 @@ MASTER_FLAGS = [
          "evicting the others did not free enough."),
     Flag("eviction_high_watermark_ratio", "float", 0.90, "Start evicting when used/capacity of all "
          "segments reaches this ratio.", _ratio),
+    Flag("allocation_strategy", "str", "random", "Where a replica goes among the segments a put does not "
+         "prefer: random (spreads new puts evenly; a node that rejoined empty gets its 1/N share), "
+         "free_ratio_first (largest free fraction first: fills an empty node first), local_first (segments "
+         "on the writer's host first, then random).", _allocation_strategy),
     Flag("eviction_ratio", "float", 0.05, "Fraction of the total capacity one eviction round frees "
          "(least recently used objects first).", _ratio),
     Flag("client_ttl", "int", 10, "Seconds without a heartbeat after which a client counts as dead: "
@@ -320,7 +331,8 @@ MASTER_DESCRIPTION = ("Mooncake Store master: keeps object -> replica locations,
 _WHY_SNAPSHOT = "no snapshots of the master's state: a new master rebuilds it from its clients' re-mounts"
 _WHY_OPLOG = "no operation log: HA here is leader election through etcd or Redis, the state rebuilt from the clients"
 _WHY_NOF = "no NVMe-oF tier (memory and the --root_fs_dir SSD tier only)"
-_WHY_TASKS = "the copy/move task queue of the store service is not implemented in this master"
+_WHY_TASKS = ("copy/move tasks have fixed limits here (a task not picked up within 30 s or not answered within "
+              "60 s fails; 100000 finished tasks are remembered; no retries)")
 _WHY_KV_EVENTS = ("not written into the events, as in the original (which keeps the flag only for old configs): "
                   "register model, block size, hash namespace, LoRA and data-parallel rank with the indexer")
 _WHY_KV_EVENTS_COMPAT = ("events are always vLLM's wire format (the original's legacy-compatible one: type, "

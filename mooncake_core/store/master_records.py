@@ -45,6 +45,11 @@ class MasterConfig:
     #: word once this old and a put needs the space: the holder starts no write into it after
     #: RESERVATION_MAX_AGE_S, and this leaves a started write time to finish (see _reclaim)
     reservation_reclaim_s: float = 2.0
+    #: --allocation_strategy: where a replica goes among the segments no preference names --
+    #: "random" (the original's default: a segment that just rejoined empty gets its 1/N share,
+    #: not every new put), "free_ratio_first" (largest free fraction first), "local_first"
+    #: (segments on the writer's host first, then random)
+    allocation_strategy: str = "random"
 
 
 class Segment:

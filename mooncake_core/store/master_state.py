@@ -37,6 +37,7 @@ eviction and the SSD tier are the ``Tier``'s (``master_tier``), batches ``master
 from __future__ import annotations
 
 import heapq
+import random
 import secrets
 import time
 from typing import Any, Callable, Iterable
@@ -65,15 +66,24 @@ log = get_logger("mooncake.store.master")
 #: string no client library produces as a key
 
 
+#: --allocation_strategy values (the original's names; its cxl / ssd_* ones need tiers not here)
+ALLOCATION_STRATEGIES = ("random", "free_ratio_first", "local_first")
+
+
 class MasterState:
     """All master decisions. Not thread-safe: the caller serialises calls."""
 
     def __init__(self, config: MasterConfig | None = None, clock: Callable[[], float] = time.monotonic,
-                 version_clock: Callable[[], int] = time.time_ns):
+                 version_clock: Callable[[], int] = time.time_ns, rng: random.Random | None = None):
         """``clock`` (seconds, monotonic) times leases, TTLs and holds; ``version_clock``
         (wall-clock nanoseconds) stamps published writes (see ``_new_version``). Both are
-        injected so tests drive time and versions without sleeping."""
+        injected so tests drive time and versions without sleeping; so is ``rng``, the
+        random placement's (``--allocation_strategy=random``)."""
         self.cfg = config or MasterConfig()
+        if self.cfg.allocation_strategy not in ALLOCATION_STRATEGIES:
+            raise ValueError(f"allocation_strategy must be one of {', '.join(ALLOCATION_STRATEGIES)}, "
+                             f"got {self.cfg.allocation_strategy!r}")
+        self.rng = rng or random.Random()
         self.clock = clock
         #: versions order the writes of one key across master terms (see put_end/report_objects)
         self.versions = VersionClock(version_clock)
@@ -530,7 +540,7 @@ class MasterState:
             if off is not None:
                 reps = [(direct, off)]
         if reps is None:  # a choice to make, or no room: the general path (it may evict)
-            reps = self._allocate(key, size, cfg, now)
+            reps = self._allocate(key, size, cfg, now, client_id)
         self.inflight[key] = PendingPut(client_id, self._sizes.get(size) or self.intern_size(size), reps, now,
                                         upsert, promote, bool(cfg.with_hard_pin), soft_ttl)
         return reps
@@ -566,7 +576,7 @@ class MasterState:
                      cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:
         return self.put_start(client_id, key, size, cfg, upsert=True)
 
-    def _allocate(self, key: str, size: int, cfg: ReplicateConfigMsg, now: float) -> list[Rep]:
+    def _allocate(self, key: str, size: int, cfg: ReplicateConfigMsg, now: float, writer: str = "") -> list[Rep]:
         segs = self.segments
         if self._closed_segs:
             segs = {n: s for n, s in segs.items() if s.status == 1}
@@ -596,9 +606,9 @@ class MasterState:
         want = min(cfg.replica_num, len(segs))
         # reservations and quarantine are an optimisation: what they hold goes back first, and
         # while it could serve this put nobody's object is evicted for it (the put waits)
-        reps = self.place(size, want, cfg.preferred_segments, segs)
+        reps = self.place(size, want, cfg.preferred_segments, segs, writer)
         if reps is None and self._reclaim(now):
-            reps = self.place(size, want, cfg.preferred_segments, segs)
+            reps = self.place(size, want, cfg.preferred_segments, segs, writer)
         if reps is not None:
             return reps
         pending = reclaim_pending(self.inflight, self.clients.values(), segs, size, want, now,
@@ -609,7 +619,7 @@ class MasterState:
         for _ in range(64):
             if self.tier.evict(size * want, now) == 0:
                 break
-            reps = self.place(size, want, cfg.preferred_segments, segs)
+            reps = self.place(size, want, cfg.preferred_segments, segs, writer)
             if reps is not None:
                 return reps
         self.stats.no_space += 1
@@ -617,7 +627,11 @@ class MasterState:
             key, want, size, self.used, self.capacity,
             holdings(self.segments.values(), self.objects, self.inflight, self.clients.values(), self.graveyard, now)))
 
-    def place(self, size: int, want: int, preferred: list[str], segs: dict[str, Segment]) -> list[Rep] | None:
+    def place(self, size: int, want: int, preferred: list[str], segs: dict[str, Segment],
+              writer: str = "") -> list[Rep] | None:
+        """Allocate ``want`` replicas of ``size`` bytes on distinct segments of ``segs``: the
+        ``preferred`` ones first, then in ``--allocation_strategy`` order. None (nothing
+        kept) when they do not all fit."""
         if want == 1 and not preferred and len(segs) == 1:
             for seg in segs.values():
                 off = seg.alloc.allocate(size)
@@ -630,7 +644,14 @@ class MasterState:
                 if s is not None and s not in order:
                     order.append(s)
             rest = [s for s in segs.values() if s not in order]
-            rest.sort(key=lambda s: s.alloc.free_bytes, reverse=True)  # spread load
+            strategy = self.cfg.allocation_strategy
+            if strategy == "free_ratio_first":
+                rest.sort(key=lambda s: s.alloc.free_bytes / s.size, reverse=True)
+            else:
+                self.rng.shuffle(rest)
+                if strategy == "local_first" and writer:
+                    hosts = self._writer_hosts(writer)
+                    rest.sort(key=lambda s: s.name.rsplit(":", 1)[0] not in hosts)  # stable: random within
             order.extend(rest)
         got: list[Rep] = []
         for seg in order:
@@ -644,6 +665,11 @@ class MasterState:
         for r in got:
             self.free_range(r, size)
         return None
+
+    def _writer_hosts(self, client_id: str) -> set[str]:
+        """Hosts of the segments ``client_id`` mounted (a segment is named "host:port")."""
+        c = self.clients.get(client_id)
+        return {n.rsplit(":", 1)[0] for n in c.segments} if c is not None else set()
 
     def _new_version(self) -> int:
         """A version for a write published now (``VersionClock.next``)."""
