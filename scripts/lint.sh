@@ -15,7 +15,7 @@ esac
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 STRICT=(mooncake_core/store/master_state.py mooncake_core/store/master_records.py mooncake_core/store/master_absence.py
-        mooncake_core/store/master_batch.py mooncake_core/store/master_tier.py mooncake_core/store/master_space.py mooncake_core/store/master_tasks.py mooncake_core/store/packing.py
+        mooncake_core/store/master_batch.py mooncake_core/store/master_tier.py mooncake_core/store/master_space.py mooncake_core/store/master_tasks.py mooncake_core/store/master_groups.py mooncake_core/store/packing.py
         mooncake_proxy/scheduling mooncake_proxy/first_token.py
         mooncake_core/transfer/wire.py mooncake_core/utils/range_allocator.py mooncake_core/auth.py mooncake_core/store/limits.py mooncake_core/store/dummy_wire.py
         mooncake_core/dashboard/window.py mooncake_core/utils/rounds.py mooncake_core/utils/progress.py

@@ -169,10 +169,11 @@ BATCH_RESERVATION_SUFFIX = "\x00batch"
 
 
 class PendingPut:
-    __slots__ = ("client_id", "size", "reps", "start", "upsert", "promote", "hard", "soft_ttl")
+    __slots__ = ("client_id", "size", "reps", "start", "upsert", "promote", "hard", "soft_ttl", "group")
 
     def __init__(self, client_id: str, size: int, reps: list[Rep], start: float, upsert: bool,
-                 promote: bool, hard: bool, soft_ttl: float | None):
+                 promote: bool, hard: bool, soft_ttl: float | None, group: str = ""):
+        self.group = group  # the object group it is published in (master_groups); "" = none
         self.client_id = client_id
         self.size = size
         self.reps = reps

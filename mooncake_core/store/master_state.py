@@ -50,6 +50,8 @@ from mooncake_core.store.protocol import (
 )
 from mooncake_core.store import master_batch, master_reports
 from mooncake_core.store.master_absence import Absences
+from mooncake_core.store.master_groups import ObjectGroups
+from mooncake_core.store.packing import I32, I64, unpack
 from mooncake_core.store.master_records import (MAX_REMOVED_NOTICES, MAX_REPLICAS, MAX_SEGMENT_SIZE,
                                                  RESERVATION_PREFIX, ClientInfo, Extra, MasterConfig, ObjectMeta,
                                                  PendingPut, Rep, Segment, Stats, VersionClock, check_key, err)
@@ -126,6 +128,8 @@ class MasterState:
         self.tier = Tier(self)
         #: segments whose status is not OK (draining, drained): they take no new allocation
         self._closed_segs = 0
+        #: object groups (ReplicateConfig.group_ids): leased and evicted together (``master_groups``)
+        self.groups = ObjectGroups()
         #: copy/move tasks and drain jobs (``master_tasks``); wall-clock ms for their timestamps
         self.tasks = ReplicaTasks(self, lambda: version_clock() // 1_000_000)
 
@@ -287,6 +291,7 @@ class MasterState:
     def drop_object(self, key: str, meta: ObjectMeta, now: float) -> None:
         """Remove a complete object; memory/file reuse waits for an active lease."""
         del self.objects[key]
+        self.groups.discard(key)
         self.key_events.publish("remove", key)
         if self.reported:
             self.reported.pop(key, None)
@@ -427,6 +432,7 @@ class MasterState:
                 self.tier.forget(key)
                 if meta.disk is None:
                     del self.objects[key]
+                    self.groups.discard(key)
                     self.key_events.publish(kind, key)
                     lost += 1
         for key, p in list(self.inflight.items()):
@@ -497,12 +503,30 @@ class MasterState:
         check_key(key)
         cfg = cfg or ReplicateConfigMsg()
         self.check_cfg(cfg, key)
+        group = self._group(cfg, [key])
         if release:
             self.release_reservations(client_id, release)
         now = self.clock()
         reps = self.put_start_one(client_id, key, size, cfg, self.soft_ttl(cfg), now, upsert,
                                    self.direct_target(cfg, now))
+        if group:
+            self.inflight[key].group = group[0]
         return [ReplicaDesc(seg.name, seg.base + off, size, "memory", "", "processing") for seg, off in reps]
+
+    @staticmethod
+    def _group(cfg: ReplicateConfigMsg, keys: list[str]) -> list[str]:
+        """The group of each key of a put (``group_ids``: none, one per key, or one id repeated
+        or alone for every key), else -600."""
+        ids = cfg.group_ids
+        if not ids:
+            return []
+        if all(isinstance(g, str) for g in ids):
+            if len(ids) == len(keys):
+                return ids
+            if len(set(ids)) == 1:  # one group for every key of the call
+                return [ids[0]] * len(keys)
+        raise err(ErrorCode.INVALID_PARAMS, f"put of {len(keys)} key(s) from {keys[0]!r}: group_ids must name "
+                  f"one group (a str) per key, or one group for all, got {len(ids)} ids")
 
     @staticmethod
     def check_cfg(cfg: ReplicateConfigMsg, what: str) -> None:
@@ -709,9 +733,9 @@ class MasterState:
         extra = None
         if p.hard or p.soft_ttl is not None:
             extra = Extra(p.hard, [now + p.soft_ttl, p.soft_ttl] if p.soft_ttl is not None else None)
-        return self.publish(key, ObjectMeta(p.size, p.reps, extra))
+        return self.publish(key, ObjectMeta(p.size, p.reps, extra), group=p.group)
 
-    def publish(self, key: str, meta: ObjectMeta, run: list[str] | None = None) -> int:
+    def publish(self, key: str, meta: ObjectMeta, run: list[str] | None = None, group: str = "") -> int:
         """Make ``meta`` the object readers find under ``key``: the one rule of every put
         (single, batch, into a reservation) -- the object table, forgetting a re-reported
         version of the key, the put counter, a "put" key event -- returning its version.
@@ -720,6 +744,8 @@ class MasterState:
         self.objects[key] = meta
         if self.reported:
             self.reported.pop(key, None)
+        if group or self.groups:
+            self.groups.set(key, group)
         if run is None:
             self.stats.puts += 1
             self.key_events.publish("put", key)
@@ -765,6 +791,8 @@ class MasterState:
             version = self._commit_reserved(client_id, key, size, cfg, now)
         else:
             version = self.put_end_one(client_id, key, now)
+        if cfg.group_ids and version > 0:
+            self.groups.set(key, self._group(cfg, [key])[0])
         reps = self._reserve(client_id, next_size, cfg, now) if next_size else []
         return PutCommitReply(version, [ReplicaDesc(seg.name, seg.base + off, next_size, "memory", "", "processing")
                                         for seg, off in reps], self.epoch)
@@ -838,9 +866,15 @@ class MasterState:
                         cfg: ReplicateConfigMsg | None = None, *, upsert: bool = False,
                         release: Iterable[int] = ()) -> Placements:
         """put_start of every key, packed (master_batch.put_starts); ``release`` as put_start's."""
+        group = self._group(cfg, keys) if cfg is not None else []
         if release:
             self.release_reservations(client_id, release)
-        return master_batch.put_starts(self, client_id, keys, sizes, cfg, upsert)
+        placed = master_batch.put_starts(self, client_id, keys, sizes, cfg, upsert)
+        if group:  # the keys placed are published in their groups
+            for k, g, code in zip(keys, group, unpack(I32, placed.codes, len(keys), "codes")):
+                if code == 0:
+                    self.inflight[k].group = g
+        return placed
 
     def batch_put_end(self, client_id: str, keys: list[str]) -> bytes:
         return master_batch.put_ends(self, client_id, keys)
@@ -848,7 +882,13 @@ class MasterState:
     def batch_put_commit(self, client_id: str, keys: list[str], sizes: bytes, cfg: ReplicateConfigMsg | None,
                          reserved: bool, next_sizes: bytes) -> BatchPutCommitReply:
         """batch_put_end plus a reservation for the client's next batch (master_batch.put_commits)."""
-        return master_batch.put_commits(self, client_id, keys, sizes, cfg, reserved, next_sizes)
+        group = self._group(cfg, keys) if cfg is not None else []
+        reply = master_batch.put_commits(self, client_id, keys, sizes, cfg, reserved, next_sizes)
+        if group:
+            for k, g, version in zip(keys, group, unpack(I64, reply.versions, len(keys), "versions")):
+                if version > 0:
+                    self.groups.set(k, g)
+        return reply
 
     def batch_put_revoke(self, client_id: str, keys: list[str]) -> bytes:
         return master_batch.put_revokes(self, client_id, keys)
@@ -870,6 +910,11 @@ class MasterState:
         """A read lease on ``meta`` until ``deadline``; the object becomes the most recently used."""
         if deadline > meta.lease:
             meta.lease = deadline
+        if self.groups:  # a read of one member leases the whole group
+            for k in self.groups.group_of(key, self.objects) or ():
+                m = self.objects[k]
+                if deadline > m.lease:
+                    m.lease = deadline
         extra = meta.extra
         if extra is not None:
             soft = extra.soft

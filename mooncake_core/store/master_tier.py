@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Protocol
 
 from mooncake_core.errors import ErrorCode
 from mooncake_core.store.key_events import KeyEventLog
+from mooncake_core.store.master_groups import ObjectGroups
 from mooncake_core.store.master_records import (ClientInfo, DiskReplica, MasterConfig, ObjectMeta, Rep, Stats, err,
                                                  safe_rel_path)
 from mooncake_core.store.protocol import OffloadTask, ReplicaDesc
@@ -31,6 +32,7 @@ class ObjectTable(Protocol):
     clients: dict[str, ClientInfo]
     stats: Stats
     key_events: KeyEventLog
+    groups: ObjectGroups
 
     @property
     def capacity(self) -> int: ...
@@ -105,10 +107,22 @@ class Tier:
         progress = 0
         victims: list[tuple[str, ObjectMeta]] = []
         soft: list[tuple[str, ObjectMeta]] = []
-        for key, meta in self.table.objects.items():  # oldest first: dict order is the LRU order
+        objects, groups = self.table.objects, self.table.groups
+        seen: set[str] = set()
+        for key, meta in objects.items():  # oldest first: dict order is the LRU order
             if progress >= target:
                 break
             if not self.evictable(meta, key, now):
+                continue
+            members = groups.group_of(key, objects) if groups else None
+            if members:  # a group goes all at once, and only when no member is leased or pinned
+                if key in seen:
+                    continue
+                seen.update(members)
+                metas = [(k, objects[k]) for k in members]
+                if all(self.evictable(m, k, now) and (m.soft is None or m.soft[0] <= now) for k, m in metas):
+                    victims.extend(metas)
+                    progress += sum(m.size * m.n_reps for _, m in metas)
                 continue
             sp = meta.soft
             if sp is not None and sp[0] > now:
@@ -162,6 +176,7 @@ class Tier:
         meta.set_reps([])
         if meta.disk is None:
             del t.objects[key]
+            t.groups.discard(key)
             t.key_events.publish("evict", key)
         t.stats.evictions += 1
 
@@ -232,5 +247,6 @@ class Tier:
             self.drop_disk(key, meta, 0)
             if meta.seg is None:
                 del t.objects[key]
+                t.groups.discard(key)
                 t.key_events.publish("evict", key)
             t.stats.disk_evictions += 1

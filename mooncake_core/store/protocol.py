@@ -163,8 +163,8 @@ class ReplicateConfigMsg(msgspec.Struct, array_like=True):
     soft_pin_ttl_ms: int | None = None
     with_hard_pin: bool = False
     preferred_segments: list[str] = msgspec.field(default_factory=list)
-    #: the original's ``group_ids``: replicas go to segments of these mount groups (see
-    #: ``MasterState.mount_segment``'s ``group``); empty = anywhere
+    #: the original's ``group_ids``: the object group of each key of the put (one per key, or
+    #: one for all), leased and evicted together (``master_groups``); empty = none
     group_ids: list[str] = msgspec.field(default_factory=list)
 
 

@@ -165,6 +165,9 @@ class ReplicateConfig:
         if not isinstance(self.preferred_segments, (list, tuple)) or not all(
                 isinstance(s, str) for s in self.preferred_segments):
             raise TypeError("ReplicateConfig.preferred_segments: expected a list of str")
+        if self.group_ids is not None and (not isinstance(self.group_ids, (list, tuple)) or not all(
+                isinstance(g, str) for g in self.group_ids)):
+            raise TypeError("ReplicateConfig.group_ids: expected None or a list of str (one group id per key)")
 
     def to_msg(self) -> ReplicateConfigMsg:
         self.validate()
@@ -174,6 +177,7 @@ class ReplicateConfig:
             soft_pin_ttl_ms=self.soft_pin_ttl_ms,
             with_hard_pin=bool(self.with_hard_pin),
             preferred_segments=self._segments(),
+            group_ids=list(self.group_ids or ()),
         )
 
 

@@ -161,7 +161,8 @@ class WritePath:
         segs = cfg.preferred_segments
         ck: tuple | None = (cfg.replica_num, cfg.soft_pin_action, cfg.soft_pin_ttl_ms, bool(cfg.with_hard_pin),
                             cfg.preferred_segment, tuple(segs) if isinstance(segs, (list, tuple)) else segs,
-                            bool(cfg.prefer_alloc_in_same_node) and local.segment is not None, local.name)
+                            bool(cfg.prefer_alloc_in_same_node) and local.segment is not None, local.name,
+                            tuple(cfg.group_ids) if isinstance(cfg.group_ids, (list, tuple)) else cfg.group_ids)
         try:
             msg = self._msgs.get(ck) if ck is not None else None
         except TypeError:  # an unhashable field: build it every time
