@@ -246,6 +246,11 @@ MASTER_FLAGS = [
          "prefer: random (spreads new puts evenly; a node that rejoined empty gets its 1/N share), "
          "free_ratio_first (largest free fraction first: fills an empty node first), local_first (segments "
          "on the writer's host first, then random).", _allocation_strategy),
+    Flag("max_keys", "int", 0, "Most objects the master keeps (its memory grows about 160 bytes per "
+         "object plus the key): a put of a new key past it evicts the least recently used evictable "
+         "object, or fails with -200 naming this flag when none can go (leased, pinned, grouped, on the "
+         "SSD tier). Puts in flight count once published. 0 = no bound. Metrics: "
+         "mooncake_master_key_limit_evictions_total, _key_limit_refusals_total.", _non_negative),
     Flag("eviction_ratio", "float", 0.05, "Fraction of the total capacity one eviction round frees "
          "(least recently used objects first).", _ratio),
     Flag("client_ttl", "int", 10, "Seconds without a heartbeat after which a client counts as dead: "

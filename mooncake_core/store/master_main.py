@@ -58,6 +58,7 @@ def config_from_flags(v: dict) -> MasterConfig:
         allow_evict_soft_pinned_objects=v["allow_evict_soft_pinned_objects"],
         eviction_ratio=v["eviction_ratio"],
         allocation_strategy=v["allocation_strategy"],
+        max_keys=v["max_keys"],
         eviction_high_watermark_ratio=v["eviction_high_watermark_ratio"],
         client_ttl_s=float(v["client_ttl"]),
         put_start_discard_timeout_s=float(v["put_start_discard_timeout_sec"]),

@@ -50,6 +50,10 @@ class MasterConfig:
     #: not every new put), "free_ratio_first" (largest free fraction first), "local_first"
     #: (segments on the writer's host first, then random)
     allocation_strategy: str = "random"
+    #: --max_keys: most objects the master keeps (its memory grows with them: about 160 bytes
+    #: each); a put of a new key past it evicts the least recently used evictable object, or is
+    #: refused with -200 naming the flag. 0 = no bound.
+    max_keys: int = 0
 
 
 class Segment:
@@ -266,13 +270,15 @@ class ClientInfo:
 
 class Stats:
     __slots__ = ("hits", "misses", "evictions", "lease_refusals", "offloads", "puts",
-                 "put_conflicts", "no_space", "disk_evictions", "expired_clients", "takeovers", "reclaim_waits")
+                 "put_conflicts", "no_space", "disk_evictions", "expired_clients", "takeovers", "reclaim_waits",
+                 "key_limit_evictions", "key_limit_refusals")
 
     def __init__(self) -> None:
         self.hits = self.misses = self.evictions = self.lease_refusals = self.offloads = 0
         self.puts = self.put_conflicts = self.no_space = self.disk_evictions = 0
         self.expired_clients = self.takeovers = 0
         self.reclaim_waits = 0  # puts asked to wait for reservations/quarantine to be taken back
+        self.key_limit_evictions = self.key_limit_refusals = 0  # --max_keys at work
 
 
 def err(code: ErrorCode, msg: str) -> MooncakeError:

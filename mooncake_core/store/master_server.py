@@ -167,7 +167,9 @@ class _StateCollector:
                            ("disk_evictions", "Objects dropped from the SSD tier (quota)"),
                            ("expired_clients", "Clients dropped after client_ttl without heartbeat"),
                            ("takeovers", "Puts taken over after put_start_discard_timeout"),
-                           ("reclaim_waits", "Puts asked to wait while reservations/quarantine are taken back")):
+                           ("reclaim_waits", "Puts asked to wait while reservations/quarantine are taken back"),
+                           ("key_limit_evictions", "Objects evicted to stay within --max_keys"),
+                           ("key_limit_refusals", "Puts of new keys refused at --max_keys (-200)")):
             c = CounterMetricFamily(f"mooncake_master_{key}", help_)
             c.add_metric([], stats[key])
             yield c

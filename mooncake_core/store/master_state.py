@@ -37,6 +37,7 @@ eviction and the SSD tier are the ``Tier``'s (``master_tier``), batches ``master
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 import secrets
 import time
@@ -70,6 +71,8 @@ log = get_logger("mooncake.store.master")
 
 #: --allocation_strategy values (the original's names; its cxl / ssd_* ones need tiers not here)
 ALLOCATION_STRATEGIES = ("random", "free_ratio_first", "local_first")
+#: --max_keys: how many of the least recently used objects a put at the bound looks at for one to evict
+KEY_ROOM_SCAN = 4096
 
 
 class MasterState:
@@ -544,8 +547,8 @@ class MasterState:
         """The segment every put with ``cfg`` goes to when placement has no choice to make
         (one mounted segment, no recovery hold, not drained: replicas must be on distinct
         segments, and a preference can only name that one), else None. Worked out once per batch."""
-        if len(self.segments) != 1 or now < self._holds_until or self._closed_segs:
-            return None
+        if len(self.segments) != 1 or now < self._holds_until or self._closed_segs or self.cfg.max_keys:
+            return None  # (with --max_keys every new key goes through claim())
         return next(iter(self.segments.values()))
 
     def put_start_one(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg,
@@ -576,6 +579,8 @@ class MasterState:
         brings a disk-only object back to memory."""
         promote = False
         meta = self.objects.get(key)
+        if meta is None and self.cfg.max_keys and len(self.objects) >= self.cfg.max_keys:
+            self._make_key_room(key, now)
         if meta is not None and not upsert:
             if meta.seg is None and meta.disk is not None and meta.size == size:
                 promote = True  # disk-only object: a put brings it back to memory
@@ -595,6 +600,34 @@ class MasterState:
                 self.free_range(r, p.size)
             del self.inflight[key]
         return promote
+
+    def _make_key_room(self, key: str, now: float) -> None:
+        """``--max_keys`` reached by a put of the new ``key``: evict least recently used
+        objects (not leased, pinned, grouped, on the SSD tier, being offloaded or copied) until
+        there is room, else -200. Puts in flight count once published (the bound may be passed
+        by as many). Looks at the ``KEY_ROOM_SCAN`` least recently used objects at most: a put
+        at the bound costs O(1) when the oldest can go (a read moves an object to the end),
+        and never a walk over the whole table under the master's lock."""
+        need = len(self.objects) - self.cfg.max_keys + 1
+        victims: list[tuple[str, ObjectMeta]] = []
+        busy, grouped, tier = self.tasks.busy, self.groups.of, self.tier
+        for victim, meta in itertools.islice(self.objects.items(), KEY_ROOM_SCAN):
+            if len(victims) >= need:
+                break
+            if meta.disk is not None or meta.soft is not None and meta.soft[0] > now or victim in busy \
+                    or victim in grouped or not tier.evictable(meta, victim, now):
+                continue  # (an object with a disk copy would stay a key: evicting it frees none)
+            victims.append((victim, meta))
+        if len(victims) < need:
+            self.stats.key_limit_refusals += 1
+            raise err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: the master holds {len(self.objects)} objects, "
+                      f"the bound set by --max_keys={self.cfg.max_keys}, and none of the {KEY_ROOM_SCAN} least "
+                      f"recently used can be evicted now (leased, pinned, grouped, on the SSD tier or being "
+                      f"copied); raise --max_keys or remove objects")
+        for victim, meta in victims:
+            tier.drop_memory(victim, meta)
+            tier.forget(victim)
+            self.stats.key_limit_evictions += 1
 
     def upsert_start(self, client_id: str, key: str, size: int,
                      cfg: ReplicateConfigMsg | None = None) -> list[ReplicaDesc]:

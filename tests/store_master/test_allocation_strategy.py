@@ -57,3 +57,29 @@ def test_local_first_prefers_the_writers_host() -> None:
 def test_unknown_strategy_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="allocation_strategy must be one of random, free_ratio_first"):
         MasterState(MasterConfig(allocation_strategy="best"))
+
+
+def test_max_keys_evicts_lru_then_refuses_naming_the_flag() -> None:
+    t = [100.0]
+    st = MasterState(MasterConfig(max_keys=3, default_kv_lease_ttl_ms=1000), clock=lambda: t[0])
+    st.mount_segment("c0", "s0", 1 << 32, 64 * MiB)
+    for k in ("a", "b", "c"):
+        st.put_start("c0", k, 1000)
+        st.put_end("c0", k)
+    st.get_replica_list("a")  # a is now the most recently used, and leased
+    st.put_start("c0", "d", 1000)  # batch and single puts alike go through the bound
+    st.put_end("c0", "d")
+    assert sorted(st.objects) == ["a", "c", "d"] and st.stats.key_limit_evictions == 1  # b: least recent
+    for k in ("a", "c", "d"):
+        st.get_replica_list(k)  # every object leased: nothing can go
+    from mooncake_core.errors import MooncakeError
+
+    with pytest.raises(MooncakeError, match="--max_keys=3") as e:
+        st.put_start("c0", "e", 1000)
+    assert e.value.code == -200 and st.stats.key_limit_refusals == 1
+    placed = st.batch_put_start("c0", ["e", "f"], [1000, 1000])
+    assert placed.codes == bytes(bytearray((-200).to_bytes(4, "little", signed=True) * 2))
+    t[0] += 2  # leases over
+    st.put_start("c0", "e", 1000)
+    st.put_end("c0", "e")
+    assert len(st.objects) == 3 and "e" in st.objects
