@@ -62,6 +62,9 @@ class MooncakeDistributedStore:
         self._ranges = RangeApi(self._core)
         self._parallel = ParallelApi(self._objects, self._tensors, self._ranges)
         self._pool = PoolApi(self._core)
+        self._core.local.extra_regions = self._pool.mounted_regions  # replicas may lie in memory it mounted
+        self._pool.tasks_busy = self._core.maintenance.replica_tasks.busy
+        self._core.maintenance.after_remount.append(self._pool.remount)
         self._tensor_io = TensorIO(self._tensors)
         self._at_exit: Callable[[], None] | None = None
         self._dummy: DummyClient | None = None
@@ -183,6 +186,7 @@ class MooncakeDistributedStore:
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
             self._at_exit = None
+        self._pool.close()  # memory it mounted leaves the pool first
         rc = self._core.close()
         regions, self._pool_regions = self._pool_regions, {}
         for r in regions.values():
@@ -618,6 +622,39 @@ class MooncakeDistributedStore:
     def query_task(self, task_id: tuple[int, int]) -> tuple[QueryTaskResponse | None, int]:
         """``(QueryTaskResponse, 0)``, or ``(None, -600)`` for a task id the master does not know."""
         return self._pool.query_task(task_id)
+
+    def mount_segment(self, path: str, size: int, offset: int = 0, protocol: str = "tcp",
+                      location: str = "") -> dict[str, Any]:
+        """Give the pool ``size`` bytes of the file ``path`` from ``offset`` (page-aligned),
+        mapped shared: ``{"ret": 0, "segment_ids": [id]}``, or ret -1 (logged: no such file,
+        range past its end, unaligned offset)."""
+        return self._pool.mount_segment(path, size, offset, protocol, location)
+
+    def allocate_and_mount_segment(self, size: int, protocol: str = "tcp", location: str = "") -> dict[str, Any]:
+        """Give the pool ``size`` more bytes of this client's memory (rounded up to 4 MiB):
+        ``{"ret": 0, "segment_ids": [id], "allocated_size": n}``, or ret -1."""
+        return self._pool.allocate_and_mount_segment(size, protocol, location)
+
+    def unmount_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """Take segments of ``mount_segment`` out of the pool. With a grace period they are
+        drained first (objects moved, or left on their other replicas) and go when that is
+        done or the period is over; at once otherwise (their replicas are dropped). 0, or -1
+        for an id not mounted with ``mount_segment`` (the first error)."""
+        return self._pool.unmount_segment(segment_ids, grace_period_seconds)
+
+    def unmount_and_free_segment(self, segment_ids: list[str], grace_period_seconds: int = 0) -> int:
+        """``unmount_segment`` for segments of ``allocate_and_mount_segment`` (their memory is freed)."""
+        return self._pool.unmount_and_free_segment(segment_ids, grace_period_seconds)
+
+    def unmount_local_disk_segment(self, grace_period_seconds: int = 0) -> int:
+        """The original drains a client's own SSD segment here. 0: this store has none -- its
+        SSD tier is shared by every client (``root_fs_dir``) and stays."""
+        if isinstance(grace_period_seconds, bool) or not isinstance(grace_period_seconds, int) \
+                or grace_period_seconds < 0:
+            raise TypeError("unmount_local_disk_segment: grace_period_seconds must be an int >= 0")
+        log.warning("unmount_local_disk_segment: no client-local disk segment here (the SSD tier is shared "
+                    "under the master's root_fs_dir); nothing to drain")
+        return OK
 
     def get_offload_rpc_read_count(self) -> int:
         """Reads of SSD-tier objects served through another client's RPC. Always 0 here:

@@ -117,6 +117,11 @@ class StoreCore:
         return _set_up(self._engine)
 
     @property
+    def engine_or_none(self) -> EngineLike | None:
+        """The Transfer Engine, or None when the store is not set up or closed."""
+        return self._engine
+
+    @property
     def writes(self) -> WritePath:
         return _set_up(self._writes)
 

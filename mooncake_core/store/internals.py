@@ -74,6 +74,10 @@ class StoreInternals(Protocol):
     def engine(self) -> EngineLike:
         """The Transfer Engine (MooncakeError -600 when the store is not set up)."""
 
+    @property
+    def engine_or_none(self) -> EngineLike | None:
+        """The Transfer Engine, or None when the store is not set up or closed."""
+
     def require_ready(self, what: str) -> None: ...
 
     def mount(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mooncake_core import envs
@@ -56,6 +57,8 @@ class Maintenance:
         self._offload_pending: set[str] = set()
         #: copy/move tasks and drain units the master hands us (we hold their source replicas)
         self.replica_tasks = ReplicaTaskRunner(core)  # type: ignore[arg-type]
+        #: called after a re-mount at a new master (segments mounted with mount_segment go again)
+        self.after_remount: list[Callable[[], None]] = []
 
     def start(self) -> None:
         self._hb_stop.clear()
@@ -163,6 +166,8 @@ class Maintenance:
         core.mount()
         accepted = core.master.report_objects(core.client_id, report, versions) if report else 0
         core.owned.discard_entries(stale)
+        for hook in self.after_remount:
+            hook()
         log.info("re-mounted segment after master change", extra={"segment": core.segment_name,
                                                                     "reported": len(report),
                                                                     "accepted": accepted,

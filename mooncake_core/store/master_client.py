@@ -401,8 +401,8 @@ class MasterClient:
         return self._call(P.PingReq(), timeout, refused_is_final)
 
     def mount_segment(self, client_id: str, segment_name: str, base: int, size: int,
-                      prev_epoch: int = 0) -> MountReply:
-        return self._call(P.MountSegmentReq(client_id, segment_name, base, size, prev_epoch))
+                      prev_epoch: int = 0, segment_id: str = "") -> MountReply:
+        return self._call(P.MountSegmentReq(client_id, segment_name, base, size, prev_epoch, segment_id))
 
     def unmount_segment(self, client_id: str, segment_name: str, *, refused_is_final: bool = False) -> None:
         """``refused_is_final`` (see ``ping``): at close, a master that refuses connections is
@@ -537,3 +537,10 @@ class MasterClient:
 
     def batch_replica_clear(self, keys: list[str], segment_name: str = "") -> list[str]:
         return self._call(P.BatchReplicaClearReq(list(keys), segment_name))
+
+    def unmount_segment_gracefully(self, client_id: str, segment_key: str, grace_period_ms: int) -> None:
+        """Drain, then unmount (see ``MasterState.unmount_segment``); ``segment_status`` says when done."""
+        self._call(P.UnmountSegmentReq(client_id, segment_key, grace_period_ms))
+
+    def segment_status(self, client_id: str, segment_key: str) -> tuple[int, int]:
+        return tuple(self._call(P.SegmentStatusReq(client_id, segment_key)))  # type: ignore[return-value]

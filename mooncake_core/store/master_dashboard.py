@@ -127,8 +127,8 @@ class MasterDashboard:
         with srv.lock:
             mono = st.clock()
             resv = st.reservations_by_segment()
-            segments = [{"name": s.name, "owner": s.client_id, "host": _host_of(s.name), "capacity": s.size,
-                         "used": s.alloc.used, "objects": s.alloc.num_allocations - resv.get(s.name, 0)}
+            segments = [{"name": s.key, "owner": s.client_id, "host": _host_of(s.name), "capacity": s.size,
+                         "used": s.alloc.used, "objects": s.alloc.num_allocations - resv.get(s.key, 0)}
                         for s in st.segments.values()]
             clients = [{"id": c.client_id, "segments": sorted(c.segments),
                         "last_heartbeat_s": round(max(0.0, mono - c.last_seen), 2)} for c in st.clients.values()]

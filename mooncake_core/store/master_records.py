@@ -59,9 +59,15 @@ class MasterConfig:
 class Segment:
     """A memory segment a client mounted: ``[base, base+size)`` in that client's memory."""
 
-    __slots__ = ("seg_id", "name", "client_id", "base", "size", "alloc", "hold_until", "status", "__weakref__")
+    __slots__ = ("seg_id", "name", "key", "client_id", "base", "size", "alloc", "hold_until", "status",
+                 "__weakref__")
 
-    def __init__(self, seg_id: int, name: str, client_id: str, base: int, size: int, alignment: int):
+    def __init__(self, seg_id: int, name: str, client_id: str, base: int, size: int, alignment: int,
+                 key: str = ""):
+        #: the master's name for it: ``name`` for a client's main segment, ``name#<segment id>``
+        #: for more memory the client mounted (``mount_segment``); ``name`` is what replicas on
+        #: it carry -- the Transfer Engine segment (the client) that serves their bytes
+        self.key = key or name
         self.hold_until = 0.0  # no new allocation before this (a segment re-mounted after a master change)
         #: the original's SegmentStatus number: 1 OK takes allocations; 2 DRAINING, 3 DRAINED,
         #: 4 GRACEFULLY_UNMOUNTING stay readable and take none (``master_tasks``)

@@ -48,8 +48,10 @@ def _sizes(r: Any) -> list[int]:
 def _handlers(st: MasterState, info: Callable[[], P.MasterInfo]) -> dict[type, Callable[[Any], Any]]:
     return {
         P.PingReq: lambda r: info(),
-        P.MountSegmentReq: lambda r: st.mount_segment(r.client_id, r.segment_name, r.base, r.size, r.prev_epoch),
-        P.UnmountSegmentReq: lambda r: st.unmount_segment(r.client_id, r.segment_name),
+        P.MountSegmentReq: lambda r: st.mount_segment(r.client_id, r.segment_name, r.base, r.size, r.prev_epoch,
+                                                      r.segment_id),
+        P.UnmountSegmentReq: lambda r: st.unmount_segment(r.client_id, r.segment_name, r.grace_period_ms),
+        P.SegmentStatusReq: lambda r: st.segment_status(r.client_id, r.segment_name),
         P.HeartbeatReq: lambda r: st.heartbeat(r.client_id, r.release),
         P.ReportObjectsReq: lambda r: st.report_objects(r.client_id, r.objects, r.versions),
         P.PutStartReq: lambda r: st.put_start(r.client_id, r.key, r.size, r.cfg, release=r.release),
@@ -119,7 +121,7 @@ class _StateCollector:
     def collect(self):
         st, lock = self.server.state, self.server.lock
         with lock:
-            segs = [(s.name, s.alloc.used, s.size) for s in st.segments.values()]
+            segs = [(s.key, s.alloc.used, s.size) for s in st.segments.values()]
             n_keys, n_inflight, n_clients = len(st.objects), st.puts_in_flight, len(st.clients)
             stats = {k: getattr(st.stats, k) for k in st.stats.__slots__}
             disk_used = st.tier.disk_used

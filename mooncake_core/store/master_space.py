@@ -55,12 +55,12 @@ class Holdings:
 def holdings(segments: Iterable[Segment], objects: dict[str, ObjectMeta], inflight: dict[str, PendingPut],
              clients: Iterable[ClientInfo], graveyard: Iterable[tuple[float, int, Segment, int, int]],
              now: float) -> tuple[dict[str, Holdings], bool]:
-    """Per segment name, what holds its bytes; and whether every object was counted (a very
+    """Per segment (its key), what holds its bytes; and whether every object was counted (a very
     large table is counted only up to ``MAX_COUNTED_OBJECTS``)."""
     out: dict[str, Holdings] = {}
     by_seg: dict[int, Holdings] = {}
     for seg in segments:
-        h = out[seg.name] = Holdings(seg.size, seg.alloc.free_bytes, seg.alloc.largest_free)
+        h = out[seg.key] = Holdings(seg.size, seg.alloc.free_bytes, seg.alloc.largest_free)
         by_seg[id(seg)] = h
     complete = True
     for i, meta in enumerate(objects.values()):

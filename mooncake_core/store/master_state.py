@@ -171,7 +171,7 @@ class MasterState:
         """Take back the clients' reservations (single and batch) that hold ranges in the
         segments ``names``: a put into them would publish there later."""
         for key, p in list(self.inflight.items()):
-            if key.startswith(RESERVATION_PREFIX) and any(s.name in names for s, _ in p.reps):  # single and batch
+            if key.startswith(RESERVATION_PREFIX) and any(s.key in names for s, _ in p.reps):  # single and batch
                 del self.inflight[key]
                 self.quarantine_ranges(p.client_id, p.reps, p.size)
 
@@ -185,7 +185,7 @@ class MasterState:
         return size
 
     def is_mounted(self, seg: Segment) -> bool:
-        return self.segments.get(seg.name) is seg
+        return self.segments.get(seg.key) is seg
 
     @staticmethod
     def desc(rep: Rep, size: int, status: str = "complete") -> ReplicaDesc:
@@ -310,13 +310,14 @@ class MasterState:
         return sum(1 for k in self.inflight if not k.startswith(RESERVATION_PREFIX))
 
     def reservations_by_segment(self) -> dict[str, int]:
-        """Segment name -> ranges in it held by the clients' reservations (``put_commit``):
-        allocations that are not objects (yet). O(puts in flight)."""
+        """Segment (its key: name, or name#id for mounted memory) -> ranges in it held by the
+        clients' reservations (``put_commit``): allocations that are not objects (yet).
+        O(puts in flight)."""
         out: dict[str, int] = {}
         for k, p in self.inflight.items():
             if k.startswith(RESERVATION_PREFIX):
                 for seg, _ in p.reps:
-                    out[seg.name] = out.get(seg.name, 0) + 1
+                    out[seg.key] = out.get(seg.key, 0) + 1
         return out
 
     @property
@@ -340,7 +341,7 @@ class MasterState:
 
     # ================================================================ segments / clients
     def mount_segment(self, client_id: str, segment_name: str, base: int, size: int,
-                      prev_epoch: int = 0) -> MountReply:
+                      prev_epoch: int = 0, segment_id: str = "") -> MountReply:
         """Mount (or idempotently re-mount) a client's segment.
 
         ``prev_epoch``: the epoch of the master this client was mounted at before (0 = never).
@@ -349,7 +350,10 @@ class MasterState:
         The segment then takes no new allocation for ``recovery_hold_s``; a reader whose copy
         took longer than that confirms with us that the epoch did not change before trusting
         its bytes (the client's side of the contract, see GetReply.confirm_after_ms). Fresh
-        segments are not held, so a fresh start is not delayed."""
+        segments are not held, so a fresh start is not delayed.
+
+        ``segment_id``: more memory of the same client (the original's ``mount_segment``),
+        kept as segment ``segment_name#segment_id`` whose replicas name ``segment_name``."""
         if not isinstance(client_id, str) or not client_id:
             raise err(ErrorCode.INVALID_PARAMS,
                       f"mount_segment: client_id must be a non-empty string, got {client_id!r}")
@@ -365,19 +369,25 @@ class MasterState:
         if not isinstance(prev_epoch, int) or prev_epoch < 0:
             raise err(ErrorCode.INVALID_PARAMS,
                       f"mount_segment {segment_name!r}: prev_epoch must be an int >= 0, got {prev_epoch!r}")
+        if not isinstance(segment_id, str) or "#" in segment_id:
+            raise err(ErrorCode.INVALID_PARAMS,
+                      f"mount_segment {segment_name!r}: segment_id must be a string without '#', got {segment_id!r}")
+        key = f"{segment_name}#{segment_id}" if segment_id else segment_name
         now = self.clock()
         client, _ = self.touch_client(client_id, now)
-        client.pending_remount = False  # it heard us (or never needed to: a fresh client)
-        client.missed, client.missed_all_before = [], 0
-        old = self.segments.get(segment_name)
+        if not segment_id:
+            client.pending_remount = False  # it heard us (or never needed to: a fresh client)
+            client.missed, client.missed_all_before = [], 0
+        old = self.segments.get(key)
         if old is not None:
             if old.client_id == client_id and old.base == base and old.size == size:
-                client.segments.add(segment_name)
+                client.segments.add(key)
                 return self._mount_reply()
             log.warning("segment re-mounted with a different owner or range: dropping the old one",
-                        extra={"segment": segment_name, "old_client": old.client_id, "new_client": client_id})
+                        extra={"segment": key, "old_client": old.client_id, "new_client": client_id})
             self._unmount(old, now)
-        seg = Segment(self._next_seg_id, segment_name, client_id, base, size, self.cfg.alignment)
+        segment_name = key
+        seg = Segment(self._next_seg_id, key.split("#", 1)[0], client_id, base, size, self.cfg.alignment, key)
         if prev_epoch and prev_epoch != self.epoch and self.cfg.recovery_hold_s > 0:
             seg.hold_until = now + self.cfg.recovery_hold_s
             self._holds_until = max(self._holds_until, seg.hold_until)
@@ -394,7 +404,7 @@ class MasterState:
             seg.hold_until = max(seg.hold_until, floor)
             self._holds_until = max(self._holds_until, seg.hold_until)
         self._next_seg_id += 1
-        self.segments[segment_name] = seg
+        self.segments[key] = seg
         self.segs_by_id[seg.seg_id] = seg
         self._largest_seg = None
         client.segments.add(segment_name)
@@ -404,25 +414,50 @@ class MasterState:
     def _mount_reply(self) -> MountReply:
         return MountReply(self.cfg.enable_offload, self.cfg.root_fs_dir, float(self.cfg.client_ttl_s), self.epoch)
 
-    def unmount_segment(self, client_id: str, segment_name: str) -> None:
+    def unmount_segment(self, client_id: str, segment_name: str, grace_period_ms: int = 0) -> None:
+        """Unmount a client's segment: at once (its replicas are dropped), or with
+        ``grace_period_ms`` > 0 gracefully -- it takes no new allocation, its objects are
+        moved or keep a replica elsewhere (a drain, ``master_tasks``), and it goes when that
+        is done or the grace period is over. ``segment_status`` tells the owner when its
+        memory may go."""
         seg = self.segments.get(segment_name)
         if seg is None:
             raise err(ErrorCode.SEGMENT_NOT_FOUND, f"unmount_segment: segment {segment_name!r} is not mounted")
         if seg.client_id != client_id:
             raise err(ErrorCode.INVALID_PARAMS, f"unmount_segment: segment {segment_name!r} belongs to "
                        f"client {seg.client_id!r}, not {client_id!r}")
-        self._unmount(seg, self.clock())
+        if not isinstance(grace_period_ms, int) or grace_period_ms < 0:
+            raise err(ErrorCode.INVALID_PARAMS, f"unmount_segment {segment_name!r}: grace_period_ms must be "
+                      f"an int >= 0, got {grace_period_ms!r}")
+        if grace_period_ms and seg.status != 4:
+            self.tasks.unmount_gracefully(seg, grace_period_ms / 1000.0)
+        elif not grace_period_ms:
+            self._unmount(seg, self.clock())
+
+    def unmount(self, seg: Segment) -> None:
+        """Unmount ``seg`` now (a graceful unmount whose drain ended or ran out of time)."""
+        if self.is_mounted(seg):
+            self._unmount(seg, self.clock())
+
+    def segment_status(self, client_id: str, segment_name: str) -> tuple[int, int]:
+        """(SegmentStatus number, ms until its memory may be reused) of the segment, or
+        (0, ms) once it is unmounted: readers may still copy out of it under leases for those ms."""
+        seg = self.segments.get(segment_name)
+        now = self.clock()
+        if seg is not None and seg.client_id == client_id:
+            return seg.status, 0
+        return 0, max(0, int((self.lease_floor.get(segment_name, 0.0) - now) * 1000))
 
     def _unmount(self, seg: Segment, now: float, kind: KeyEventKind = "remove") -> int:
         """Forget a segment and every replica on it. Returns how many objects were lost
         (published as ``kind`` events: "expire" when the owner stopped heart-beating)."""
-        del self.segments[seg.name]
+        del self.segments[seg.key]
         del self.segs_by_id[seg.seg_id]
         self.set_segment_status(seg, 1)  # no longer counted as closed
         self._largest_seg = None
         c = self.clients.get(seg.client_id)
         if c is not None:
-            c.segments.discard(seg.name)
+            c.segments.discard(seg.key)
         lost = 0
         floor = max((g[0] for g in self.graveyard if g[2] is seg), default=0.0)
         for key, meta in list(self.objects.items()):
@@ -443,15 +478,15 @@ class MasterState:
                 until = p.start + self.cfg.put_start_discard_timeout_s + 5.0
                 for r in p.reps:
                     if r[0] is seg and until > now:
-                        self.reserved.setdefault(seg.name, []).append((until, r[1], p.size))
+                        self.reserved.setdefault(seg.key, []).append((until, r[1], p.size))
                 self.quarantine_ranges(p.client_id, [r for r in p.reps if r[0] is not seg], p.size)
                 del self.inflight[key]
         if any(g[2] is seg for g in self.graveyard):
             self.graveyard = [g for g in self.graveyard if g[2] is not seg]
             heapq.heapify(self.graveyard)
         if floor > now:
-            self.lease_floor[seg.name] = floor
-        log.info("segment unmounted", extra={"segment": seg.name, "client": seg.client_id, "objects_lost": lost})
+            self.lease_floor[seg.key] = floor
+        log.info("segment unmounted", extra={"segment": seg.key, "client": seg.client_id, "objects_lost": lost})
         return lost
 
     def heartbeat(self, client_id: str, release: Iterable[int] = ()) -> HeartbeatReply:
@@ -726,7 +761,7 @@ class MasterState:
     def _writer_hosts(self, client_id: str) -> set[str]:
         """Hosts of the segments ``client_id`` mounted (a segment is named "host:port")."""
         c = self.clients.get(client_id)
-        return {n.rsplit(":", 1)[0] for n in c.segments} if c is not None else set()
+        return {n.split("#", 1)[0].rsplit(":", 1)[0] for n in c.segments} if c is not None else set()
 
     def _new_version(self) -> int:
         """A version for a write published now (``VersionClock.next``)."""

@@ -86,6 +86,7 @@ class SegmentTable(Protocol):
     def notify_dropped(self, key: str, seg: Segment) -> None: ...
     def set_segment_status(self, seg: Segment, status: int) -> None: ...
     def drop_reservations_in(self, names: set[str]) -> None: ...
+    def unmount(self, seg: Segment) -> None: ...
 
 
 class Task:
@@ -117,7 +118,8 @@ class Task:
 
 class DrainJob:
     __slots__ = ("job_id", "segments", "targets", "max_concurrency", "status", "created_ms", "updated_ms",
-                 "succeeded", "failed", "blocked", "migrated_bytes", "message", "backlog", "active", "given_up")
+                 "succeeded", "failed", "blocked", "migrated_bytes", "message", "backlog", "active", "given_up",
+                 "unmount_by")
 
     def __init__(self, segments: list[str], targets: list[str], max_concurrency: int, wall_ms: int) -> None:
         self.job_id = str(uuid.uuid4())
@@ -131,6 +133,8 @@ class DrainJob:
         self.backlog: deque[str] = deque()
         self.active = 0
         self.given_up: set[str] = set()  # keys no target had room for
+        #: a graceful unmount's: the segments go when the drain ends, or at this (monotonic) time
+        self.unmount_by: float | None = None
 
     def describe(self) -> dict[str, object]:
         """The original's drain-job query answer (``/api/v1/drain_jobs/query``)."""
@@ -248,7 +252,7 @@ class ReplicaTasks:
             return None
         reps = meta.reps()
         if t.kind == MOVE:
-            src = next((r for r in reps if r[0].name == t.source), None)
+            src = next((r for r in reps if r[0].key == t.source), None)
             if src is None:
                 self._finish(t, FAILED, f"object {t.key!r} has no replica on {t.source!r} any more "
                                         f"(moved by another task, or the segment went away)")
@@ -258,7 +262,7 @@ class ReplicaTasks:
             if src is None:
                 self._finish(t, FAILED, f"object {t.key!r} has no replica on client {t.client!r} any more")
                 return None
-        have = {s.name for s, _ in reps}
+        have = {s.key for s, _ in reps}
         wanted = [n for n in t.targets if n not in have]
         if not wanted:  # already where it should be: a copy has nothing to do, a move drops the source
             if t.kind == MOVE:
@@ -375,7 +379,22 @@ class ReplicaTasks:
         return job
 
     def _keys_on(self, names: set[str]) -> list[str]:
-        return [k for k, m in self.st.objects.items() if any(s.name in names for s, _ in m.reps())]
+        return [k for k, m in self.st.objects.items() if any(s.key in names for s, _ in m.reps())]
+
+    def unmount_gracefully(self, seg: Segment, grace_s: float) -> DrainJob:
+        """``seg`` takes no new allocation (GRACEFULLY_UNMOUNTING) and is drained onto any
+        other segment; it is unmounted when that is done or after ``grace_s``."""
+        for job in self.jobs.values():  # a drain already running on it: end it into the unmount
+            if job.status == 2 and seg.key in job.segments:
+                job.unmount_by = self.st.clock() + grace_s
+                self.st.set_segment_status(seg, 4)
+                return job
+        if seg.status != OK_STATUS:
+            self.st.set_segment_status(seg, OK_STATUS)
+        job = self.create_drain([seg.key], [], 0)
+        self.st.set_segment_status(seg, 4)
+        job.unmount_by = self.st.clock() + grace_s
+        return job
 
     def query_drain(self, job_id: str) -> DrainJob:
         job = self.jobs.get(job_id)
@@ -400,6 +419,12 @@ class ReplicaTasks:
             raise err(ErrorCode.SEGMENT_NOT_FOUND, f"segment {name!r} is not mounted")
         return seg.status
 
+    def _unmount_segments(self, job: DrainJob) -> None:
+        for n in job.segments:
+            seg = self.st.segments.get(n)
+            if seg is not None:
+                self.st.unmount(seg)
+
     def _release_segments(self, job: DrainJob, status: int) -> None:
         for n in job.segments:
             seg = self.st.segments.get(n)
@@ -418,8 +443,18 @@ class ReplicaTasks:
                 self._finish(t, FAILED, f"client {t.client!r} did not pick the task up within "
                                         f"{PENDING_TIMEOUT_S:.0f}s")
         for job in self.jobs.values():
-            if job.status == 2:
-                self._plan(job, now)
+            if job.status != 2:
+                continue
+            if job.unmount_by is not None and now >= job.unmount_by:  # grace period over: go as it is
+                job.status, job.updated_ms = (3 if job.failed == 0 and not job.backlog and not job.active else 4), \
+                    self.wall_ms()
+                job.message = job.message or "grace period over before every object was moved"
+                job.backlog.clear()
+                for t in [t for t in self.tasks.values() if t.job is job and t.status == PENDING]:
+                    self._finish(t, FAILED, "the segment was unmounted (grace period over)")
+                self._unmount_segments(job)
+                continue
+            self._plan(job, now)
 
     def _plan(self, job: DrainJob, now: float) -> None:
         st = self.st
@@ -431,18 +466,27 @@ class ReplicaTasks:
                 job.backlog.extend(k for k in self._keys_on(names) if k not in job.given_up)
                 if job.backlog:
                     continue
+                if job.given_up and job.unmount_by is not None and now < job.unmount_by:
+                    # an unmount's grace period is still running: room may free up, try those again
+                    job.failed -= len(job.given_up)
+                    job.blocked -= len(job.given_up)
+                    job.given_up.clear()
+                    return
                 job.status = 3 if job.failed == 0 else 4  # SUCCEEDED / FAILED
                 job.updated_ms = self.wall_ms()
                 if job.failed:
                     job.message = f"{job.failed} object(s) could not be moved off the segment(s); last: {job.message}"
-                self._release_segments(job, 3 if job.failed == 0 else OK_STATUS)  # DRAINED, or back in use
+                if job.unmount_by is not None:
+                    self._unmount_segments(job)
+                else:
+                    self._release_segments(job, 3 if job.failed == 0 else OK_STATUS)  # DRAINED, or back in use
                 return
             key = job.backlog.popleft()
             meta = st.objects.get(key)
             if meta is None:
                 continue
             reps = meta.reps()
-            on = [r for r in reps if r[0].name in names]
+            on = [r for r in reps if r[0].key in names]
             if not on:
                 continue
             if key in self.busy:  # a copy/move of it runs: plan it again after that
@@ -462,7 +506,7 @@ class ReplicaTasks:
                 job.message = f"{key!r}: no target segment has a free range of {meta.size} bytes"
                 continue
             src = on[0]
-            self._add(MOVE, key, src[0].name, [target.name], src[0].client_id, job)
+            self._add(MOVE, key, src[0].key, [target.key], src[0].client_id, job)
 
     def _pick_target(self, job: DrainJob, size: int) -> Segment | None:
         names = job.targets or [n for n, s in self.st.segments.items() if s.status == OK_STATUS]
@@ -476,4 +520,4 @@ class ReplicaTasks:
 
     def _puts_into(self, names: set[str]) -> bool:
         """Whether a put in flight writes into one of ``names`` (it is published later)."""
-        return any(s.name in names for p in self.st.inflight.values() for s, _ in p.reps)
+        return any(s.key in names for p in self.st.inflight.values() for s, _ in p.reps)

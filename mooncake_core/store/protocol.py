@@ -335,9 +335,20 @@ class MountSegmentReq(_Req, tag="mount_segment"):
     base: int
     size: int
     prev_epoch: int = 0
+    #: more memory of this client (``mount_segment``): kept as ``segment_name#segment_id``
+    segment_id: str = ""
 
 
 class UnmountSegmentReq(_Req, tag="unmount_segment"):
+    client_id: str
+    segment_name: str
+    #: > 0: drain first, unmount when done or after this long (``MasterState.unmount_segment``)
+    grace_period_ms: int = 0
+
+
+class SegmentStatusReq(_Req, tag="segment_status"):
+    """(SegmentStatus number, ms until the memory may be reused); 0 once unmounted."""
+
     client_id: str
     segment_name: str
 
@@ -546,7 +557,8 @@ Request = Union[
     BatchUpsertStartReq, BatchPutEndReq, BatchPutCommitReq, BatchPutRevokeReq, GetReplicaListReq,
     BatchGetReplicaListReq, ExistKeyReq, BatchExistKeyReq, GetSizeReq, RemoveReq,
     RemoveAllReq, RemoveByRegexReq, BatchRemoveReq, OffloadDoneReq, OffloadFailedReq,
-    WatchKeysReq, CreateCopyTaskReq, CreateMoveTaskReq, QueryTaskReq, ReplicaTaskDoneReq, BatchReplicaClearReq,
+    WatchKeysReq, SegmentStatusReq, CreateCopyTaskReq, CreateMoveTaskReq, QueryTaskReq, ReplicaTaskDoneReq,
+    BatchReplicaClearReq,
 ]
 
 #: result type of each method (what the success payload decodes to)
@@ -580,6 +592,7 @@ RESULT_TYPES: dict[type, object] = {
     OffloadDoneReq: None,
     OffloadFailedReq: None,
     WatchKeysReq: KeyEventsReply,
+    SegmentStatusReq: tuple[int, int],
     CreateCopyTaskReq: tuple[int, int],
     CreateMoveTaskReq: tuple[int, int],
     QueryTaskReq: TaskInfo,

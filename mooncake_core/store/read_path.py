@@ -384,8 +384,7 @@ class ReadPath:
             name = reply.segments[g]
             d, s_, m = (pdst, psrc, plen) if psel is None else (pdst[psel], psrc[psel], plen[psel])
             if own is not None and name == self.local.name:
-                off = src[objs] - own.addr
-                if len(off) and (int(off.min()) < 0 or int((off + ln[objs]).max()) > own.size):
+                if not self.local.holds(src[objs], ln[objs]):
                     ok[objs] = False
                     continue
                 for a, b, c in zip(d.tolist(), s_.tolist(), m.tolist()):

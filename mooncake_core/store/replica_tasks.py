@@ -14,10 +14,12 @@ import queue
 import threading
 from typing import Protocol
 
+import numpy as np
+
 from mooncake_core.errors import MooncakeError
 from mooncake_core.store.master_client import MasterClient
 from mooncake_core.store.protocol import ReplicaDesc, ReplicaTask
-from mooncake_core.store.segment import StoreSegment
+from mooncake_core.store.local_view import SegmentView
 from mooncake_core.utils.log import get_logger
 
 __all__ = ["ReplicaTaskRunner"]
@@ -27,9 +29,9 @@ log = get_logger("mooncake.store.client")
 
 class _Writer(Protocol):
     client_id: str
-    segment_name: str
-    segment: StoreSegment | None
     ready: bool
+    #: our segment's name and memory, and memory mounted besides it (source replicas lie there)
+    local: SegmentView
 
     @property
     def master(self) -> MasterClient: ...
@@ -50,6 +52,9 @@ class ReplicaTaskRunner:
         self._q: queue.Queue[list[ReplicaTask] | None] | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: held while a batch of tasks reads from our memory: memory leaving the pool
+        #: (``PoolApi``'s unmounts) takes it before it is unmapped
+        self.busy = threading.Lock()
 
     def submit(self, tasks: list[ReplicaTask]) -> None:
         with self._lock:
@@ -79,19 +84,21 @@ class ReplicaTaskRunner:
             except MooncakeError:
                 return  # closing: the master fails the tasks at their deadline
             try:
-                self._run(tasks)
+                with self.busy:
+                    self._run(tasks)
             except Exception:  # noqa: BLE001 - the thread must survive anything
                 log.exception("replica tasks failed")
             finally:
                 self.core.exit()
 
     def _source_problem(self, t: ReplicaTask) -> str:
-        seg = self.core.segment
+        """Why the source replica is not in memory this client owns ("" when it is)."""
         src = t.source
-        if seg is None or src.segment_name != self.core.segment_name:
-            return f"source replica of {t.key!r} is on {src.segment_name!r}, not in this client's segment"
-        if not seg.addr <= src.addr <= seg.addr + seg.size - src.size:
-            return f"source replica of {t.key!r} lies outside this client's segment"
+        local = self.core.local
+        if src.segment_name != local.name:
+            return f"source replica of {t.key!r} is on {src.segment_name!r}, not in this client's segments"
+        if not local.holds(np.array([src.addr], np.int64), np.array([src.size], np.int64)):
+            return f"source replica of {t.key!r} lies outside this client's segments"
         return ""
 
     def _run(self, tasks: list[ReplicaTask]) -> None:

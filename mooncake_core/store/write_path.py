@@ -547,12 +547,11 @@ class WritePath:
             wait_ms = sub.retry_after_ms
 
     def _outside_own(self, dst: np.ndarray, ln: np.ndarray, seg: StoreSegment, op: str, name: str) -> bool:
-        """Whether the master placed any of these objects outside our own segment (never
-        expected; they are then not written)."""
-        off = dst - seg.addr
-        if len(off) and (int(off.min()) < 0 or int((off + ln).max()) > seg.size):
-            log.warning("%s: the master placed %d object(s) outside our own segment %s; not written",
-                        op, len(off), name)
+        """Whether the master placed any of these objects outside our own memory (the segment
+        ``seg`` and memory mounted besides it; never expected: they are then not written)."""
+        if not self.local.holds(dst, ln):
+            log.warning("%s: the master placed %d object(s) outside our own memory %s; not written",
+                        op, len(dst), name)
             return True
         return False
 
@@ -729,10 +728,18 @@ class WritePath:
             self._own([keys[i] for i in done[mine].tolist()], dst[mine], ln[mine], vers[mine])
 
     def _own(self, keys: list[str], dst: np.ndarray, ln: np.ndarray, vers: np.ndarray) -> None:
-        """Owned-index entries of objects just published in our own segment."""
+        """Owned-index entries of objects just published in our own segment. Objects in memory
+        mounted besides it (``mount_segment``) are not re-reported after a master change."""
         own = self.local.segment
         view = own.view if own is not None else None
-        if own is not None and view is not None:
+        if own is None or view is None:
+            return
+        inside = self.local.in_segment(dst, ln)
+        if not inside.all():
+            self.owned.discard([keys[i] for i in np.flatnonzero(~inside).tolist()])
+            keys = [keys[i] for i in np.flatnonzero(inside).tolist()]
+            dst, ln, vers = dst[inside], ln[inside], vers[inside]
+        if keys:
             self.owned.add_batch(self.local.name, keys, dst, ln, fingerprints(view, dst - own.addr, ln), vers)
 
     def remember_owned(self, key: str, replicas: Iterable[ReplicaDesc], version: Any) -> None:
@@ -750,13 +757,11 @@ class WritePath:
         if len(published) == 1 and seg.view is not None:  # a single put: no numpy (fixed costs)
             key, replicas, version = published[0]
             mine = next((r for r in replicas if r.segment_name == name), None)
-            if not isinstance(version, int) or version <= 0 or mine is None:
-                self.owned.discard([key])
+            off = mine.addr - seg.addr if mine is not None else -1
+            if not isinstance(version, int) or version <= 0 or mine is None or not 0 <= off <= seg.size - mine.size:
+                self.owned.discard([key])  # (memory mounted besides the segment is not re-reported)
             else:
-                off = mine.addr - seg.addr
-                fp = fingerprint_in(seg.view, off, mine.size) if 0 <= off <= seg.size - mine.size \
-                    else fingerprint(mine.addr, mine.size)
-                self.owned.add(key, mine, fp, version)
+                self.owned.add(key, mine, fingerprint_in(seg.view, off, mine.size), version)
             return
         keys: list[str] = []
         addrs: list[int] = []
@@ -768,7 +773,7 @@ class WritePath:
                 gone.append(key)  # nothing published (lost to an existing value): not ours
                 continue
             for rep in replicas:
-                if rep.segment_name == name:
+                if rep.segment_name == name and seg.addr <= rep.addr <= seg.addr + seg.size - rep.size:
                     keys.append(key)
                     addrs.append(rep.addr)
                     sizes.append(rep.size)

@@ -143,3 +143,88 @@ def test_copy_move_tasks_and_a_drain_under_load(master_factory, client_factory) 
     for k, v in objs.items():
         assert _where(c, k) == [sb], k
         assert c.get(k) == v, k
+
+
+def _extra_used(base: str) -> dict[str, float]:
+    """Bytes used per segment mounted with mount_segment ("name#id"), from the master's /metrics."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("mooncake_master_segment_used_bytes{") and "#" in line:
+            out[line.split('segment="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_mounted_segments_leave_gracefully_under_load(master_factory, client_factory, tmp_path) -> None:
+    m = master_factory(default_kv_lease_ttl=500)
+    a = client_factory(m, segment=8 * MiB)
+    b = client_factory(m, segment=32 * MiB)
+    c = client_factory(m)
+    base = f"http://127.0.0.1:{m.metrics_port}"
+    backing = tmp_path / "pool.bin"
+    backing.write_bytes(b"\0" * (12 * MiB))
+
+    # bad input: clear codes, nothing mounted
+    assert a.mount_segment(str(tmp_path / "nosuch"), MiB)["ret"] == -1
+    assert a.mount_segment(str(backing), 16 * MiB)["ret"] == -1  # past the file's end
+    assert a.mount_segment(str(backing), MiB, 123)["ret"] == -1  # offset not page-aligned
+    assert a.allocate_and_mount_segment(0)["ret"] == -1
+    got = a.allocate_and_mount_segment(5 * MiB)
+    assert got["ret"] == 0 and got["allocated_size"] == 8 * MiB and len(got["segment_ids"]) == 1
+    anon = got["segment_ids"][0]
+    filed = a.mount_segment(str(backing), 8 * MiB, 4 * MiB)
+    assert filed["ret"] == 0
+    [fid] = filed["segment_ids"]
+    assert a.unmount_segment([anon]) == -1 and a.unmount_and_free_segment([fid]) == -1  # wrong kind
+    assert a.unmount_segment(["nosuch"]) == -1
+    with urllib.request.urlopen(f"{base}/get_all_segments", timeout=5) as r:
+        sa = a.get_hostname()
+        assert sorted(r.read().decode().split()) == sorted([sa, b.get_hostname(), f"{sa}#{anon}", f"{sa}#{fid}"])
+    assert a.unmount_local_disk_segment() == 0
+
+    objs = {}
+    for i in range(60):
+        k, v = f"m{i}", os.urandom(random.choice([8 * KiB, 100 * KiB]))
+        assert c.put(k, v) == 0
+        objs[k] = v
+    own_keys = [f"own{i}" for i in range(40)]  # a's batches land in its own mounted memory too
+    own_vals = [os.urandom(16 * KiB) for _ in own_keys]
+    assert a.put_batch(own_keys, own_vals) == 0
+    assert a.get_batch(own_keys) == own_vals
+    objs.update(zip(own_keys, own_vals))
+    extra = _extra_used(base)
+    assert len(extra) == 2 and all(u > 0 for u in extra.values()), extra  # random placement used them
+
+    stop = threading.Event()
+    wrong: list[str] = []
+    missing: list[str] = []
+    keys = list(objs)
+
+    def reads() -> None:
+        while not stop.is_set():
+            k = random.choice(keys)
+            got = c.get(k)
+            if got == b"":
+                missing.append(k)
+            elif got != objs[k]:
+                wrong.append(k)
+
+    t = threading.Thread(target=reads)
+    t.start()
+    try:
+        assert a.unmount_and_free_segment([anon], 20) == 0
+        assert a.unmount_segment([fid], 20) == 0
+        deadline = time.monotonic() + 30
+        while _extra_used(base):
+            assert time.monotonic() < deadline, _extra_used(base)
+            time.sleep(0.2)
+        time.sleep(1.0)  # the memory goes after the leases on it ended: reads go on meanwhile
+    finally:
+        stop.set()
+        t.join(30)
+    assert not wrong and not missing, (wrong[:5], missing[:5])
+    for k, v in objs.items():
+        assert c.get(k) == v, k

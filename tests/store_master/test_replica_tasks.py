@@ -192,3 +192,45 @@ def test_batch_replica_clear_of_one_segment() -> None:
     assert st.batch_replica_clear(["one"], "s2") == []  # nothing there
     assert st.batch_replica_clear(["one"], "s0") == ["one"] and "one" not in st.objects
     assert st.batch_replica_clear(["two"]) == ["two"] and not st.objects
+
+
+def test_extra_segments_and_graceful_unmount() -> None:
+    st, clock = _state(n=2)
+    st.mount_segment("c0", "s0", 9 << 32, MiB, segment_id="x1")  # more memory of client c0
+    assert sorted(st.segments) == ["s0", "s0#x1", "s1"]
+    with pytest.raises(MooncakeError, match="without '#'"):
+        st.mount_segment("c0", "s0", 10 << 32, MiB, segment_id="a#b")
+    reps = st.put_start("c9", "k", 1000, ReplicateConfigMsg(preferred_segments=["s1"], replica_num=3))
+    st.put_end("c9", "k")
+    assert sorted(r.segment_name for r in reps) == ["s0", "s0", "s1"]  # replicas name the client's endpoint
+    _put(st, "only", "s1")
+    st.tasks.create_move("only", "s1", "s0#x1")
+    [t] = st.heartbeat("c1").replica_tasks
+    st.tasks.done("c1", t.task_id, True, "")
+    assert [s.key for s, _ in st.objects["only"].reps()] == ["s0#x1"]
+    st.get_replica_list("only")  # a reader holds a lease on it
+    st.unmount_segment("c0", "s0#x1", grace_period_ms=5000)
+    assert st.segment_status("c0", "s0#x1") == (4, 0)  # GRACEFULLY_UNMOUNTING: no new allocation
+    st.tick()
+    [t] = st.heartbeat("c0").replica_tasks
+    assert t.key == "only" and t.source.segment_name == "s0"
+    st.tasks.done("c0", t.task_id, True, "")
+    st.tick()
+    status, wait_ms = st.segment_status("c0", "s0#x1")
+    assert status == 0 and 0 < wait_ms <= 500 and "s0#x1" not in st.segments  # gone; leases end in wait_ms
+    assert "s0#x1" not in {s.key for s, _ in st.objects["k"].reps()} and st.objects["k"].n_reps == 2
+    assert [s.key for s, _ in st.objects["only"].reps()] != ["s0#x1"]
+
+
+def test_graceful_unmount_ends_with_the_grace_period() -> None:
+    st, clock = _state(n=2, size=4096)
+    _put(st, "big", "s0", size=3000)
+    _put(st, "fill", "s1", size=3000)
+    st.unmount_segment("c0", "s0", grace_period_ms=2000)
+    st.tick()
+    assert "s0" in st.segments  # nothing can move ("big" fits nowhere): waits for the grace period
+    clock.t += 2.5
+    st.tick()
+    assert "s0" not in st.segments and "big" not in st.objects
+    with pytest.raises(MooncakeError, match="not mounted"):
+        st.unmount_segment("c0", "s0")
