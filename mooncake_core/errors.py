@@ -18,6 +18,8 @@ class ErrorCode(enum.IntEnum):
     LEASE_EXPIRED = -707
     TRANSFER_FAIL = -800
     RPC_FAIL = -900
+    TASK_NOT_FOUND = -1400
+    TASK_PENDING_LIMIT_EXCEEDED = -1401
 
 
 class MooncakeError(Exception):

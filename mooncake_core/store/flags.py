@@ -251,6 +251,18 @@ MASTER_FLAGS = [
          "object, or fails with -200 naming this flag when none can go (leased, pinned, grouped, on the "
          "SSD tier). Puts in flight count once published. 0 = no bound. Metrics: "
          "mooncake_master_key_limit_evictions_total, _key_limit_refusals_total.", _non_negative),
+    Flag("pending_task_timeout_sec", "int", 300, "A copy/move task (create_copy_task, create_move_task, "
+         "a drain's move) that the client holding its source has not picked up within this many seconds "
+         "fails. 0 = no timeout.", _non_negative),
+    Flag("processing_task_timeout_sec", "int", 300, "A task picked up and not answered within this many "
+         "seconds fails (its target ranges are quarantined; the object stays leased until then, so it is "
+         "never 0 here).", _positive),
+    Flag("max_total_pending_tasks", "int", 10000, "Most tasks waiting to be picked up: create_copy_task / "
+         "create_move_task beyond it return -1401 (TASK_PENDING_LIMIT_EXCEEDED).", _positive),
+    Flag("max_total_processing_tasks", "int", 10000, "Most tasks carried out at once: heartbeats hand "
+         "out no more until some finish.", _positive),
+    Flag("max_total_finished_tasks", "int", 10000, "How many finished tasks query_task still knows "
+         "(oldest forgotten first: -1400 TASK_NOT_FOUND).", _positive),
     Flag("eviction_ratio", "float", 0.05, "Fraction of the total capacity one eviction round frees "
          "(least recently used objects first).", _ratio),
     Flag("client_ttl", "int", 10, "Seconds without a heartbeat after which a client counts as dead: "
@@ -336,8 +348,8 @@ MASTER_DESCRIPTION = ("Mooncake Store master: keeps object -> replica locations,
 _WHY_SNAPSHOT = "no snapshots of the master's state: a new master rebuilds it from its clients' re-mounts"
 _WHY_OPLOG = "no operation log: HA here is leader election through etcd or Redis, the state rebuilt from the clients"
 _WHY_NOF = "no NVMe-oF tier (memory and the --root_fs_dir SSD tier only)"
-_WHY_TASKS = ("copy/move tasks have fixed limits here (a task not picked up within 30 s or not answered within "
-              "60 s fails; 100000 finished tasks are remembered; no retries)")
+_WHY_RETRIES = ("a failed copy/move task is not retried here: query_task reports it FAILED with why (create it "
+                "again), and a drain counts it as a failed unit")
 _WHY_KV_EVENTS = ("not written into the events, as in the original (which keeps the flag only for old configs): "
                   "register model, block size, hash namespace, LoRA and data-parallel rank with the indexer")
 _WHY_KV_EVENTS_COMPAT = ("events are always vLLM's wire format (the original's legacy-compatible one: type, "
@@ -379,8 +391,7 @@ MASTER_NOT_IMPLEMENTED: dict[str, str] = {
         "snapshot_child_timeout_seconds", "snapshot_retention_count", "snapshot_object_store_type",
         "snapshot_payload_store_type", "snapshot_payload_backend_type", "snapshot_catalog_store_type",
         "snapshot_catalog_backend_type", "snapshot_catalog_store_connstring", "snapshot_catalog_backend_connstring")},
-    **{f: _WHY_TASKS for f in ("max_total_finished_tasks", "max_total_pending_tasks", "max_total_processing_tasks",
-                               "pending_task_timeout_sec", "processing_task_timeout_sec", "max_retry_attempts")},
+    "max_retry_attempts": _WHY_RETRIES,
     **{f: _WHY_KV_EVENTS for f in ("kv_events_model_name", "kv_events_tenant_id", "kv_events_additional_salt",
                                    "kv_events_lora_name", "kv_events_dp_rank")},
     "kv_events_emit_legacy_compat": _WHY_KV_EVENTS_COMPAT, "kv_events_queue_capacity": _WHY_KV_EVENTS_QUEUE,

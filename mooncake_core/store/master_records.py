@@ -54,6 +54,16 @@ class MasterConfig:
     #: each); a put of a new key past it evicts the least recently used evictable object, or is
     #: refused with -200 naming the flag. 0 = no bound.
     max_keys: int = 0
+    #: the original's task-queue flags (``master_tasks``): a copy/move task not picked up within
+    #: ``pending_task_timeout_s`` (0 = never) or not answered within ``processing_task_timeout_s``
+    #: fails; ``create_*_task`` is refused with -1401 at ``max_total_pending_tasks``; heartbeats
+    #: hand out no more while ``max_total_processing_tasks`` run; the newest
+    #: ``max_total_finished_tasks`` finished ones can be queried
+    pending_task_timeout_s: float = 300.0
+    processing_task_timeout_s: float = 300.0
+    max_total_pending_tasks: int = 10000
+    max_total_processing_tasks: int = 10000
+    max_total_finished_tasks: int = 10000
 
 
 class Segment:

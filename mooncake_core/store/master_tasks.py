@@ -17,8 +17,11 @@ Rules:
   task's deadline (eviction and a plain ``remove`` leave it alone; a forced remove parks the
   source range until then). An object removed or replaced meanwhile fails the task, and the
   target ranges are quarantined like those of a failed put.
-* **Deadlines**: a task not picked up within ``PENDING_TIMEOUT_S`` (its client is gone) or
-  not answered within ``RUN_TIMEOUT_S`` fails.
+* **Deadlines and limits** (the original's task-queue flags, ``MasterConfig``): a task not
+  picked up within ``pending_task_timeout_s`` (its client is gone) or not answered within
+  ``processing_task_timeout_s`` fails; ``create_*_task`` is refused with -1401 while
+  ``max_total_pending_tasks`` wait; heartbeats hand out no more while
+  ``max_total_processing_tasks`` run; the newest ``max_total_finished_tasks`` can be queried.
 * **Drain** (the original's drain jobs, ``/api/v1/drain_jobs``): the drained segments take no
   new allocation (DRAINING); every object with a replica there either keeps a replica
   elsewhere (the drained one is dropped) or is moved to a target segment by a move task
@@ -49,14 +52,8 @@ JOB_STATUS = ("CREATED", "PLANNING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELED
 SEGMENT_STATUS = ("UNDEFINED", "OK", "DRAINING", "DRAINED", "GRACEFULLY_UNMOUNTING", "UNMOUNTING")
 OK_STATUS = 1
 
-#: a task its client has not picked up by then fails (the client is gone or never heartbeats)
-PENDING_TIMEOUT_S = 30.0
-#: a task picked up and not answered by then fails (its target ranges are quarantined)
-RUN_TIMEOUT_S = 60.0
 #: most tasks one heartbeat reply hands out
 MAX_PER_HEARTBEAT = 256
-#: most finished tasks / jobs remembered for queries (oldest forgotten first)
-MAX_FINISHED = 100_000
 
 
 def _task_id(tid: object) -> tuple[int, int]:
@@ -158,6 +155,7 @@ class ReplicaTasks:
         self.finished: deque[tuple[int, int]] = deque()
         self.jobs: dict[str, DrainJob] = {}
         self._seq = 0
+        self.n_pending = 0  # tasks not picked up yet (every client's)
 
     # ------------------------------------------------------------------ tasks
     def _new_id(self) -> tuple[int, int]:
@@ -189,6 +187,7 @@ class ReplicaTasks:
         reps = meta.reps()
         if not reps:
             raise err(ErrorCode.INVALID_PARAMS, f"{what} {key!r}: the object has no memory replica to copy from")
+        self._check_room(what, key)
         return self._add(COPY, key, "", list(dict.fromkeys(targets)), reps[0][0].client_id).tid
 
     def create_move(self, key: str, source: str, target: str) -> tuple[int, int]:
@@ -202,13 +201,21 @@ class ReplicaTasks:
         meta = self._object(key, what)
         if not any(s is src for s, _ in meta.reps()):
             raise err(ErrorCode.OBJECT_NOT_FOUND, f"{what} {key!r}: no replica on segment {source!r}")
+        self._check_room(what, key)
         return self._add(MOVE, key, source, [target], src.client_id).tid
+
+    def _check_room(self, what: str, key: str) -> None:
+        limit = self.st.cfg.max_total_pending_tasks
+        if self.n_pending >= limit:
+            raise err(ErrorCode.TASK_PENDING_LIMIT_EXCEEDED, f"{what} {key!r}: {self.n_pending} tasks wait to be "
+                      f"picked up, the bound set by --max_total_pending_tasks={limit}; try again later")
 
     def _add(self, kind: int, key: str, source: str, targets: list[str], client: str,
              job: DrainJob | None = None) -> Task:
         t = Task(self._new_id(), kind, key, source, targets, client, self.st.clock(), self.wall_ms(), job)
         self.tasks[t.tid] = t
         self.queued.setdefault(client, deque()).append(t)
+        self.n_pending += 1
         if job is not None:
             job.active += 1
         return t
@@ -216,8 +223,9 @@ class ReplicaTasks:
     def query(self, tid: tuple[int, int]) -> TaskInfo:
         t = self.tasks.get(_task_id(tid))
         if t is None:
-            raise err(ErrorCode.INVALID_PARAMS, f"query_task: unknown task id {tid!r} (never created here, "
-                      f"or created by a master that has since restarted)")
+            raise err(ErrorCode.TASK_NOT_FOUND, f"query_task: unknown task id {tid!r} (never created here, "
+                      f"forgotten after --max_total_finished_tasks newer ones finished, or created by a "
+                      f"master that has since restarted)")
         return t.info()
 
     def take(self, client_id: str, now: float) -> list[ReplicaTask]:
@@ -227,7 +235,8 @@ class ReplicaTasks:
             return []
         out: list[ReplicaTask] = []
         waiting: deque[Task] = deque()
-        while q and len(out) < MAX_PER_HEARTBEAT:
+        room = self.st.cfg.max_total_processing_tasks - len(self.running)
+        while q and len(out) < min(MAX_PER_HEARTBEAT, room):
             t = q.popleft()
             if t.status != PENDING:
                 continue
@@ -284,7 +293,8 @@ class ReplicaTasks:
             got.append((seg, off))
         t.reps, t.src, t.meta = got, src, meta
         t.status, t.updated_ms = PROCESSING, self.wall_ms()
-        t.deadline = now + RUN_TIMEOUT_S
+        self.n_pending -= 1
+        t.deadline = now + st.cfg.processing_task_timeout_s
         t.pre_lease = meta.lease
         meta.lease = max(meta.lease, t.deadline)  # not evicted or reused while copied
         self.busy[t.key] = t
@@ -323,6 +333,8 @@ class ReplicaTasks:
         st.notify_dropped(key, rep[0])
 
     def _finish(self, t: Task, status: int, message: str, code: int = 0) -> None:
+        if t.status == PENDING:
+            self.n_pending -= 1
         t.status, t.message, t.updated_ms = status, message, self.wall_ms()
         if self.busy.get(t.key) is t:
             del self.busy[t.key]
@@ -337,7 +349,7 @@ class ReplicaTasks:
                 job.message = f"{t.key!r}: {message}"
             job.updated_ms = t.updated_ms
         self.finished.append(t.tid)
-        while len(self.finished) > MAX_FINISHED:
+        while len(self.finished) > self.st.cfg.max_total_finished_tasks:
             self.tasks.pop(self.finished.popleft(), None)
 
     def client_gone(self, client_id: str) -> None:
@@ -436,12 +448,14 @@ class ReplicaTasks:
         if self.running:
             for t in [t for t in self.running.values() if now > t.deadline]:
                 self.st.quarantine_ranges(t.client, t.reps, t.meta.size if t.meta is not None else 0)
-                self._finish(t, FAILED, f"client {t.client!r} did not answer within {RUN_TIMEOUT_S:.0f}s")
-        for q in list(self.queued.values()):
-            while q and q[0].status == PENDING and now - q[0].created > PENDING_TIMEOUT_S:
+                self._finish(t, FAILED, f"client {t.client!r} did not answer within "
+                                        f"--processing_task_timeout_sec={self.st.cfg.processing_task_timeout_s:.0f}")
+        wait_s = self.st.cfg.pending_task_timeout_s
+        for q in list(self.queued.values()) if wait_s > 0 else ():
+            while q and q[0].status == PENDING and now - q[0].created > wait_s:
                 t = q.popleft()
                 self._finish(t, FAILED, f"client {t.client!r} did not pick the task up within "
-                                        f"{PENDING_TIMEOUT_S:.0f}s")
+                                        f"--pending_task_timeout_sec={wait_s:.0f}")
         for job in self.jobs.values():
             if job.status != 2:
                 continue

@@ -78,7 +78,7 @@ def test_copy_move_tasks_and_a_drain_under_load(master_factory, client_factory) 
     assert c.create_copy_task("nosuch", [sb]) == ((0, 0), -704)
     assert c.create_move_task("t2", sa, "nosuch:1") == ((0, 0), -600)
     assert c.create_move_task("t2", sa, sa) == ((0, 0), -600)
-    assert c.query_task((7, 7)) == (None, -600)
+    assert c.query_task((7, 7)) == (None, -1400)
     with pytest.raises(TypeError, match="task_id"):
         c.query_task("not an id")
 

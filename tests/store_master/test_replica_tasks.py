@@ -9,7 +9,7 @@ import pytest
 from mooncake_core.errors import MooncakeError
 from mooncake_core.store.master_records import MasterConfig
 from mooncake_core.store.master_state import MasterState
-from mooncake_core.store.master_tasks import FAILED, PENDING, PROCESSING, RUN_TIMEOUT_S, SUCCESS
+from mooncake_core.store.master_tasks import FAILED, PENDING, PROCESSING, SUCCESS
 from mooncake_core.store.protocol import ReplicateConfigMsg
 
 MiB = 1 << 20
@@ -23,9 +23,9 @@ class Clock:
         return self.t
 
 
-def _state(n: int = 3, size: int = MiB) -> tuple[MasterState, Clock]:
+def _state(n: int = 3, size: int = MiB, **cfg: float) -> tuple[MasterState, Clock]:
     clock = Clock()
-    st = MasterState(MasterConfig(default_kv_lease_ttl_ms=500, client_ttl_s=1000), clock=clock)
+    st = MasterState(MasterConfig(default_kv_lease_ttl_ms=500, client_ttl_s=1000, **cfg), clock=clock)
     for i in range(n):
         st.mount_segment(f"c{i}", f"s{i}", (i + 1) << 32, size)
     return st, clock
@@ -67,8 +67,8 @@ def test_bad_arguments_are_clear_errors() -> None:
         (lambda: st.tasks.create_move("k", "s0", "s0"), -600, "same segment"),
         (lambda: st.tasks.create_move("k", "nosuch", "s1"), -600, "not mounted"),
         (lambda: st.tasks.create_move("k", "s1", "s2"), -704, "no replica on segment 's1'"),
-        (lambda: st.tasks.query((1, 2)), -600, "unknown task id"),
-        (lambda: st.tasks.query("x"), -600, "unknown task id"),
+        (lambda: st.tasks.query((1, 2)), -1400, "unknown task id"),
+        (lambda: st.tasks.query("x"), -1400, "unknown task id"),
     ]:
         with pytest.raises(MooncakeError, match=text) as e:
             call()
@@ -120,10 +120,10 @@ def test_unanswered_and_failed_tasks() -> None:
     _put(st, "k", "s0")
     tid = st.tasks.create_copy("k", ["s1"])
     st.heartbeat("c0")
-    clock.t += RUN_TIMEOUT_S + 1
+    clock.t += st.cfg.processing_task_timeout_s + 1
     st.tick()
     info = st.tasks.query(tid)
-    assert info.status == FAILED and "did not answer" in info.message
+    assert info.status == FAILED and "did not answer within --processing_task_timeout_sec=300" in info.message
     t2 = st.tasks.create_copy("k", ["s2"])
     st.heartbeat("c0")
     st.tasks.done("c0", t2, False, "write failed: peer down")
@@ -234,3 +234,29 @@ def test_graceful_unmount_ends_with_the_grace_period() -> None:
     assert "s0" not in st.segments and "big" not in st.objects
     with pytest.raises(MooncakeError, match="not mounted"):
         st.unmount_segment("c0", "s0")
+
+
+def test_task_queue_limits_follow_the_flags() -> None:
+    st, clock = _state(max_total_pending_tasks=2, max_total_processing_tasks=1, max_total_finished_tasks=2,
+                       pending_task_timeout_s=5.0, processing_task_timeout_s=3.0)
+    for k in ("a", "b", "c"):
+        _put(st, k, "s0")
+    ta, tb = st.tasks.create_copy("a", ["s1"]), st.tasks.create_copy("b", ["s1"])
+    with pytest.raises(MooncakeError, match="--max_total_pending_tasks=2") as e:
+        st.tasks.create_copy("c", ["s1"])
+    assert e.value.code == -1401
+    assert [t.key for t in st.heartbeat("c0").replica_tasks] == ["a"]  # one may run at a time
+    tc = st.tasks.create_copy("c", ["s1"])  # room again: "a" left the queue
+    assert st.heartbeat("c0").replica_tasks == []
+    clock.t += 3.5  # "a" ran out of --processing_task_timeout_sec; "b" and "c" still wait
+    st.tick()
+    assert st.tasks.query(ta).status == FAILED
+    assert [t.key for t in st.heartbeat("c0").replica_tasks] == ["b"]
+    clock.t += 2.0  # "c" waited past --pending_task_timeout_sec
+    st.tick()
+    info = st.tasks.query(tc)
+    assert info.status == FAILED and "--pending_task_timeout_sec=5" in info.message
+    st.tasks.done("c0", tb, True, "")
+    with pytest.raises(MooncakeError) as e:  # the oldest finished one is forgotten past the bound
+        st.tasks.query(ta)
+    assert e.value.code == -1400 and st.tasks.query(tb).status == SUCCESS
