@@ -8,12 +8,21 @@ operators' tooling work unchanged:
   ``GET /api/v1/drain_jobs/query?job_id=`` -> the job (status_name, succeeded/failed/
   blocked/active units, migrated bytes); ``POST /api/v1/drain_jobs/cancel?job_id=``.
 * ``GET /api/v1/segments/status?segment=`` -> ``{"success", "segment", "status", "status_name"}``.
-* ``GET /query_key?key=`` -> the memory replicas' buffer descriptors; ``GET /get_all_segments``
-  and ``GET /get_all_keys`` -> one name per line; ``GET /metrics/summary`` -> a short text
-  summary of capacity, objects and clients.
+* ``GET /query_key?key=`` -> the memory replicas' buffer descriptors; ``GET
+  /batch_query_keys?keys=k1,k2`` -> per key ``{"ok", "values"|"error", "disk_values"}``
+  (no read lease is granted: an operator's look changes nothing); ``GET /get_all_segments``
+  and ``GET /get_all_keys`` -> one name per line; ``GET /query_segment?segment=`` -> its used
+  and capacity bytes (text); ``GET /get_segments_detail`` -> every segment's owner, range,
+  status and use; ``GET /metrics/summary`` -> a short text summary of capacity, objects and
+  clients.
+* ``POST /api/v1/remove_all?force=true`` -> ``{"success", "removed_count"}`` (leased objects
+  stay unless ``force``, as the client's ``remove_all``).
 
 Errors are ``{"success": false, "error_code": <Mooncake code>, "error_message": ...}`` with
-the original's HTTP statuses (400 bad request, 404 not found). Every call takes the master's
+the original's HTTP statuses (400 bad request, 404 not found). The routes that change state
+(``POST``: drains, remove_all) need ``Authorization: Bearer <token>`` when the master has an
+auth token (``--auth_token`` / ``MOONCAKE_AUTH_TOKEN``; else 401): the RPC port's secret must
+not be bypassed through the metrics port. Reads stay open, as ``/metrics`` is. Every call takes the master's
 lock for the few microseconds it reads or plans (``master_tasks`` does the work on ticks).
 """
 
@@ -24,6 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
+from mooncake_core import auth
 from mooncake_core.errors import ErrorCode, MooncakeError
 from mooncake_core.store.master_tasks import SEGMENT_STATUS
 
@@ -46,6 +56,11 @@ def _json(status: int, body: dict[str, Any]) -> Reply:
 def _error(code: int, message: str) -> Reply:
     status = 404 if code in (ErrorCode.OBJECT_NOT_FOUND, ErrorCode.SEGMENT_NOT_FOUND) else 400
     return _json(status, {"success": False, "error_code": int(code), "error_message": message})
+
+
+def _memory(descs: list[Any]) -> list[dict[str, Any]]:
+    """The original's buffer descriptors (``AllocatedBuffer::Descriptor``) of memory replicas."""
+    return [{"size_": r.size, "buffer_address_": r.addr, "transport_endpoint_": r.segment_name} for r in descs]
 
 
 def _query(environ: dict[str, Any], name: str) -> str:
@@ -83,6 +98,10 @@ def admin_routes(server: MasterServer) -> dict[str, Callable[[dict[str, Any]], R
             bad = _method(environ, method)
             if bad is not None:
                 return bad
+            if method != "GET" and not auth.bearer_ok(server.auth_token, environ.get("HTTP_AUTHORIZATION")):
+                return 401, {"Content-Type": "text/plain; charset=utf-8", "WWW-Authenticate": "Bearer"}, \
+                    (f"{environ.get('PATH_INFO')}: this master has an auth token: send 'Authorization: Bearer "
+                     f"<token>' (the MOONCAKE_AUTH_TOKEN its clients use)\n").encode()
             try:
                 return fn(environ)
             except MooncakeError as e:
@@ -130,8 +149,51 @@ def admin_routes(server: MasterServer) -> dict[str, Callable[[dict[str, Any]], R
             reps = [] if meta is None else [st.desc(r, meta.size) for r in meta.reps()]
         if meta is None:
             return _error(ErrorCode.OBJECT_NOT_FOUND, f"no such object {key!r}")
-        return _json(200, {"success": True, "data": [
-            {"size_": r.size, "buffer_address_": r.addr, "transport_endpoint_": r.segment_name} for r in reps]})
+        return _json(200, {"success": True, "data": _memory(reps)})
+
+    def batch_query_keys(environ: dict[str, Any]) -> Reply:
+        keys = [k for k in _query(environ, "keys").split(",") if k]
+        if not keys:
+            return _json(400, {"success": False, "error": "No keys provided. Use ?keys=key1,key2,..."})
+        data: dict[str, Any] = {}
+        with server.lock:
+            for k in keys:
+                meta = st.objects.get(k)
+                if meta is None:
+                    data[k] = {"ok": False, "error": ErrorCode.OBJECT_NOT_FOUND.name}
+                    continue
+                item: dict[str, Any] = {"ok": True, "values": _memory([st.desc(r, meta.size) for r in meta.reps()])}
+                disk = meta.disk
+                if disk is not None:
+                    item["disk_values"] = [{"file_path": disk.path, "object_size": disk.size}]
+                data[k] = item
+        return _json(200, {"success": True, "data": data})
+
+    def query_segment(environ: dict[str, Any]) -> Reply:
+        name = _query(environ, "segment")
+        with server.lock:
+            seg = st.segments.get(name)
+            used, cap = (seg.alloc.used, seg.size) if seg is not None else (0, 0)
+        if seg is None:
+            return _error(ErrorCode.SEGMENT_NOT_FOUND, f"segment {name!r} is not mounted")
+        return 200, TEXT, f"{name}\nUsed(bytes): {used}\nCapacity(bytes) : {cap}\n".encode()
+
+    def segments_detail(_environ: dict[str, Any]) -> Reply:
+        with server.lock:
+            rows = [(key, s.name, s.seg_id, s.client_id, s.base, s.size, s.status, s.alloc.used)
+                    for key, s in st.segments.items()]
+        return _json(200, {"total_segments": len(rows), "segments": [
+            {"segment_name": key, "segment_id": str(seg_id), "client_id": client, "base_address": hex(base),
+             "size_bytes": size, "size_human": f"{size / (1 << 30):g} GiB", "te_endpoint": name,
+             "protocol": "", "status": SEGMENT_STATUS[status], "allocator_used_bytes": used,
+             "allocator_capacity_bytes": size, "allocator_usage_percent": 100.0 * used / size if size else 0.0}
+            for key, name, seg_id, client, base, size, status, used in sorted(rows)]})
+
+    def remove_all(environ: dict[str, Any]) -> Reply:
+        force = _query(environ, "force") in ("true", "1")
+        with server.lock:
+            n = st.remove_all(force)
+        return _json(200, {"success": True, "removed_count": n})
 
     def all_segments(_environ: dict[str, Any]) -> Reply:
         with server.lock:
@@ -157,6 +219,10 @@ def admin_routes(server: MasterServer) -> dict[str, Callable[[dict[str, Any]], R
         "/api/v1/drain_jobs/cancel": guarded(cancel_drain, "POST"),
         "/api/v1/segments/status": guarded(segment_status),
         "/query_key": guarded(query_key),
+        "/batch_query_keys": guarded(batch_query_keys),
+        "/query_segment": guarded(query_segment),
+        "/get_segments_detail": guarded(segments_detail),
+        "/api/v1/remove_all": guarded(remove_all, "POST"),
         "/get_all_segments": guarded(all_segments),
         "/get_all_keys": guarded(all_keys),
         "/metrics/summary": guarded(summary),

@@ -90,6 +90,15 @@ def test_copy_move_tasks_and_a_drain_under_load(master_factory, client_factory) 
         assert sorted(r.read().decode().split()) == sorted([sa, sb])
     assert _http(f"{base}/api/v1/segments/status?segment={sa}")["status_name"] == "OK"
     assert _http(f"{base}/api/v1/drain_jobs", {"segments": ["nosuch:1"]})["success"] is False
+    bq = _http(f"{base}/batch_query_keys?keys=t0,nosuch")
+    assert bq["success"] and bq["data"]["t0"]["ok"] and len(bq["data"]["t0"]["values"]) == 2
+    assert bq["data"]["nosuch"] == {"ok": False, "error": "OBJECT_NOT_FOUND"}
+    with urllib.request.urlopen(f"{base}/query_segment?segment={sb}", timeout=5) as r:
+        name, used, cap = r.read().decode().splitlines()
+    assert name == sb and int(used.split(":")[1]) >= 2 * 100 * KiB and int(cap.split(":")[1]) == 16 * MiB
+    detail = _http(f"{base}/get_segments_detail")
+    assert detail["total_segments"] == 2 and {s["segment_name"] for s in detail["segments"]} == {sa, sb}
+    assert all(s["status"] == "OK" and s["allocator_capacity_bytes"] == 16 * MiB for s in detail["segments"])
 
     # ---- drain a's segment while a pool-only client keeps putting and reading
     objs = dict(data)
@@ -143,6 +152,28 @@ def test_copy_move_tasks_and_a_drain_under_load(master_factory, client_factory) 
     for k, v in objs.items():
         assert _where(c, k) == [sb], k
         assert c.get(k) == v, k
+    time.sleep(0.6)  # the reads' leases end
+    assert _http(f"{base}/api/v1/remove_all?force=true", {}) == {"success": True, "removed_count": len(objs)}
+    assert c.get("t0") == b""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_admin_routes_that_change_state_need_the_token(master_factory, monkeypatch) -> None:
+    monkeypatch.setenv("MOONCAKE_AUTH_TOKEN", "s3cret-admin")  # the master (a child) and our pings
+    m = master_factory()
+    base = f"http://127.0.0.1:{m.metrics_port}"
+    for path in ("/api/v1/remove_all", "/api/v1/drain_jobs"):
+        req = urllib.request.Request(base + path, data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=5)
+        assert e.value.code == 401 and b"Authorization: Bearer" in e.value.read()
+    req = urllib.request.Request(base + "/api/v1/remove_all", data=b"{}", method="POST",
+                                 headers={"Authorization": "Bearer s3cret-admin"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert json.loads(r.read()) == {"success": True, "removed_count": 0}
+    with urllib.request.urlopen(base + "/get_all_segments", timeout=5) as r:  # reads stay open
+        assert r.status == 200
 
 
 def _extra_used(base: str) -> dict[str, float]:
