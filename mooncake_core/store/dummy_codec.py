@@ -22,8 +22,9 @@ from typing import Any
 
 import msgspec
 
-from mooncake_core.store.dummy_wire import EXT_BUFFER, EXT_CONFIG, EXT_STAGED, EXT_TENSOR, EXT_VIEW, Message
-from mooncake_core.store.types import BufferHandle, ReplicateConfig, SoftPinAction
+from mooncake_core.store.dummy_wire import (EXT_BUFFER, EXT_CONFIG, EXT_STAGED, EXT_TASK, EXT_TENSOR, EXT_VIEW,
+                                            Message)
+from mooncake_core.store.types import BufferHandle, QueryTaskResponse, ReplicateConfig, SoftPinAction
 
 __all__ = ["STAGE_MIN", "Codec", "Staged"]
 
@@ -153,6 +154,10 @@ class Codec:
             return self._enc_tensor(obj)
         if isinstance(obj, SoftPinAction):
             return int(obj)
+        if isinstance(obj, QueryTaskResponse):
+            return msgspec.msgpack.Ext(EXT_TASK, self.enc.encode(
+                (list(obj.id), int(obj.type), int(obj.status), obj.created_at_ms_epoch,
+                 obj.last_updated_at_ms_epoch, obj.assigned_client, obj.message)))
         try:
             return memoryview(obj).cast("B").tobytes()
         except TypeError:
@@ -195,6 +200,9 @@ class Codec:
                 return torch.empty(shape, dtype=dt)
             buf = raw if isinstance(raw, memoryview) and self._zero_copy_in else bytearray(raw)
             return torch.frombuffer(buf, dtype=dt).reshape(shape)
+        if code == EXT_TASK:
+            tid, kind, status, created, updated, client, message = self._raw.decode(data)
+            return QueryTaskResponse(tuple(tid), kind, status, created, updated, client, message)
         if code == EXT_VIEW:
             torch = _torch()
             addr, nbytes, dtype, shape = self._raw.decode(data)

@@ -50,6 +50,7 @@ EXT_CONFIG = 2   # a ReplicateConfig: {field: value}
 EXT_BUFFER = 3   # a BufferHandle's bytes
 EXT_STAGED = 4   # (offset, length) in the connection's staging window
 EXT_VIEW = 5     # a tensor viewing the dummy's own memory: (dummy address, nbytes, dtype, shape)
+EXT_TASK = 6     # a QueryTaskResponse: (id, type, status, created ms, updated ms, client, message)
 
 
 def ipc_name(port: int) -> str:

@@ -52,6 +52,16 @@ _DUMMY = textwrap.dedent("""
             n = store.get_into(f"from{i}", buf, 4 << 20)
             bad += n != 1 << 20 or ctypes.string_at(buf, n) != payload(100 + i, 1 << 20)
         out["bad"] = bad
+        # the pool-management calls go through the service too (a task's answer is typed)
+        tid, rc = store.create_copy_task("small0", [store.get_hostname()])
+        resp = None
+        for _ in range(100):
+            resp, _rc = store.query_task(tid)
+            if resp is None or int(resp.status) >= 2:
+                break
+            time.sleep(0.1)
+        out["task"] = [rc, type(resp).__name__, int(resp.status) if resp is not None else None]
+        out["unknown_task"] = list(store.query_task((7, 7)))
         print(json.dumps(out), flush=True)
 """)
 
@@ -100,7 +110,8 @@ def test_a_sigkilled_dummys_objects_stay_in_the_pool(master_factory, python_exe,
         a.wait()
         b = _dummy(python_exe, port, "check")
         out, err = b.communicate(timeout=120)
-        assert json.loads(out.splitlines()[-1]) == {"setup": 0, "bad": 0}, err[-2000:]
+        assert json.loads(out.splitlines()[-1]) == {"setup": 0, "bad": 0, "task": [0, "QueryTaskResponse", 3],
+                                                    "unknown_task": [None, -1400]}, err[-2000:]
     finally:
         _stop(svc)
 

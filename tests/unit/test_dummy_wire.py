@@ -9,7 +9,7 @@ import pytest
 
 from mooncake_core.store import dummy_wire as wire
 from mooncake_core.store.dummy_codec import Codec, Staged
-from mooncake_core.store.types import BufferHandle, ReplicateConfig, SoftPinAction
+from mooncake_core.store.types import BufferHandle, QueryTaskResponse, ReplicateConfig, SoftPinAction, TaskStatus
 
 
 def _regions() -> wire.RegionMap:
@@ -121,6 +121,11 @@ def test_codec_stages_large_values_and_round_trips_types() -> None:
     assert bytes(got.args[1]) == big and isinstance(got.args[1], memoryview)
     assert got.kwargs["config"].replica_num == 2 and got.kwargs["config"].soft_pin_action == SoftPinAction.ENABLE
     assert isinstance(got.kwargs["h"], BufferHandle) and bytes(got.kwargs["h"]) == b"xyz"
+    task = QueryTaskResponse((3, 9), 1, 2, 1000, 2000, "client-a", "no room")  # query_task's answer
+    back = receiver.dec.decode(sender.enc.encode(wire.Reply((task, 0)))).value
+    assert isinstance(back[0], QueryTaskResponse) and back[1] == 0
+    assert (back[0].id, back[0].status, back[0].assigned_client, back[0].message) == \
+        ((3, 9), TaskStatus.FAILED, "client-a", "no room")
 
 
 def test_codec_tensors_by_value_and_as_views() -> None:
