@@ -36,13 +36,14 @@ def _shares(st: MasterState, n: int = 400, writer: str = "c0") -> Counter[str]:
     return got
 
 
-def test_default_gives_a_rejoined_node_its_share_not_every_put() -> None:
-    st = _pool(MasterConfig().allocation_strategy)
+def test_random_gives_a_rejoined_node_its_share_not_every_put() -> None:
+    st = _pool("random")
     share = _shares(st)["10.0.0.3:12343"] / 400
     assert 0.15 <= share <= 0.40, share
 
 
 def test_free_ratio_first_fills_the_emptiest_node() -> None:
+    assert MasterConfig().allocation_strategy == "free_ratio_first"  # the default (see MasterConfig)
     assert _shares(_pool("free_ratio_first"))["10.0.0.3:12343"] == 400
 
 
