@@ -33,6 +33,7 @@ from mooncake_core.store import dummy_wire as wire
 from mooncake_core.store.dummy_codec import STAGE_MIN, Codec
 from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.store.shm import Region, create_region, send_with_fd
+from mooncake_core.transfer.sockio import set_kernel_timeouts
 from mooncake_core.utils.log import get_logger
 from mooncake_core.utils.net import parse_host_port
 
@@ -212,7 +213,7 @@ class DummyClient:
                 conn.window = create_region(self._window_size, "mooncake-dummy-window")
                 conn.codec.window = (conn.window.addr, conn.window.size)
                 self._send_region(conn, conn.window, window=True)
-            sock.settimeout(CALL_TIMEOUT_S)
+            set_kernel_timeouts(sock, CALL_TIMEOUT_S)  # no poll() before every recv, as settimeout does
             return conn
         except (OSError, msgspec.DecodeError) as e:
             conn.close()
@@ -254,7 +255,7 @@ class DummyClient:
             try:
                 if conn is None:
                     conn = self._connect(with_window=False)
-                    conn.sock.settimeout(CONNECT_TIMEOUT_S)
+                    set_kernel_timeouts(conn.sock, CONNECT_TIMEOUT_S)
                 reply = conn.request(wire.Ping())
                 if not isinstance(reply, wire.Pong):
                     raise ServiceUnavailable("unexpected ping answer")
