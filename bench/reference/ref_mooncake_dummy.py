@@ -1,0 +1,137 @@
+"""Dummy-client workload written against the *public* Mooncake Store Python API only.
+
+The same file drives both implementations (see ref_mooncake_store.py for how ``--impl ours``
+makes ``import mooncake.store`` resolve to this project). The caller has started a master and a
+``mooncake_client`` (the node's store service) on ``--service``; this process attaches to it with
+``setup_dummy(mem_pool_size, local_buffer_size, service)`` -- the way an engine does -- and times:
+
+* ``put`` / ``get`` of 4 MiB and 4 KiB bytes values (staged through the dummy's local buffer);
+* ``put_from`` / ``get_into`` of 4 MiB on memory from ``alloc_from_mem_pool`` (shared with the
+  service: the zero-copy path);
+* with ``--full``, the same ``put`` / ``get`` from a *full* client set up in the same process
+  (no segment of its own, objects in the service's segment): the in-run reference for what
+  attaching as a dummy costs.
+
+Every value read back is compared with what was written. Prints one JSON object:
+``{"results": {row: median seconds}, "errors": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _store_class(impl: str):
+    if impl == "ours":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout
+        from mooncake_core import compat
+
+        compat.install(force=True)
+    from mooncake.store import MooncakeDistributedStore
+
+    return MooncakeDistributedStore
+
+
+def _timed(fn, reps: int, check=None) -> float:
+    """Median seconds of ``reps`` calls of fn(i); ``check(i, answer)`` runs after each call,
+    outside the timing. Answers are not kept: holding every 4 MiB answer alive would time the
+    kernel handing the process fresh pages instead of the call."""
+    times = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        got = fn(i)
+        times.append(time.perf_counter() - t0)
+        if check is not None:
+            check(i, got)
+        del got
+    return statistics.median(times)
+
+
+def _bytes_rows(s, tag: str, reps: int, results: dict, errors: list) -> None:
+    for label, size, n in (("4MiB", 4 * MiB, reps), ("4KiB", 4 * KiB, reps * 20)):
+        value = os.urandom(size)
+        keys = [f"{tag}-{label}-{i}" for i in range(n)]
+        bad: list[str] = []
+        for i in range(3):  # warm-up, untimed: first touches of the staging memory, lazy connections
+            s.put(f"{tag}-warm-{i}", value)
+            s.get(f"{tag}-warm-{i}")
+            s.remove(f"{tag}-warm-{i}")
+        results[f"{tag} put {label}"] = _timed(lambda i: s.put(keys[i], value), n,
+                                               lambda i, rc: rc == 0 or bad.append(f"put code {rc}"))
+        results[f"{tag} get {label}"] = _timed(lambda i: s.get(keys[i]), n,
+                                               lambda i, got: got == value or bad.append(f"get of {keys[i]} wrong"))
+        if bad:
+            errors.append(f"{tag} {label}: {len(bad)} failures, first: {bad[0]}")
+        for k in keys:
+            s.remove(k)
+
+
+def run(args) -> None:
+    Store = _store_class(args.impl)
+    results: dict[str, float] = {}
+    errors: list[str] = []
+    s = Store()
+    rc = s.setup_dummy(args.mem_pool, args.local_buffer, args.service)
+    if rc != 0:
+        raise SystemExit(f"setup_dummy failed with {rc}")
+    _bytes_rows(s, "dummy", args.reps, results, errors)
+
+    # zero-copy: put_from / get_into on pool memory the service maps too
+    size = 4 * MiB
+    buf = s.alloc_from_mem_pool(size)
+    if not buf or s.register_buffer(buf, size) != 0:
+        errors.append(f"alloc_from_mem_pool(4 MiB) + register_buffer failed (address {buf})")
+    else:
+        payload = os.urandom(size)
+        ctypes.memmove(buf, payload, size)
+        keys = [f"zc-{i}" for i in range(args.reps)]
+        bad: list[str] = []
+        results["dummy put_from 4MiB"] = _timed(lambda i: s.put_from(keys[i], buf, size), args.reps,
+                                                lambda i, rc: rc == 0 or bad.append(f"put_from code {rc}"))
+        ctypes.memset(buf, 0, size)
+        results["dummy get_into 4MiB"] = _timed(lambda i: s.get_into(keys[i], buf, size), args.reps,
+                                                lambda i, n: n == size or bad.append(f"get_into answered {n}"))
+        if ctypes.string_at(buf, size) != payload:
+            bad.append("get_into: the bytes differ")
+        if bad:
+            errors.append(f"dummy 4MiB zero-copy: {len(bad)} failures, first: {bad[0]}")
+        for k in keys:
+            s.remove(k)
+        s.unregister_buffer(buf)
+    s.close()
+
+    if args.full:
+        f = Store()
+        rc = f.setup("127.0.0.1", args.meta, 0, args.local_buffer, "tcp", "", args.master)
+        if rc != 0:
+            errors.append(f"full client setup failed with {rc}")
+        else:
+            _bytes_rows(f, "full", args.reps, results, errors)
+            f.close()
+    print(json.dumps({"results": results, "errors": errors}), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("role", choices=["run"])
+    ap.add_argument("--impl", choices=["ours", "ref"], required=True)
+    ap.add_argument("--master", required=True, help="master host:port (for --full)")
+    ap.add_argument("--meta", required=True, help="metadata server URL (for --full)")
+    ap.add_argument("--service", required=True, help="the mooncake_client's HOST:PORT")
+    ap.add_argument("--reps", type=int, default=20, help="calls per row (4 KiB rows: 20x this)")
+    ap.add_argument("--mem-pool", type=int, default=64 * MiB, help="setup_dummy's mem_pool_size")
+    ap.add_argument("--local-buffer", type=int, default=64 * MiB, help="setup_dummy's local_buffer_size")
+    ap.add_argument("--full", action="store_true", help="also time a full client in this process")
+    run(ap.parse_args())
+
+
+if __name__ == "__main__":
+    main()
