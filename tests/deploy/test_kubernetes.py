@@ -120,18 +120,19 @@ def _check_argparse(parser: argparse.ArgumentParser, args: list[str], where: str
 
 def _check_our_cli(prog: str, args: list[str], where: str) -> None:
     """Run ``prog``'s own parser on ``args``: the argparse parser its module builds, or the
-    master's gflags-style flag set."""
+    gflags-style flag set of the master or of mooncake_client."""
     module_name, _, func = _scripts()[prog].partition(":")
     mod = importlib.import_module(module_name)
     if hasattr(mod, "build_parser"):
         ns = _check_argparse(mod.build_parser(), args, where)
         if hasattr(mod, "config_from_args"):  # the values too (ports, URLs, enums)
             mod.config_from_args(ns)
-    elif hasattr(mod, "master_flagset"):
+    elif hasattr(mod, "master_flagset") or hasattr(mod, "client_flagset"):
         from mooncake_core.store.flags import FlagError
 
+        flagset = mod.master_flagset if hasattr(mod, "master_flagset") else mod.client_flagset
         try:
-            mod.master_flagset().parse(args)
+            flagset().parse(args)
         except FlagError as e:
             pytest.fail(f"{where}: {prog} rejects {shlex.join(args)}: {e}")
     else:

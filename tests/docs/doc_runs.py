@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .doc_blocks import DocBlock, commands
+from .doc_blocks import DocBlock, commands, load_docs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -269,6 +269,60 @@ def run_store_quickstart(block: DocBlock, ctx: Ctx) -> None:
     start_and_interrupt(block, offset, argv, ctx, ready, "store-master")
 
 
+def run_store_service(block: DocBlock, ctx: Ctx) -> None:
+    """docs/store.md, the store as a service: the master and ``mooncake_client`` as written
+    (ports free, a 256 MB segment), its health URL, then the doc's Python snippet (a dummy
+    client); a second dummy process reads what the first stored (the objects outlived it);
+    Ctrl-C stops the service with 0 and no traceback."""
+    port, meta, metrics, svc, http = (ctx.free_port() for _ in range(5))
+    text = substitute(block, block.text, [("50051", str(port)), ("8080", str(meta)), ("4GB", "256MB"),
+                                          ("50052", str(svc)), ("9300", str(http))])
+    cmds = {c.offset: list(c.words) for c in commands(text)}
+    master = next(w for w in cmds.values() if w[0] == "mooncake_master") + [f"--port={port}",
+                                                                             f"--metrics_port={metrics}"]
+    offset, client = next((o, w) for o, w in cmds.items() if w[0] == "mooncake_client")
+    url = next(w for w in cmds.values() if w[0] == "curl")[-1]
+    [snippet] = [b for b in load_docs(REPO) if b.path == block.path and b.lang == "python"
+                 and b.line > block.line and b.line < block.line + 30][:1]
+    code = substitute(snippet, snippet.text, [("50052", str(svc))])
+    procs: list[subprocess.Popen] = []
+    try:
+        for name, argv in (("master", master), ("client", client)):
+            with open(ctx.tmp / f"service-{name}.log", "wb") as out:
+                procs.append(subprocess.Popen(argv, cwd=ctx.tmp, env=ctx.env, stdout=out, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+            if name == "master":
+                ready_check(procs[-1], master_ready(port))
+        try:
+            assert wait_http(url, 60, procs[-1]).strip() == b"OK"
+        except AssertionError as e:
+            raise AssertionError(f"{block.where(offset)}: {e}\n{(ctx.tmp / 'service-client.log').read_text()[-3000:]}") \
+                from None
+        for what, src in (("snippet", code), ("reader", _SERVICE_READER.format(svc=svc))):
+            r = subprocess.run([sys.executable, "-c", src], cwd=ctx.tmp, env=ctx.env, capture_output=True, text=True,
+                               timeout=120)
+            assert r.returncode == 0, f"{snippet.where(-1)}: the {what} failed:\n{r.stderr[-3000:]}"
+        client_proc = procs[-1]
+        client_proc.send_signal(signal.SIGINT)
+        rc = client_proc.wait(15)
+    finally:
+        for p in reversed(procs):
+            stop_session(p.pid)
+    text_out = (ctx.tmp / "service-client.log").read_text(errors="replace")
+    assert rc == 0 and "Traceback" not in text_out, f"{block.where(offset)}: exit {rc} on Ctrl-C:\n{text_out[-3000:]}"
+
+
+#: a second engine-like process: what the doc's snippet stored is still in the pool
+_SERVICE_READER = """
+from mooncake_core.store import MooncakeDistributedStore
+s = MooncakeDistributedStore()
+assert s.setup_dummy(4 << 20, 4 << 20, "127.0.0.1:{svc}") == 0
+assert s.get("prefix/1") == b"kv bytes", s.get("prefix/1")
+assert s.get_size("prefix/2") == 1 << 20
+s.close()
+"""
+
+
 def run_store_master(block: DocBlock, ctx: Ctx) -> None:
     """docs/store-master.md: each single-host form starts, serves and stops on Ctrl-C (ports
     free, the SSD directory temporary); ``--help`` prints every flag. The HA form needs etcd
@@ -357,6 +411,7 @@ RUNS: dict[str, Callable[[DocBlock, Ctx], None]] = {
     "vllm-1p1d": run_vllm_1p1d,
     "vllm-guide": run_vllm_guide,
     "store-quickstart": run_store_quickstart,
+    "store-service": run_store_service,
     "store-master": run_store_master,
     "lmcache-master": run_lmcache_master,
     "chaos-help": run_chaos_help,

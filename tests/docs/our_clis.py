@@ -1,7 +1,7 @@
 """Parse a doc's command line with our own CLI's parser, in process, without running it.
 
 Our commands are the console scripts of pyproject.toml (each module has ``build_parser()``;
-``mooncake_master`` its gflags-style flag set) and the benches, ``python3 -m bench.<role>.<name>``
+``mooncake_master`` and ``mooncake_client`` their gflags-style flag sets) and the benches, ``python3 -m bench.<role>.<name>``
 (or ``python3 bench/<role>/<name>.py``). A flag a doc
 uses that the code no longer has fails here, naming the doc line; other programs (vLLM,
 SGLang, curl) are left to the tests that run them.
@@ -57,6 +57,17 @@ def parse_error(name: str, args: list[str]) -> str | None:
         except HelpRequested:
             return None
         except (FlagError, ValueError) as e:
+            return str(e)
+        return None
+    if name == "mooncake_client":
+        from mooncake_core.store.flags import FlagError, HelpRequested
+        from mooncake_core.store.real_client_main import client_flagset
+
+        try:
+            client_flagset().parse(args)
+        except HelpRequested:
+            return None
+        except FlagError as e:
             return str(e)
         return None
     if name.startswith("bench/"):

@@ -1,0 +1,77 @@
+"""Frameworks' own store set-up code on the store as a service (master + ``mooncake_client``).
+
+vLLM's ``MooncakeStoreConnector`` in ``standalone-store`` mode: each rank is a full client that
+contributes no memory (``global_segment_size`` 0), so what it stores lives in the node's
+``mooncake_client`` and outlives the engine. The rank is set up here by vLLM's own
+``vllm/distributed/mooncake_store.py`` (its config file reader and ``setup_mooncake_store``),
+in the vLLM venv, on this package's ``mooncake.store``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+from mooncake_lab.checkout_shim import shim_pythonpath
+from mooncake_lab.venvs import venv_dir, venv_python
+
+from mooncake_core.utils.net import free_port
+from tests.store.test_dummy_service import _client, _stop
+
+pytestmark = pytest.mark.integration
+
+#: run in the vLLM venv: vLLM's module is loaded from its file (its package __init__ would import
+#: the whole engine, torch included, for two functions that need neither)
+_VLLM_RANK = textwrap.dedent("""
+    import importlib.util, json, os, sys
+    import vllm
+    path = os.path.join(os.path.dirname(vllm.__file__), "distributed", "mooncake_store.py")
+    spec = importlib.util.spec_from_file_location("vllm_mooncake_store", path)
+    ms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ms)
+    from mooncake_core import compat
+    compat.install()
+    from mooncake.store import MooncakeDistributedStore
+    cfg = ms.MooncakeStoreConfig.load_from_config()   # MOONCAKE_CONFIG_PATH
+    store = MooncakeDistributedStore()
+    ms.setup_mooncake_store(store, cfg, "127.0.0.1")  # raises unless setup answered 0
+    rcs = [store.put(f"vllm-block-{i}", bytes([i]) * (256 << 10)) for i in range(8)]
+    print(json.dumps({"mode": cfg.mode, "rcs": rcs}), flush=True)
+    store.close()
+""")
+
+
+def test_vllm_standalone_store_mode_keeps_blocks_in_the_service(master_factory, python_exe, tmp_path) -> None:
+    vpy = venv_python("vllm")
+    if not vpy.exists():
+        pytest.skip(f"no vLLM venv at {venv_dir('vllm')} (scripts/install_vllm.sh)")
+    m = master_factory()
+    port = free_port()
+    svc = _client(python_exe, m, port, str(tmp_path / "client.log"))
+    try:
+        conf = tmp_path / "mooncake.json"
+        conf.write_text(json.dumps({"mode": "standalone-store", "global_segment_size": 0,
+                                    "local_buffer_size": "64MB", "protocol": "tcp", "device_name": "",
+                                    "master_server_address": m.addr, "metadata_server": m.meta}))
+        env = dict(os.environ, PYTHONPATH=shim_pythonpath(), MOONCAKE_CONFIG_PATH=str(conf))
+        r = subprocess.run([str(vpy), "-c", _VLLM_RANK], env=env, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert json.loads(r.stdout.splitlines()[-1]) == {"mode": "standalone-store", "rcs": [0] * 8}
+        # the rank has exited; its blocks are in the service's segment, readable by the next
+        # engine attached to the service
+        from mooncake_core.store.client import MooncakeDistributedStore
+
+        reader = MooncakeDistributedStore()
+        assert reader.setup_dummy(4 << 20, 4 << 20, f"127.0.0.1:{port}") == 0
+        try:
+            for i in range(8):
+                assert reader.get(f"vllm-block-{i}") == bytes([i]) * (256 << 10), i
+            segments = {d.segment_name for d in reader.get_replica_desc("vllm-block-0")}
+            assert segments == {reader.get_hostname()}, segments
+        finally:
+            reader.close()
+    finally:
+        _stop(svc)
