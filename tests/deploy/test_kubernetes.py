@@ -73,7 +73,7 @@ def test_every_manifest_validates_against_the_kubernetes_schemas() -> None:
     version = latest_version()
     docs = _manifests()
     assert {d["kind"] for _, d in docs} >= {"Namespace", "Secret", "StatefulSet", "Deployment", "DaemonSet",
-                                            "Service", "ConfigMap", "NetworkPolicy"}
+                                            "Service", "NetworkPolicy"}
     for name, d in docs:
         try:
             kubernetes_validate.validate(d, version, strict=True)
@@ -184,7 +184,7 @@ def test_commands_and_flags_match_our_clis() -> None:
             seen.add("python")
         else:
             pytest.fail(f"{where}: starts {cmd[0]!r}, which this package does not install")
-    assert {"mooncake_master", "mooncake_proxy", "mooncake_doctor", "vllm", "python"} <= seen
+    assert {"mooncake_master", "mooncake_proxy", "mooncake_doctor", "mooncake_client", "vllm"} <= seen
 
 
 def test_env_probes_requests_and_auth() -> None:
@@ -212,43 +212,71 @@ def test_env_probes_requests_and_auth() -> None:
 
 
 @pytest.mark.integration
-def test_store_node_script_mounts_serves_health_and_unmounts(tmp_path, python_exe: str) -> None:
-    """The DaemonSet's script, as the ConfigMap ships it, against a live master: it mounts its
-    segment, answers /health, and unmounts on SIGTERM (exit 0)."""
-    import os
+def test_store_node_runs_mooncake_client_as_written(tmp_path, python_exe: str, monkeypatch) -> None:
+    """The DaemonSet's container, its arguments as the manifest has them (the etcd addresses
+    pointed at a live master, free ports, a 16 MB segment): it mounts its segment, answers
+    /health, serves a dummy client (setup_dummy) that needs the token, and unmounts on SIGTERM
+    (exit 0)."""
     import signal
     import subprocess
     import time
     import urllib.request
 
+    from mooncake_core.store.client import MooncakeDistributedStore
     from mooncake_core.store.master_client import MasterClient
     from mooncake_core.utils.net import free_port, wait_for_port
     from mooncake_core.utils.proc import stop_process
     from mooncake_lab.store_procs import Master
 
-    [cm] = [d for n, d in _manifests() if n == "store-node.yaml" and d["kind"] == "ConfigMap"]
-    script = tmp_path / "store_node.py"
-    script.write_text(cm["data"]["store_node.py"])
+    [ds] = [d for n, d in _manifests() if n == "store-node.yaml" and d["kind"] == "DaemonSet"]
+    assert ds["spec"]["template"]["spec"].get("hostNetwork") is True  # dummies on the node reach its socket
+    [c] = ds["spec"]["template"]["spec"]["containers"]
     master = Master(python_exe, str(tmp_path)).start()
-    health = free_port()
-    env = {**os.environ, "MOONCAKE_MASTER": master.addr, "MOONCAKE_TE_META_DATA_SERVER": master.meta,
-           "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1", "MOONCAKE_GLOBAL_SEGMENT_SIZE": "16MB",
-           "MOONCAKE_LOCAL_BUFFER_SIZE": "4MB", "STORE_NODE_HEALTH_PORT": str(health)}
-    proc = subprocess.Popen([python_exe, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    port, http = free_port(), free_port()
+    token = tmp_path / "token"
+    token.write_text("node-secret\n")
+    subs = {"etcd://mooncake-etcd:2379": None, "50052": str(port), "9300": str(http), "4GB": "16MB",
+            "/etc/mooncake/auth/token": str(token)}
+    args = []
+    for a in c["args"]:
+        a = _expand(a, {"POD_IP": "127.0.0.1"})
+        flag, _, value = a.partition("=")
+        if value == "etcd://mooncake-etcd:2379":
+            value = master.addr if flag == "--master_server_address" else master.meta
+        elif value in subs:
+            value = subs[value] or value
+        args.append(f"{flag}={value}")
+    assert c["command"] == ["mooncake_client"]
+    proc = subprocess.Popen([python_exe, "-m", "mooncake_core.store.real_client_main", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    store = MooncakeDistributedStore()
     try:
-        wait_for_port("127.0.0.1", health, 30, proc)
-        with urllib.request.urlopen(f"http://127.0.0.1:{health}/health", timeout=5) as r:
-            assert r.status == 200
-        with MasterClient(master.addr, timeout=2.0) as c:
-            assert c.ping().num_segments == 1
+        wait_for_port("127.0.0.1", http, 60, proc)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/health", timeout=5) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "no /health 200 within 30 s"
+                time.sleep(0.2)
+        with MasterClient(master.addr, timeout=2.0) as mc:
+            assert mc.ping().num_segments == 1
+        assert store.setup_dummy(1 << 20, 1 << 20, f"127.0.0.1:{port}") == -1  # no token in this process
+        monkeypatch.setenv("MOONCAKE_AUTH_TOKEN", "node-secret")
+        assert store.setup_dummy(1 << 20, 1 << 20, f"127.0.0.1:{port}") == 0
+        assert store.put("k", b"v" * 1000) == 0 and store.get("k") == b"v" * 1000
+        store.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0, proc.stdout.read().decode() if proc.stdout else ""
         deadline = time.monotonic() + 5
-        with MasterClient(master.addr, timeout=2.0) as c:
-            while c.ping().num_segments != 0 and time.monotonic() < deadline:
+        with MasterClient(master.addr, timeout=2.0) as mc:
+            while mc.ping().num_segments != 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert c.ping().num_segments == 0
+            assert mc.ping().num_segments == 0
     finally:
+        store.close()
         stop_process(proc)
         master.stop()
 
