@@ -12,6 +12,7 @@ from mooncake_core.store.client import (  # noqa: F401
     ReplicateConfig,
     SoftPinAction,
 )
+from mooncake_core.store.host_mem import MooncakeHostMemAllocator  # noqa: F401
 from mooncake_core.store.config import MooncakeConfig, MooncakeStoreConfig, StoreConfig  # noqa: F401
 from mooncake_core.store.numa import bind_to_numa_node  # noqa: F401
 from mooncake_core.store.parallelism import ParallelAxis, ReadTarget, TensorParallelism  # noqa: F401
@@ -35,4 +36,5 @@ __all__ = [
     "QueryTaskResponse",
     "TaskStatus",
     "TaskType",
+    "MooncakeHostMemAllocator",
 ]

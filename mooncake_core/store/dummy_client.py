@@ -31,6 +31,7 @@ import msgspec
 from mooncake_core import auth
 from mooncake_core.store import dummy_wire as wire
 from mooncake_core.store.dummy_codec import STAGE_MIN, Codec
+from mooncake_core.store.host_mem import HOST_REGIONS
 from mooncake_core.store.protocol import ReplicaDesc
 from mooncake_core.store.shm import Region, create_region, send_with_fd
 from mooncake_core.transfer.sockio import set_kernel_timeouts
@@ -118,6 +119,9 @@ class DummyClient:
         self._lock = threading.RLock()
         self._pool: dict[int, Region] = {}         # alloc_from_mem_pool regions by address
         self._registered: set[int] = set()        # of those, the ones register_buffer named
+        #: MooncakeHostMemAllocator regions register_buffer passed to the service (the
+        #: allocator owns them: close() does not free them)
+        self._host: dict[int, Region] = {}
         self._service_id = ""
         self._segment_name = ""
         self._local = threading.local()
@@ -159,6 +163,7 @@ class DummyClient:
         with self._lock:
             conns, self._conns = self._conns, []
             pool, self._pool = self._pool, {}
+            self._host = {}
         for c in conns:
             c.close()
         for r in pool.values():
@@ -200,7 +205,9 @@ class DummyClient:
                 raise ServiceUnavailable(f"mooncake_client at {self._address} refused this client: {why}")
             with self._lock:
                 if reply.service_id != self._service_id:
-                    missing = [r for b, r in self._pool.items() if b not in reply.known_regions]
+                    # host regions the allocator freed meanwhile are not passed again
+                    self._host = {b: r for b, r in self._host.items() if HOST_REGIONS.find(b, r.size) is r}
+                    missing = [r for b, r in {**self._pool, **self._host}.items() if b not in reply.known_regions]
                     for r in missing:
                         self._send_region(conn, r, window=False)
                     if self._service_id:
@@ -392,16 +399,44 @@ class DummyClient:
         return None
 
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
-        """Memory from ``alloc_from_mem_pool`` is shared with the service already: 0. Other
-        memory cannot be reached by the service: -600, saying so."""
+        """Memory from ``alloc_from_mem_pool`` is shared with the service already: 0. Memory
+        from ``MooncakeHostMemAllocator`` is passed to the service now (once): 0, or -900 when
+        the service cannot be reached. Other memory cannot be reached by the service: -600,
+        saying so."""
         if not isinstance(buffer_ptr, int) or not isinstance(size, int):
             raise TypeError("register_buffer(buffer_ptr: int, size: int)")
-        if buffer_ptr == 0 or size <= 0 or self._pool_region(buffer_ptr, size) is None:
-            log.error("register_buffer(0x%x, %d): a dummy client registers memory from alloc_from_mem_pool "
-                      "(shared with mooncake_client); this range is not in it", buffer_ptr, size)
-            return wire.ERR_INVALID
+        if buffer_ptr == 0 or size <= 0:
+            rc = wire.ERR_INVALID
+        elif self._pool_region(buffer_ptr, size) is not None:
+            rc = 0
+        else:
+            rc = self._share_host_region(buffer_ptr, size)
+        if rc == wire.ERR_INVALID:
+            log.error("register_buffer(0x%x, %d): a dummy client registers memory from alloc_from_mem_pool or "
+                      "MooncakeHostMemAllocator (shared with mooncake_client); this range is in neither",
+                      buffer_ptr, size)
+        if rc != 0:
+            return rc
         with self._lock:
             self._registered.add(buffer_ptr)
+        return 0
+
+    def _share_host_region(self, ptr: int, size: int) -> int:
+        """Pass the MooncakeHostMemAllocator region holding ``[ptr, ptr + size)`` to the
+        service unless it has it: 0; -600 when no such region holds the range."""
+        r = HOST_REGIONS.find(ptr, size)
+        if r is None:
+            return wire.ERR_INVALID
+        with self._lock:
+            if r.addr in self._host:
+                return 0
+        try:
+            self._send_region(self._conn(), r, window=False)
+        except (OSError, ServiceUnavailable) as e:
+            log.error("register_buffer(0x%x, %d): %s", ptr, size, e)
+            return wire.ERR_RPC
+        with self._lock:
+            self._host[r.addr] = r
         return 0
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
