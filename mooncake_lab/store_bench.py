@@ -102,3 +102,15 @@ def measure_ours_and_ref(run_impl: Callable[..., dict[str, Any]], args: Any,
     elif not args.no_ref:
         print(f"reference venv {args.ref_venv} not found: printing this project only", flush=True)
     return ours, ref
+
+
+def finish(ours: dict[str, Any], ref: dict[str, Any] | None, json_path: str | None) -> int:
+    """A store bench's ending: print each side's reported errors, write both results to
+    ``json_path`` when given; the exit code (1 when ours reported errors)."""
+    for name, res in (("ours", ours), ("original", ref)):
+        if res and res.get("errors"):
+            print(f"{name} reported errors: {res['errors']}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"ours": ours, "original": ref}, f, indent=2)
+    return 1 if ours.get("errors") else 0

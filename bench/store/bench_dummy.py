@@ -30,7 +30,7 @@ from typing import Any
 
 from mooncake_core.utils.net import free_port, wait_for_port
 from mooncake_lab import REPO
-from mooncake_lab.store_bench import measure_ours_and_ref, start_master, stop_all
+from mooncake_lab.store_bench import finish, measure_ours_and_ref, start_master, stop_all
 
 WORKLOAD = os.path.join(REPO, "bench", "reference", "ref_mooncake_dummy.py")
 #: rows whose dummy / full-client ratio is printed (the issue's target: >= 0.8x for 4 MiB)
@@ -126,13 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 d, f = res.get(f"dummy {row}"), res.get(f"full {row}")
                 cells.append(f"{f / d:9.2f}x" if d and f else "")
             print(f"{row:28s} {cells[0]:>10s} {cells[1]:>10s}")
-    for name, res in (("ours", ours), ("original", ref)):
-        if res and res.get("errors"):
-            print(f"{name} reported errors: {res['errors']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ours": ours, "original": ref}, f, indent=2)
-    return 1 if ours.get("errors") else 0
+    return finish(ours, ref, args.json)
 
 
 if __name__ == "__main__":

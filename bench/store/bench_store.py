@@ -23,14 +23,13 @@ as docs/transfer-engine.md describes), while the original is driven with protoco
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import tempfile
 
 from mooncake_lab import REPO
-from mooncake_lab.store_bench import measure_ours_and_ref, run_workload
+from mooncake_lab.store_bench import finish, measure_ours_and_ref, run_workload
 
 WORKLOAD = os.path.join(REPO, "bench", "reference", "ref_mooncake_store.py")
 
@@ -79,14 +78,9 @@ def main() -> int:
         fmt = (lambda v: f"{v:12.0f}") if unit == "QPS" else (lambda v: f"{v:7.2f} GB/s")
         ratio = f"{o / r:6.2f}x" if r else "   n/a"
         print(f"{row:34s} {fmt(o):>12s} {fmt(r) if r else '':>12s} {ratio:>7s}")
-    for name, res in (("ours", ours), ("original", ref)):
-        if res and res.get("errors"):
-            print(f"{name} reported errors: {res['errors']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ours": ours, "original": ref}, f, indent=2)
+    rc = finish(ours, ref, args.json)
     shutil.rmtree(logdir, ignore_errors=True) if not (ours.get("errors") or (ref or {}).get("errors")) else None
-    return 1 if ours.get("errors") else 0
+    return rc
 
 
 if __name__ == "__main__":

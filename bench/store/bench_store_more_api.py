@@ -23,13 +23,12 @@ while the original is driven with protocol "tcp" over loopback.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 
 from mooncake_lab import REPO
-from mooncake_lab.store_bench import measure_ours_and_ref, run_workload
+from mooncake_lab.store_bench import finish, measure_ours_and_ref, run_workload
 
 WORKLOAD = os.path.join(REPO, "bench", "reference", "ref_mooncake_store_more_api.py")
 
@@ -65,13 +64,7 @@ def main() -> int:
     for row, o in ours["results"].items():
         r = (ref or {}).get("results", {}).get(row)
         print(f"{row:36s} {o:8.2f} {f'{r:9.2f}' if r else '':>9s} {f'{o / r:6.2f}x' if r else '   n/a':>7s}")
-    for name, res in (("ours", ours), ("original", ref)):
-        if res and res.get("errors"):
-            print(f"{name} reported errors: {res['errors']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"ours": ours, "original": ref}, f, indent=2)
-    return 1 if ours.get("errors") else 0
+    return finish(ours, ref, args.json)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,32 @@ from tests.store.test_dummy_service import _client, _stop
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture
+def service(master_factory, python_exe, tmp_path):
+    """(master, port) of a running ``mooncake_client`` on a fresh master."""
+    m = master_factory()
+    port = free_port()
+    svc = _client(python_exe, m, port, str(tmp_path / "client.log"))
+    yield m, port
+    _stop(svc)
+
+
+def _framework_python(name: str) -> str:
+    py = venv_python(name)
+    if not py.exists():
+        pytest.skip(f"no {name} venv at {venv_dir(name)} (scripts/install_{name}.sh)")
+    return str(py)
+
+
+def _reader(port: int):
+    """A dummy client of the service (the next engine on the node)."""
+    from mooncake_core.store.client import MooncakeDistributedStore
+
+    reader = MooncakeDistributedStore()
+    assert reader.setup_dummy(4 << 20, 4 << 20, f"127.0.0.1:{port}") == 0
+    return reader
+
 #: run in the vLLM venv: vLLM's module is loaded from its file (its package __init__ would import
 #: the whole engine, torch included, for two functions that need neither)
 _VLLM_RANK = textwrap.dedent("""
@@ -82,59 +108,39 @@ _SGLANG_RANK = textwrap.dedent("""
 """)
 
 
-def test_sglang_hicache_standalone_storage_attaches_as_a_dummy(master_factory, python_exe, tmp_path) -> None:
-    spy = venv_python("sglang")
-    if not spy.exists():
-        pytest.skip(f"no SGLang venv at {venv_dir('sglang')} (scripts/install_sglang.sh)")
-    m = master_factory()
-    port = free_port()
-    svc = _client(python_exe, m, port, str(tmp_path / "client.log"))
+def test_sglang_hicache_standalone_storage_attaches_as_a_dummy(service) -> None:
+    spy = _framework_python("sglang")
+    _, port = service
+    env = dict(os.environ, PYTHONPATH=shim_pythonpath())
+    r = subprocess.run([spy, "-c", _SGLANG_RANK, f"127.0.0.1:{port}"], env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.splitlines()[-1]) == {"put": [0] * 8, "got": [64 << 10] * 8, "ok": True}
+    reader = _reader(port)  # the pages outlived the SGLang process
     try:
-        env = dict(os.environ, PYTHONPATH=shim_pythonpath())
-        r = subprocess.run([str(spy), "-c", _SGLANG_RANK, f"127.0.0.1:{port}"], env=env, capture_output=True,
-                           text=True, timeout=240)
-        assert r.returncode == 0, r.stderr[-3000:]
-        assert json.loads(r.stdout.splitlines()[-1]) == {"put": [0] * 8, "got": [64 << 10] * 8, "ok": True}
-        from mooncake_core.store.client import MooncakeDistributedStore
-
-        reader = MooncakeDistributedStore()  # the pages outlived the SGLang process
-        assert reader.setup_dummy(4 << 20, 4 << 20, f"127.0.0.1:{port}") == 0
-        try:
-            assert [reader.get(f"hicache-page-{i}") == bytes([i + 1]) * (64 << 10) for i in range(8)] == [True] * 8
-        finally:
-            reader.close()
+        assert [reader.get(f"hicache-page-{i}") == bytes([i + 1]) * (64 << 10) for i in range(8)] == [True] * 8
     finally:
-        _stop(svc)
+        reader.close()
 
 
-def test_vllm_standalone_store_mode_keeps_blocks_in_the_service(master_factory, python_exe, tmp_path) -> None:
-    vpy = venv_python("vllm")
-    if not vpy.exists():
-        pytest.skip(f"no vLLM venv at {venv_dir('vllm')} (scripts/install_vllm.sh)")
-    m = master_factory()
-    port = free_port()
-    svc = _client(python_exe, m, port, str(tmp_path / "client.log"))
+def test_vllm_standalone_store_mode_keeps_blocks_in_the_service(service, tmp_path) -> None:
+    vpy = _framework_python("vllm")
+    m, port = service
+    conf = tmp_path / "mooncake.json"
+    conf.write_text(json.dumps({"mode": "standalone-store", "global_segment_size": 0,
+                                "local_buffer_size": "64MB", "protocol": "tcp", "device_name": "",
+                                "master_server_address": m.addr, "metadata_server": m.meta}))
+    env = dict(os.environ, PYTHONPATH=shim_pythonpath(), MOONCAKE_CONFIG_PATH=str(conf))
+    r = subprocess.run([vpy, "-c", _VLLM_RANK], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.splitlines()[-1]) == {"mode": "standalone-store", "rcs": [0] * 8}
+    # the rank has exited; its blocks are in the service's segment, readable by the next
+    # engine attached to the service
+    reader = _reader(port)
     try:
-        conf = tmp_path / "mooncake.json"
-        conf.write_text(json.dumps({"mode": "standalone-store", "global_segment_size": 0,
-                                    "local_buffer_size": "64MB", "protocol": "tcp", "device_name": "",
-                                    "master_server_address": m.addr, "metadata_server": m.meta}))
-        env = dict(os.environ, PYTHONPATH=shim_pythonpath(), MOONCAKE_CONFIG_PATH=str(conf))
-        r = subprocess.run([str(vpy), "-c", _VLLM_RANK], env=env, capture_output=True, text=True, timeout=180)
-        assert r.returncode == 0, r.stderr[-3000:]
-        assert json.loads(r.stdout.splitlines()[-1]) == {"mode": "standalone-store", "rcs": [0] * 8}
-        # the rank has exited; its blocks are in the service's segment, readable by the next
-        # engine attached to the service
-        from mooncake_core.store.client import MooncakeDistributedStore
-
-        reader = MooncakeDistributedStore()
-        assert reader.setup_dummy(4 << 20, 4 << 20, f"127.0.0.1:{port}") == 0
-        try:
-            for i in range(8):
-                assert reader.get(f"vllm-block-{i}") == bytes([i]) * (256 << 10), i
-            segments = {d.segment_name for d in reader.get_replica_desc("vllm-block-0")}
-            assert segments == {reader.get_hostname()}, segments
-        finally:
-            reader.close()
+        for i in range(8):
+            assert reader.get(f"vllm-block-{i}") == bytes([i]) * (256 << 10), i
+        segments = {d.segment_name for d in reader.get_replica_desc("vllm-block-0")}
+        assert segments == {reader.get_hostname()}, segments
     finally:
-        _stop(svc)
+        reader.close()
