@@ -161,6 +161,8 @@ class Codec:
         try:
             return memoryview(obj).cast("B").tobytes()
         except TypeError:
+            # msgspec's enc_hook protocol: NotImplementedError means "type not supported", and
+            # msgspec turns it into the TypeError the caller sees
             raise NotImplementedError(f"cannot send a {type(obj).__name__} to mooncake_client") from None
 
     def _enc_tensor(self, t: Any) -> Any:
