@@ -33,9 +33,10 @@ import weakref
 from typing import Any, Sequence
 
 from mooncake_core import envs, plugins
+from mooncake_core.errors import ErrorCode
 from mooncake_core.metadata.base import MetadataBackend
 from mooncake_core.transfer import metrics
-from mooncake_core.transfer.base import Transport, TransportContext, TransferOpcode
+from mooncake_core.transfer.base import TransferError, Transport, TransportContext, TransferOpcode
 from mooncake_core.transfer.batch import BatchState, BatchTable
 from mooncake_core.transfer.control import ControlChannel
 from mooncake_core.transfer.datapath import DataPath, Plan
@@ -112,6 +113,9 @@ class TransferEngine:
         self.timeout = envs.MC_TRANSFER_TIMEOUT
         self.last_error = ""
         self._device_name = ""
+        #: segment name -> monotonic time its last transfer failed because the peer itself was
+        #: unreachable (see unreachable_since)
+        self._unreachable: dict[str, float] = {}
 
     # ================================================================== the one error boundary
     def _fail(self, what: str, e: BaseException, rc: int = -1, level: str = "error", **extra: Any) -> int:
@@ -121,6 +125,21 @@ class TransferEngine:
         # the reason in the message itself: a script that configured no logging sees only that
         getattr(log, level)("%s failed: %s", what, e, extra=extra)
         return rc
+
+    def _note_failure(self, target: str, e: BaseException) -> None:
+        """Remember ``target`` as unreachable when ``e`` was a failure of the peer itself
+        (refused, reset, timed out, gone from the metadata), not of the request (bounds,
+        auth): a writer then places the put elsewhere (``unreachable_since``)."""
+        if isinstance(e, TransferError) and (e.peer_down or e.code == ErrorCode.SEGMENT_NOT_FOUND):
+            now = time.monotonic()
+            if len(self._unreachable) >= 1024:  # a bound: forget the ones seen long ago
+                self._unreachable = {n: t for n, t in self._unreachable.items() if now - t < 60.0}
+            self._unreachable[target] = now
+
+    def unreachable_since(self, t0: float) -> set[str]:
+        """The segments whose transfer failed since ``t0`` (monotonic) because the peer was
+        unreachable (refused connection, reset, timeout, not in the metadata any more)."""
+        return {n for n, t in list(self._unreachable.items()) if t >= t0}
 
     def _ready(self) -> tuple[PeerTable, DataPath]:
         if not self._initialized or self._closed or self._peers is None or self._data is None:
@@ -346,6 +365,7 @@ class TransferEngine:
                 target, opcode, local, remote, length, hint)
             return 0
         except Exception as e:
+            self._note_failure(target, e)
             return self._fail("transfer", e, target=target)
 
     def _sync(self, target: str, opcode: Any, buffers: Sequence[int], remotes: Sequence[int],
@@ -355,6 +375,7 @@ class TransferEngine:
             self._ready()[1].sync(target, opcode, buffers, remotes, lengths, notify, hint)
             return 0
         except Exception as e:
+            self._note_failure(target, e)
             return self._fail("transfer", e, target=target)
 
     def _submit(self, target: str, opcode: Any, buffers: Sequence[int], remotes: Sequence[int],

@@ -242,11 +242,12 @@ MASTER_FLAGS = [
          "evicting the others did not free enough."),
     Flag("eviction_high_watermark_ratio", "float", 0.90, "Start evicting when used/capacity of all "
          "segments reaches this ratio.", _ratio),
-    Flag("allocation_strategy", "str", "free_ratio_first", "Where a replica goes among the segments a put "
-         "does not prefer: free_ratio_first (largest free fraction first: fills an empty node first; the "
-         "default here, as a dead node's segment, still mounted until its client_ttl, is never emptier "
-         "than a live one), random (the original's default: spreads new puts evenly, a node that rejoined "
-         "empty gets its 1/N share), local_first (segments on the writer's host first, then random).",
+    Flag("allocation_strategy", "str", "random", "Where a replica goes among the segments a put "
+         "does not prefer: random (the default, as in the original: spreads new puts evenly, a node that "
+         "rejoined empty gets its 1/N share; a writer that cannot reach the segment it was given -- a dead "
+         "node's, still mounted until its client_ttl -- puts again once, away from it), free_ratio_first "
+         "(largest free fraction first: fills an empty node first), local_first (segments on the writer's "
+         "host first, then random).",
          _allocation_strategy),
     Flag("max_keys", "int", 0, "Most objects the master keeps (its memory grows about 160 bytes per "
          "object plus the key): a put of a new key past it evicts the least recently used evictable "

@@ -46,12 +46,12 @@ class MasterConfig:
     #: RESERVATION_MAX_AGE_S, and this leaves a started write time to finish (see _reclaim)
     reservation_reclaim_s: float = 2.0
     #: --allocation_strategy: where a replica goes among the segments no preference names --
-    #: "free_ratio_first" (largest free fraction first; the default here: a segment whose owner
-    #: died stays mounted until client_ttl, and random placement would keep sending it a share
-    #: of the puts, each failing), "random" (the original's default: a segment that just
-    #: rejoined empty gets its 1/N share, not every new put), "local_first" (segments on the
-    #: writer's host first, then random)
-    allocation_strategy: str = "free_ratio_first"
+    #: "random" (the original's default, and ours: a segment that just rejoined empty gets its
+    #: 1/N share, not every new put; a put placed on a segment whose owner died -- mounted until
+    #: its client_ttl -- is retried by the writer away from it, ``ReplicateConfigMsg.avoid_segments``),
+    #: "free_ratio_first" (largest free fraction first: fills an empty node first), "local_first"
+    #: (segments on the writer's host first, then random)
+    allocation_strategy: str = "random"
     #: --max_keys: most objects the master keeps (its memory grows with them: about 160 bytes
     #: each); a put of a new key past it evicts the least recently used evictable object, or is
     #: refused with -200 naming the flag. 0 = no bound.

@@ -580,11 +580,20 @@ class MasterState:
 
     def direct_target(self, cfg: ReplicateConfigMsg, now: float) -> Segment | None:
         """The segment every put with ``cfg`` goes to when placement has no choice to make
-        (one mounted segment, no recovery hold, not drained: replicas must be on distinct
-        segments, and a preference can only name that one), else None. Worked out once per batch."""
-        if len(self.segments) != 1 or now < self._holds_until or self._closed_segs or self.cfg.max_keys:
+        (one mounted segment, no recovery hold, not drained, not avoided: replicas must be on
+        distinct segments, and a preference can only name that one), else None. Worked out
+        once per batch."""
+        if len(self.segments) != 1 or now < self._holds_until or self._closed_segs or self.cfg.max_keys \
+                or cfg.avoid_segments:
             return None  # (with --max_keys every new key goes through claim())
         return next(iter(self.segments.values()))
+
+    @staticmethod
+    def without_avoided(segs: dict[str, Segment], cfg: ReplicateConfigMsg) -> dict[str, Segment]:
+        """``segs`` less the ones ``cfg.avoid_segments`` names (a writer's retry after it could
+        not reach them): never a fallback onto them, a put that fits nowhere else fails."""
+        avoid = cfg.avoid_segments
+        return {n: s for n, s in segs.items() if n not in avoid} if avoid else segs
 
     def put_start_one(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg,
                        soft_ttl: float | None, now: float, upsert: bool,
@@ -689,6 +698,13 @@ class MasterState:
             self.stats.no_space += 1
             raise err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no memory segment is mounted "
                        f"(start a client with global_segment_size > 0)")
+        if cfg.avoid_segments:
+            segs = self.without_avoided(segs, cfg)
+            if not segs:
+                self.stats.no_space += 1
+                raise err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no segment to place it on but "
+                          f"{', '.join(map(repr, cfg.avoid_segments))}, which the writer could not reach a "
+                          f"moment ago (its process stopped?); mount another segment or restart that one")
         largest = self._largest_seg
         if largest is None:
             largest = self._largest_seg = max(s.size for s in self.segments.values())
@@ -894,7 +910,7 @@ class MasterState:
             off = direct.alloc.allocate(size) if size <= direct.size else None
             reps = None if off is None else [(direct, off)]
         else:
-            segs = self.placeable(now)
+            segs = self.without_avoided(self.placeable(now), cfg)
             if segs:
                 reps = self.place(size, min(cfg.replica_num, len(segs)), cfg.preferred_segments, segs)
         if reps and any(seg.alloc.free_bytes < size for seg, _ in reps):

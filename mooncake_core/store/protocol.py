@@ -166,6 +166,10 @@ class ReplicateConfigMsg(msgspec.Struct, array_like=True):
     #: the original's ``group_ids``: the object group of each key of the put (one per key, or
     #: one for all), leased and evicted together (``master_groups``); empty = none
     group_ids: list[str] = msgspec.field(default_factory=list)
+    #: segments the writer could not reach a moment ago (a retry of a put whose write there
+    #: failed): the master places this put on none of them, and fails it when nothing else
+    #: fits. Last, with a default: a master or writer of an older release reads the rest.
+    avoid_segments: list[str] = msgspec.field(default_factory=list)
 
 
 class OffloadTask(msgspec.Struct, array_like=True):

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+import msgspec
 import numpy as np
 
 from mooncake_core.errors import MooncakeError
@@ -140,17 +141,53 @@ class WritePath:
         sizes, the bytes objects or None) when every object is one piece (``srcs`` may then
         be None). A batch goes the array route either way."""
         msg = self.placement(cfg)
+        t0 = time.monotonic()
         if len(keys) > 1:
             if flat is not None:
                 batch = _Batch(keys, flat[1], msg, upsert, op, src=flat[0], values=flat[2])
             else:
                 assert srcs is not None
                 batch = _Batch.of_parts(keys, srcs, msg, upsert, op)
-            return self._put_batch(batch)
+            codes = self._put_batch(batch)
+        else:
+            if srcs is None:
+                assert flat is not None
+                srcs = [[(a, s)] for a, s in zip(flat[0], flat[1])]
+            codes = self._put_keys(keys, srcs, msg, upsert=upsert, op=op)
+        if TRANSFER_FAIL in codes:
+            self._retry_elsewhere(keys, srcs, flat, msg, codes, t0, upsert=upsert, op=op)
+        return codes
+
+    def _retry_elsewhere(self, keys: list[str], srcs: list[Parts] | None,
+                         flat: tuple[list[int], list[int], list[Any] | None] | None, msg: ReplicateConfigMsg,
+                         codes: list[int], t0: float, *, upsert: bool, op: str) -> None:
+        """Put once more, placed away from them, the keys whose write failed (-800, revoked)
+        when segments stopped answering during the call (``unreachable_since``: a refused
+        connection, a reset, a timeout -- not a refused request): a segment whose owner died
+        stays mounted at the master until its client_ttl, and without this every put placed
+        there in the meantime fails. Only while the call is within one transfer timeout (the
+        whole put then takes at most two); a key the retry cannot place stays -800."""
+        unreachable = getattr(self.engine, "unreachable_since", None)
+        if unreachable is None or time.monotonic() - t0 > float(getattr(self.engine, "timeout", 30.0) or 30.0):
+            return
+        down = sorted(unreachable(t0))
+        if not down:
+            return
+        idx = [i for i, c in enumerate(codes) if c == TRANSFER_FAIL]
         if srcs is None:
             assert flat is not None
-            srcs = [[(a, s)] for a, s in zip(flat[0], flat[1])]
-        return self._put_keys(keys, srcs, msg, upsert=upsert, op=op)
+            srcs = [[(flat[0][i], flat[1][i])] for i in range(len(keys))]
+        retry = msgspec.structs.replace(msg, avoid_segments=sorted(set(msg.avoid_segments) | set(down)))
+        log.info("%s: %d put(s) failed writing to unreachable segment(s) %s; placing them elsewhere",
+                 op, len(idx), ", ".join(down))
+        again = self._put_keys([keys[i] for i in idx], [srcs[i] for i in idx], retry, upsert=upsert, op=op,
+                               reserve=False)
+        for i, c in zip(idx, again):
+            if c == OK:
+                codes[i] = OK
+            elif c != TRANSFER_FAIL:
+                log.warning("%s of %r: retry away from %s failed (%d); the put stays failed",
+                            op, keys[i], ", ".join(down), c)
 
     def placement(self, cfg: ReplicateConfig) -> ReplicateConfigMsg:
         """The placement message of ``cfg`` (validated by the caller), built once per distinct
@@ -270,12 +307,14 @@ class WritePath:
 
     # ================================================================== key by key
     def _put_keys(self, keys: list[str], srcs: list[Parts], msg: ReplicateConfigMsg, *, upsert: bool,
-                  op: str) -> list[int]:
+                  op: str, reserve: bool = True) -> list[int]:
+        """put_start (one key: through the single reservation when ``reserve``) or
+        batch_put_start, then ``finish_puts``."""
         t0 = time.perf_counter()
         master = self.master
         n = len(keys)
         sizes = [parts[0][1] if len(parts) == 1 else sum(sz for _, sz in parts) for parts in srcs]
-        if n == 1 and not upsert and self.single.enabled:
+        if n == 1 and not upsert and reserve and self.single.enabled:
             return [self._put_one(keys[0], srcs[0], sizes[0], msg, op, t0)]
         allocs: list[list[ReplicaDesc] | int]
         try:

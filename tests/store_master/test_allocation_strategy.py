@@ -36,14 +36,14 @@ def _shares(st: MasterState, n: int = 400, writer: str = "c0") -> Counter[str]:
     return got
 
 
-def test_random_gives_a_rejoined_node_its_share_not_every_put() -> None:
+def test_default_random_gives_a_rejoined_node_its_share_not_every_put() -> None:
+    assert MasterConfig().allocation_strategy == "random"  # the default, as in the original
     st = _pool("random")
     share = _shares(st)["10.0.0.3:12343"] / 400
     assert 0.15 <= share <= 0.40, share
 
 
 def test_free_ratio_first_fills_the_emptiest_node() -> None:
-    assert MasterConfig().allocation_strategy == "free_ratio_first"  # the default (see MasterConfig)
     assert _shares(_pool("free_ratio_first"))["10.0.0.3:12343"] == 400
 
 
@@ -84,3 +84,58 @@ def test_max_keys_evicts_lru_then_refuses_naming_the_flag() -> None:
     st.put_start("c0", "e", 1000)
     st.put_end("c0", "e")
     assert len(st.objects) == 3 and "e" in st.objects
+
+
+@pytest.mark.parametrize("strategy", ["random", "free_ratio_first", "local_first"])
+def test_avoided_segments_get_no_replica(strategy: str) -> None:
+    """A writer's retry names the segments it could not reach: no replica goes there, for a
+    single put, a batch or several replicas, whatever the strategy."""
+    st = _pool(strategy)
+    dead = "10.0.0.3:12343"  # the emptiest: free_ratio_first would put everything there
+    avoid = ReplicateConfigMsg(avoid_segments=[dead])
+    for i in range(100):
+        [r] = st.put_start("c3", f"a{i}", 16 * 1024, avoid)
+        assert r.segment_name != dead
+    placed = st.batch_put_start("c3", [f"b{i}" for i in range(50)], [4096] * 50, avoid)
+    assert placed.codes == bytes(4 * 50)
+    assert dead not in placed.segments
+    reps = st.put_start("c3", "three", 1024, ReplicateConfigMsg(replica_num=3, avoid_segments=[dead]))
+    assert len({r.segment_name for r in reps}) == 3 and dead not in {r.segment_name for r in reps}
+    # a preference for an avoided segment does not bring it back
+    [r] = st.put_start("c3", "pref", 1024, ReplicateConfigMsg(preferred_segments=[dead], avoid_segments=[dead]))
+    assert r.segment_name != dead
+
+
+def test_a_put_that_fits_only_on_avoided_segments_fails_naming_them() -> None:
+    """Never a fallback onto an avoided segment: -200 naming it (and one segment mounted is
+    no shortcut around the check)."""
+    from mooncake_core.errors import MooncakeError
+
+    st = MasterState(MasterConfig(), clock=lambda: 100.0)
+    st.mount_segment("c0", "h0:1", 1 << 32, 64 * MiB)
+    with pytest.raises(MooncakeError, match="'h0:1', which the writer could not reach") as e:
+        st.put_start("c0", "k", 1024, ReplicateConfigMsg(avoid_segments=["h0:1"]))
+    assert e.value.code == -200 and "k" not in st.inflight
+    placed = st.batch_put_start("c0", ["x", "y"], [10, 10], ReplicateConfigMsg(avoid_segments=["h0:1"]))
+    assert placed.codes == bytes(bytearray((-200).to_bytes(4, "little", signed=True) * 2))
+    st.mount_segment("c1", "h1:1", 2 << 32, 64 * MiB)
+    [r] = st.put_start("c0", "k", 1024, ReplicateConfigMsg(avoid_segments=["h0:1"]))
+    assert r.segment_name == "h1:1"
+
+
+def test_avoid_segments_is_optional_on_the_wire() -> None:
+    """An older peer's placement message (no avoid_segments) decodes, and ours decodes there."""
+    import msgspec
+
+    class Older(msgspec.Struct, array_like=True):  # the message before the field was added
+        replica_num: int = 1
+        soft_pin: bool = False
+        soft_pin_ttl_ms: int | None = None
+        with_hard_pin: bool = False
+        preferred_segments: list[str] = msgspec.field(default_factory=list)
+        group_ids: list[str] = msgspec.field(default_factory=list)
+
+    new = msgspec.msgpack.decode(msgspec.msgpack.encode(Older(replica_num=2)), type=ReplicateConfigMsg)
+    assert new.replica_num == 2 and new.avoid_segments == []
+    old = msgspec.msgpack.decode(msgspec.msgpack.encode(ReplicateConfigMsg(3, avoid_segments=["s"])), type=Older)
+    assert old.replica_num == 3
