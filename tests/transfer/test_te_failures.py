@@ -67,6 +67,8 @@ def test_peer_killed_mid_batch_and_isolation(monkeypatch, start_peer, engine_fac
     assert eng.transfer_sync_read(dead.segment, src.ctypes.data, dead.addr, MB) == -1
     assert time.monotonic() - t0 < 4.0
     assert eng.transfer_sync_write(healthy.segment, src.ctypes.data, healthy.addr, MB) == 0
+    # the store's writer places a put elsewhere after such a failure: it is told apart
+    assert eng.unreachable_since(t0) == {dead.segment}
 
 
 def test_hung_peer_times_out(monkeypatch, start_peer, engine_factory):
@@ -105,6 +107,7 @@ def test_out_of_bounds_refused_target_untouched(hint, start_peer, engine_factory
     local_before = sha(buf)
     assert eng.transfer_sync_read(peer.segment, buf.ctypes.data, peer.addr + 10, MB, hint) == -1
     assert peer.sha(0, MB) == before
+    assert eng.unreachable_since(0.0) == set()  # a refused request: the peer itself is fine
     assert sha(buf) == local_before
     # and a valid request on the same engine still works
     assert eng.transfer_sync_write(peer.segment, buf.ctypes.data, peer.addr, MB, hint) == 0
@@ -203,6 +206,7 @@ def test_unknown_segment(http_metadata, engine_factory):
         assert eng.send_probe(target) == -1
         assert eng.get_first_buffer_address(target) == 0
         assert time.monotonic() - t0 < 5
+        assert target in eng.unreachable_since(t0)  # nobody there: the writer places elsewhere
         if md != "P2PHANDSHAKE":
             assert "not found" in eng.last_error
     # P2P names must carry the rpc port
