@@ -196,3 +196,21 @@ def restart_master(m: Any, segments: int = 1, hold_s: float = 1.0) -> None:
             assert time.monotonic() < deadline, f"segment never re-mounted\n{m.log_tail()}"
             time.sleep(0.1)
     time.sleep(hold_s)
+
+
+def wait_stopped(pid: int, limit: float = 10.0) -> None:
+    """kill() returns before the target stops: on a loaded machine a thread of it can still
+    answer a request, so wait until the kernel reports every thread stopped (state T)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rpartition(")")[2].split()[0])
+            except FileNotFoundError:
+                continue
+        if states and all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} did not stop within {limit}s of SIGSTOP")

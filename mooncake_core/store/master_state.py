@@ -117,6 +117,11 @@ class MasterState:
         #: segment name -> the latest lease end of what it held when it was unmounted: a
         #: re-mount before then takes no new allocation (a reader may still be copying)
         self.lease_floor: dict[str, float] = {}
+        #: segments a writer could not reach a moment ago (named in a put's avoid_segments):
+        #: placed last for everyone until their owner heartbeats again -- a dead owner's
+        #: segment stays mounted until client_ttl, and each put placed there costs its writer
+        #: a failed transfer and a retry
+        self.suspect: set[str] = set()
         #: segment name -> ranges of puts still being written into it when it was unmounted,
         #: (until, offset, size): a re-mount keeps them allocated until then (their writers
         #: may still be sending; their bytes must not land on a newer object)
@@ -453,6 +458,7 @@ class MasterState:
         (published as ``kind`` events: "expire" when the owner stopped heart-beating)."""
         del self.segments[seg.key]
         del self.segs_by_id[seg.seg_id]
+        self.suspect.discard(seg.name)
         self.set_segment_status(seg, 1)  # no longer counted as closed
         self._largest_seg = None
         c = self.clients.get(seg.client_id)
@@ -496,6 +502,8 @@ class MasterState:
             raise err(ErrorCode.INVALID_PARAMS, f"heartbeat: client_id must be a non-empty string, got {client_id!r}")
         now = self.clock()
         client, new = self.touch_client(client_id, now)
+        if self.suspect:  # its owner answers: the writer's failure was not the segment's
+            self.suspect.difference_update(self.segments[k].name for k in client.segments if k in self.segments)
         if release:
             self.release_reservations(client_id, release)
         for seg, off, size in client.beat(now):  # parked ranges of failed puts, now safe
@@ -592,8 +600,10 @@ class MasterState:
     def without_avoided(segs: dict[str, Segment], cfg: ReplicateConfigMsg) -> dict[str, Segment]:
         """``segs`` less the ones ``cfg.avoid_segments`` names (a writer's retry after it could
         not reach them): never a fallback onto them, a put that fits nowhere else fails."""
-        avoid = cfg.avoid_segments
-        return {n: s for n, s in segs.items() if n not in avoid} if avoid else segs
+        if not cfg.avoid_segments:
+            return segs
+        avoid = set(cfg.avoid_segments)  # by name: a client's further memory is "name#id" here
+        return {k: s for k, s in segs.items() if s.name not in avoid}
 
     def put_start_one(self, client_id: str, key: str, size: int, cfg: ReplicateConfigMsg,
                        soft_ttl: float | None, now: float, upsert: bool,
@@ -699,6 +709,8 @@ class MasterState:
             raise err(ErrorCode.NO_AVAILABLE_HANDLE, f"put {key!r}: no memory segment is mounted "
                        f"(start a client with global_segment_size > 0)")
         if cfg.avoid_segments:
+            avoid = set(cfg.avoid_segments)
+            self.suspect.update(s.name for s in segs.values() if s.name in avoid)
             segs = self.without_avoided(segs, cfg)
             if not segs:
                 self.stats.no_space += 1
@@ -760,6 +772,9 @@ class MasterState:
                 if strategy == "local_first" and writer:
                     hosts = self._writer_hosts(writer)
                     rest.sort(key=lambda s: s.name.rsplit(":", 1)[0] not in hosts)  # stable: random within
+            if self.suspect:
+                suspect = self.suspect
+                rest.sort(key=lambda s: s.name in suspect)  # stable: the strategy's order otherwise
             order.extend(rest)
         got: list[Rep] = []
         for seg in order:

@@ -165,10 +165,14 @@ class WritePath:
         when segments stopped answering during the call (``unreachable_since``: a refused
         connection, a reset, a timeout -- not a refused request): a segment whose owner died
         stays mounted at the master until its client_ttl, and without this every put placed
-        there in the meantime fails. Only while the call is within one transfer timeout (the
-        whole put then takes at most two); a key the retry cannot place stays -800."""
+        there in the meantime fails. Once, and only when the first try ended within 1.5
+        transfer timeouts (a write that waited out one timeout is retried; the retry's writes
+        are bounded by one more): a put never takes longer than 2.5 timeouts. A key the retry
+        cannot place (nothing else fits: the master answers -200, never the avoided segment)
+        stays -800."""
         unreachable = getattr(self.engine, "unreachable_since", None)
-        if unreachable is None or time.monotonic() - t0 > float(getattr(self.engine, "timeout", 30.0) or 30.0):
+        timeout = float(getattr(self.engine, "timeout", 30.0) or 30.0)
+        if unreachable is None or time.monotonic() - t0 > 1.5 * timeout:
             return
         down = sorted(unreachable(t0))
         if not down:

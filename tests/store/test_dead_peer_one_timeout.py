@@ -15,29 +15,11 @@ import pytest
 
 from mooncake_core.store import ReplicateConfig
 
-from mooncake_lab.store_procs import payload
+from mooncake_lab.store_procs import payload, wait_stopped
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 MiB = 1 << 20
 TIMEOUT = 2.0
-
-
-def _wait_stopped(pid: int, limit: float = 10.0) -> None:
-    """kill() returns before the target stops: on a loaded machine a thread of it can still
-    answer a request, so wait until the kernel reports every thread stopped (state T)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        states = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rpartition(")")[2].split()[0])
-            except FileNotFoundError:
-                continue
-        if states and all(st in ("T", "t") for st in states):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"pid {pid} did not stop within {limit}s of SIGSTOP")
 
 
 def test_reads_and_batch_puts_wait_for_a_stopped_peer_once(master_factory, worker_factory, client_factory,
@@ -53,7 +35,7 @@ def test_reads_and_batch_puts_wait_for_a_stopped_peer_once(master_factory, worke
     cfg.preferred_segment = holder.hostname
     os.kill(holder.proc.pid, signal.SIGSTOP)
     try:
-        _wait_stopped(holder.proc.pid)
+        wait_stopped(holder.proc.pid)
         t0 = time.monotonic()
         assert c.get("k") == b""
         took = time.monotonic() - t0

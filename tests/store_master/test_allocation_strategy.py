@@ -27,11 +27,11 @@ def _pool(strategy: str) -> MasterState:
     return st
 
 
-def _shares(st: MasterState, n: int = 400, writer: str = "c0") -> Counter[str]:
+def _shares(st: MasterState, n: int = 400, writer: str = "c0", prefix: str = "new") -> Counter[str]:
     got: Counter[str] = Counter()
     for i in range(n):
-        [r] = st.put_start(writer, f"new{i}", 16 * 1024)
-        st.put_end(writer, f"new{i}")
+        [r] = st.put_start(writer, f"{prefix}{i}", 16 * 1024)
+        st.put_end(writer, f"{prefix}{i}")
         got[r.segment_name] += 1
     return got
 
@@ -139,3 +139,26 @@ def test_avoid_segments_is_optional_on_the_wire() -> None:
     assert new.replica_num == 2 and new.avoid_segments == []
     old = msgspec.msgpack.decode(msgspec.msgpack.encode(ReplicateConfigMsg(3, avoid_segments=["s"])), type=Older)
     assert old.replica_num == 3
+
+
+def test_a_segment_reported_unreachable_is_placed_last_until_its_owner_heartbeats() -> None:
+    """One writer's retry marks the segment suspect: every writer's puts go elsewhere while
+    they fit there, until the segment's owner heartbeats (it was alive after all); it still
+    takes a put that fits nowhere else (placed last, not excluded), and its unmount forgets it."""
+    st = _pool("random")
+    dead = "10.0.0.3:12343"
+    st.put_start("c1", "retry", 1024, ReplicateConfigMsg(avoid_segments=[dead]))
+    assert dead not in _shares(st, 200)
+    st.heartbeat("c2")  # another owner's heartbeat changes nothing
+    assert dead not in _shares(st, 100, prefix="m")
+    st.heartbeat("c3")
+    assert _shares(st, 400, prefix="n")[dead] >= 40
+
+    one = MasterState(MasterConfig(), clock=lambda: 100.0)
+    one.mount_segment("c0", "h0:1", 1 << 32, 64 * MiB)
+    one.mount_segment("c1", "h1:1", 2 << 32, MiB)
+    one.put_start("c0", "r", 1024, ReplicateConfigMsg(avoid_segments=["h0:1"]))
+    [r] = one.put_start("c1", "big", 2 * MiB)  # fits only on the suspect segment
+    assert r.segment_name == "h0:1" and one.suspect == {"h0:1"}
+    one.unmount_segment("c0", "h0:1")
+    assert one.suspect == set()
