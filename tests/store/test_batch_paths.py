@@ -185,8 +185,10 @@ def test_multi_buffer_batches_keep_per_key_codes(cluster) -> None:
 def test_multi_buffer_batches_with_a_stopped_peer_fail_only_its_keys(master_factory, worker_factory,
                                                                    client_factory, monkeypatch) -> None:
     """One vectored write / read per segment: when the one to a stopped peer fails, only the
-    keys on that peer fail (-800, once: one transfer timeout), the others are written / read,
-    and the failed puts are revoked (nothing half-written is ever published)."""
+    keys on that peer fail (-800, once: one transfer timeout), the others are written / read.
+    The puts whose write failed are revoked and put once more away from the stopped peer (on
+    the live segment): all succeed -- which they could not unless the revoke freed the keys --
+    and read back right (nothing half-written is ever published)."""
     import os
     import signal
 
@@ -227,13 +229,12 @@ def test_multi_buffer_batches_with_a_stopped_peer_fail_only_its_keys(master_fact
         took = time.monotonic() - t0
     finally:
         os.kill(w.proc.pid, signal.SIGCONT)
-    assert set(rcs) == {0, TRANSFER_FAIL}, rcs
+    assert rcs == [0] * 120, rcs
     # one transfer timeout each for the put and the read, not one per key
     assert took < 4 * 2.0, f"a put and a read against a stopped peer took {took:.1f} s (timeout 2 s)"
-    where = d.batch_get_replica_desc([k for k, rc in zip(more, rcs) if rc == 0])
+    where = d.batch_get_replica_desc(more)
     assert all(r.segment_name == d.get_hostname() for reps in where.values() for r in reps)
-    assert c.batch_is_exist(more) == [1 if rc == 0 else 0 for rc in rcs]  # failed puts revoked
-    assert c.get_batch(more) == [v if rc == 0 else b"" for v, rc in zip(want, rcs)]
+    assert c.get_batch(more) == want
     assert c.get_batch(keys) == want  # the peer is back: nothing was lost
 
 
