@@ -303,7 +303,9 @@ def test_leased_object_removal_is_refused(master_factory, worker_factory, client
 def test_store_full_then_eviction_frees_space(master_factory, worker_factory, client_factory) -> None:
     # leases long enough that the "full" put surely comes before they end on a loaded box
     lease_s = 4.0
-    m = master_factory(default_kv_lease_ttl=int(lease_s * 1000))
+    # no background eviction at the watermark (the segment is ~100 % used after the puts: a
+    # tick between the last put and the gets below would evict f0): only a put that needs room
+    m = master_factory(default_kv_lease_ttl=int(lease_s * 1000), eviction_high_watermark_ratio=1.0)
     worker_factory(m, 4 * MiB)
     c = client_factory(m)
     vals = {f"f{i}": payload(20 + i, MiB - 4096) for i in range(4)}
@@ -311,7 +313,7 @@ def test_store_full_then_eviction_frees_space(master_factory, worker_factory, cl
         assert c.put(k, v) == 0
     # leases on everything: nothing can be evicted -> store full
     t_leased = time.monotonic()
-    assert [c.get(k) == v for k, v in vals.items()] == [True] * 4
+    assert [c.get(k) == v for k, v in vals.items()] == [True] * 4, ([len(c.get(k)) for k in vals], m.log_tail())
     rc = c.put("extra", payload(30, MiB))
     assert rc == -200 or time.monotonic() - t_leased > lease_s, rc
     time.sleep(max(0.0, lease_s + 0.2 - (time.monotonic() - t_leased)))  # leases run out: eviction may free
