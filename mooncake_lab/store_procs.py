@@ -170,6 +170,22 @@ class Worker:
                 self.proc.wait(5)
 
 
+def start_mooncake_client(python_exe: str, master_addr: str, metadata_server: str, port: int, log_path: str, *,
+                          segment: str = "256MB", http_port: int | None = None) -> subprocess.Popen:
+    """This checkout's ``mooncake_client`` (the node's store service) on ``port``, mounted on the
+    master at ``master_addr``; returns once it accepts dummies."""
+    from mooncake_lab import repo_pythonpath
+
+    args = [python_exe, "-m", "mooncake_core.store.real_client_main", f"--port={port}", "--host=127.0.0.1",
+            f"--master_server_address={master_addr}", f"--metadata_server={metadata_server}",
+            f"--global_segment_size={segment}", "--enable_http_server",
+            f"--http_port={http_port if http_port is not None else free_port()}"]
+    with open(log_path, "ab") as log:
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=repo_pythonpath()))
+    wait_for_port("127.0.0.1", port, 60, p)
+    return p
+
+
 def make_client(master: Master, segment: int = 0, **extra: Any):
     """A store client inside the test process (the 'client without a segment' by default)."""
     from mooncake_core.store import MooncakeDistributedStore

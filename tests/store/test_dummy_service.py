@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from mooncake_core.utils.net import free_port, wait_for_port
+from mooncake_core.utils.net import free_port
+from mooncake_lab.store_procs import start_mooncake_client
 
 pytestmark = pytest.mark.integration
 
@@ -67,14 +68,7 @@ _DUMMY = textwrap.dedent("""
 
 
 def _client(python_exe: str, master, port: int, log_path: str) -> subprocess.Popen:
-    log = open(log_path, "ab")
-    p = subprocess.Popen([python_exe, "-m", "mooncake_core.store.real_client_main", f"--port={port}",
-                          "--host=127.0.0.1", f"--master_server_address={master.addr}",
-                          f"--metadata_server={master.meta}", "--global_segment_size=256MB",
-                          "--enable_http_server", f"--http_port={free_port()}"],
-                         stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=_root()))
-    wait_for_port("127.0.0.1", port, 60, p)
-    return p
+    return start_mooncake_client(python_exe, master.addr, master.meta, port, log_path)
 
 
 def _root() -> str:
