@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mooncake_core.store.codes import EXIST_ERROR, INVALID, OK
-from mooncake_core.store.config import StoreConfig
+from mooncake_core.store.config import DummyAttach, StoreConfig
 from mooncake_core.store.core import StoreCore
 from mooncake_core.store.object_api import ObjectApi
 from mooncake_core.store.parallel_api import ParallelApi
@@ -85,7 +85,14 @@ class MooncakeDistributedStore:
         Returns 0, or a negative Mooncake code: -600 for an invalid value (logged, naming the
         field: upstream answers ``"50%"`` with a code, not an exception), or the code of the
         service that could not be reached. Arguments of the wrong kind raise TypeError.
+
+        A dict naming ``client_server_address`` ("host:port" of this node's ``mooncake_client``)
+        attaches as a dummy instead: ``setup_dummy(mem_pool_size, local_buffer_size, address)``
+        (both sizes optional; the keys a full client's dict carries for the pool are the
+        service's own and are not used). Returns ``setup_dummy``'s code (0 / -1).
         """
+        if DummyAttach.wanted(local_hostname):
+            return self._setup_dummy_from_dict(local_hostname)
         try:
             cfg = self._setup_config(local_hostname, metadata_server, global_segment_size, local_buffer_size,
                                      protocol, rdma_devices, master_server_addr, enable_ssd_offload,
@@ -97,6 +104,17 @@ class MooncakeDistributedStore:
         if rc == OK:
             self._close_at_exit()
         return rc
+
+    def _setup_dummy_from_dict(self, config: Any) -> int:
+        try:
+            attach = DummyAttach.from_dict(config)
+        except ValueError as e:
+            log.error("store setup refused: %s", e)
+            return -1
+        if attach.ignored:
+            log.info("setup(config): attaching to mooncake_client at %s as a dummy client; %s belong to the "
+                     "service and are not used here", attach.server_address, ", ".join(attach.ignored))
+        return self.setup_dummy(attach.mem_pool_size, attach.local_buffer_size, attach.server_address)
 
     @staticmethod
     def _setup_config(local_hostname: Any, metadata_server: Any, global_segment_size: Any, local_buffer_size: Any,

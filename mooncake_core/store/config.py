@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_MASTER_ADDR",
     "MooncakeConfig",
     "MooncakeStoreConfig",
+    "DummyAttach",
     "StoreConfig",
     "parse_bool",
 ]
@@ -68,6 +69,49 @@ def _require_str(value: Any, name: str, *, allow_empty: bool = False) -> str:
     if not allow_empty and not value.strip():
         raise ValueError(f"{name}: must be a non-empty string")
     return value.strip()
+
+
+#: ``setup(dict)`` keys that say "attach to the node's mooncake_client as a dummy" (this
+#: project's extension: upstream's dict ``setup`` always builds a full client)
+DUMMY_KEYS = frozenset({"client_server_address", "mem_pool_size", "local_buffer_size"})
+#: keys of a full client's dict that the service, not the dummy, owns (a config file shared
+#: with full clients, or LMCache's defaults, carries them): accepted and not used
+SERVICE_OWNED_KEYS = frozenset({"local_hostname", "metadata_server", "master_server_address", "master_server_addr",
+                                "protocol", "device_name", "rdma_devices", "global_segment_size", "tenant_id",
+                                "ipc_socket_path", "enable_ssd_offload", "ssd_offload_path",
+                                "enable_client_http_server", "client_http_port"})
+
+
+@dataclass(frozen=True)
+class DummyAttach:
+    """``setup_dummy`` arguments read from a ``setup(dict)`` that names ``client_server_address``.
+
+    Why: frameworks that hand the store a dict and never call ``setup_dummy`` themselves
+    (LMCache's ``mooncakestore://`` adapter forwards every ``mooncake_``-prefixed extra_config
+    key to ``setup(dict)``) can still attach to the node's ``mooncake_client``, the pool that
+    outlives them. ``ignored``: the service-owned keys present (logged by the caller)."""
+
+    server_address: str
+    mem_pool_size: int
+    local_buffer_size: int
+    ignored: tuple[str, ...]
+
+    @staticmethod
+    def wanted(config: Any) -> bool:
+        return isinstance(config, Mapping) and bool(config.get("client_server_address"))
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> DummyAttach:
+        unknown = sorted(k for k in config if k not in DUMMY_KEYS and k not in SERVICE_OWNED_KEYS)
+        if unknown:
+            raise ValueError(f"setup(config) with client_server_address: unknown key(s) {unknown} "
+                             f"(a dummy client takes {sorted(DUMMY_KEYS)})")
+        addr = _require_str(config["client_server_address"], "client_server_address")
+        return cls(server_address=addr,
+                   mem_pool_size=parse_size(config.get("mem_pool_size", 0), name="mem_pool_size"),
+                   local_buffer_size=parse_size(config.get("local_buffer_size", SETUP_DEFAULT_LOCAL_BUFFER_SIZE),
+                                                name="local_buffer_size"),
+                   ignored=tuple(sorted(k for k in config if k in SERVICE_OWNED_KEYS)))
 
 
 @dataclass

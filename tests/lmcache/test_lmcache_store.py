@@ -152,3 +152,43 @@ def test_vllm_plugin_gives_lmcache_our_store(lmc_py) -> None:
     out = subprocess.run([lmc_py, "-c", code], capture_output=True, text=True, timeout=180, env=peer_env())
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-3:] == ["mooncake_core.store.client", "mooncake_core.engine", "True"], out.stdout
+
+
+def test_builtin_adapter_as_a_dummy_of_mooncake_client_outlives_a_sigkill(lmc_py, tmp_path) -> None:
+    """LMCache's ``mooncakestore://`` adapter, unchanged, attached as a dummy client of the
+    node's ``mooncake_client`` (extra_config ``mooncake_client_server_address``, forwarded by
+    the adapter to ``setup(dict)``): its chunks live in the service's pool, so an LMCache
+    process that is SIGKILLed loses none of them and the next one reads them byte for byte."""
+    import sys
+
+    from mooncake_core.utils.net import free_port
+    from mooncake_core.utils.proc import stop_process
+    from mooncake_lab.store_procs import start_mooncake_client
+
+    m = Master(sys.executable, str(tmp_path)).start()
+    port, http_port = free_port(), free_port()
+    service = start_mooncake_client(sys.executable, m.addr, m.meta, port, str(tmp_path / "client.log"),
+                                    http_port=http_port)
+    dummy = {"mooncake_client_server_address": f"127.0.0.1:{port}"}
+    peers: list[LmcPeer] = []
+    try:
+        for role in ("writer", "reader"):  # start both (LMCache's import is the slow part)
+            peers.append(LmcPeer(lmc_py, tmp_path / f"{role}.log", "--master", m.addr, "--meta", m.meta,
+                                 env=peer_env(), ready_timeout=None))
+        w, r = peers
+        w.wait_ready(), r.wait_ready()
+        assert w.cmd("open", name="svc", backend="builtin", extra=dummy)["remote"] == [True]
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
+        assert "mooncake_client_dummies 1" in metrics, "the LMCache process did not attach as a dummy"
+        assert w.cmd("store", name="svc", first=500_000, n=N, kv_seed=5)["drained"]
+        w.proc.kill()  # SIGKILL: no close, no goodbye
+        w.proc.wait(10)
+        assert r.cmd("open", name="svc", backend="builtin", extra=dummy)["remote"] == [True]
+        assert r.cmd("lookup", name="svc", first=500_000, n=N)["hit"] == N
+        got = r.cmd("retrieve", name="svc", first=500_000, n=N, kv_seed=5)
+        assert got["got"] == N and got["exact"], f"{got}\n{r.log_tail()}"
+    finally:
+        for p in peers:
+            p.close()
+        stop_process(service)
+        m.stop()

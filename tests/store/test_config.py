@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mooncake_core.store.config import StoreConfig, parse_bool
+from mooncake_core.store.config import DummyAttach, StoreConfig, parse_bool
 
 
 def test_positional_defaults_and_size_strings() -> None:
@@ -46,6 +46,25 @@ def test_dict_form_aliases_and_unknown_keys() -> None:
         StoreConfig.from_dict({"local_hostname": "h"})
     with pytest.raises(TypeError):
         StoreConfig.from_dict(["local_hostname"])  # type: ignore[arg-type]
+
+
+def test_dict_naming_a_client_server_address_attaches_as_a_dummy() -> None:
+    """What LMCache's adapter hands ``setup(dict)`` (its defaults filled in) for a dummy."""
+    lmcache = {"client_server_address": "127.0.0.1:50052", "local_buffer_size": "16MB",
+               "global_segment_size": "3355443200", "protocol": "tcp", "device_name": "",
+               "local_hostname": "h", "metadata_server": "m", "master_server_address": "x:1"}
+    assert DummyAttach.wanted(lmcache) and not DummyAttach.wanted({"local_hostname": "h"})
+    assert not DummyAttach.wanted({"client_server_address": ""}) and not DummyAttach.wanted("h")
+    a = DummyAttach.from_dict(lmcache)
+    assert (a.server_address, a.mem_pool_size, a.local_buffer_size) == ("127.0.0.1:50052", 0, 16 << 20)
+    assert "global_segment_size" in a.ignored and "client_server_address" not in a.ignored
+    assert DummyAttach.from_dict({"client_server_address": "h:1", "mem_pool_size": "1GB"}).mem_pool_size == 1 << 30
+    with pytest.raises(ValueError, match="unknown key.*'segment'"):
+        DummyAttach.from_dict({"client_server_address": "h:1", "segment": 1})
+    with pytest.raises(ValueError, match="mem_pool_size"):
+        DummyAttach.from_dict({"client_server_address": "h:1", "mem_pool_size": "50%"})
+    with pytest.raises(TypeError, match="client_server_address"):
+        DummyAttach.from_dict({"client_server_address": 50052})
 
 
 def test_env_and_json_file(tmp_path) -> None:
