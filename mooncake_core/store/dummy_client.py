@@ -66,10 +66,16 @@ class ServiceUnavailable(ConnectionError):
 class _Conn:
     """One connection: its socket, codec and staging window."""
 
+    #: replies up to this size are read with one recv into a buffer kept by the connection
+    #: (bulk bytes travel through the window, so nearly every reply is this small)
+    READ_BUF = 64 * 1024
+
     def __init__(self, sock: socket.socket, window: Region | None) -> None:
         self.sock = sock
         self.window = window
         self.codec = Codec((window.addr, window.size) if window else None, zero_copy_in=False)
+        self._buf = bytearray(self.READ_BUF)
+        self._view = memoryview(self._buf)
 
     def request(self, msg: wire.Message, fd: int | None = None) -> wire.Message:
         self.send(msg, fd)
@@ -83,9 +89,25 @@ class _Conn:
             send_with_fd(self.sock, frame, fd)
 
     def read(self) -> wire.Message:
-        head = self._exact(4)
-        (n,) = wire.HEADER.unpack(head)
-        return wire.decode(self.codec.dec, self._exact(n))
+        """The next frame's message. One ``recv`` usually brings header and body together: the
+        service answers one request at a time, so nothing follows the frame on the socket."""
+        view, got = self._view, 0
+        while got < 4:
+            r = self.sock.recv_into(view[got:])
+            if not r:
+                raise ServiceUnavailable("mooncake_client closed the connection")
+            got += r
+        (n,) = wire.HEADER.unpack_from(view)
+        if 4 + n > len(view):
+            return wire.decode(self.codec.dec, bytes(view[4:got]) + self._exact(4 + n - got))
+        while got < 4 + n:
+            r = self.sock.recv_into(view[got:4 + n])
+            if not r:
+                raise ServiceUnavailable("mooncake_client closed the connection")
+            got += r
+        if got > 4 + n:  # the service sent more than one frame: a protocol error, not data to guess at
+            raise ServiceUnavailable(f"mooncake_client sent {got - 4 - n} bytes past the answer")
+        return wire.decode(self.codec.dec, view[4:4 + n])
 
     def _exact(self, n: int) -> bytes:
         buf = bytearray(n)

@@ -135,10 +135,9 @@ class Codec:
         w = self.window
         if w is None or off + n > w[1]:
             raise ValueError(f"staged bytes {off}+{n} outside the staging window")
-        arr = (ctypes.c_char * n).from_address(w[0] + off)
         if self._zero_copy_in:
-            return memoryview(arr).cast("B")
-        return bytes(arr)  # type: ignore[call-overload]
+            return memoryview((ctypes.c_char * n).from_address(w[0] + off)).cast("B")
+        return ctypes.string_at(w[0] + off, n)
 
     # ------------------------------------------------------------ hooks
     def _enc_hook(self, obj: Any) -> Any:

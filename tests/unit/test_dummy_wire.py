@@ -141,3 +141,54 @@ def test_codec_tensors_by_value_and_as_views() -> None:
     service = Codec(None, zero_copy_in=True, to_dummy=lambda addr: addr)  # identity: same process here
     view = a.dec.decode(service.enc.encode(wire.Reply(value=local))).value
     assert view.data_ptr() == ctypes.addressof(mem)
+
+
+def test_both_ends_read_frames_whole_however_they_arrive() -> None:
+    """The dummy's reader and the service's (one recv for a small frame, then the rest):
+    a frame split anywhere, one larger than the first read, and two requests sent at once
+    (refused: a dummy waits for each answer)."""
+    import socket
+    import threading
+
+    from mooncake_core.store.dummy_client import ServiceUnavailable, _Conn
+    from mooncake_core.store.real_client import RealClientService
+
+    enc = msgspec.msgpack.Encoder()
+    small = wire.encode_frame(enc, wire.Reply(value="x" * 100))
+    large = wire.encode_frame(enc, wire.Reply(value=b"y" * (200 << 10)))
+    for with_fds in (False, True):
+        a, b = socket.socketpair()
+        try:
+            a.sendall(small[:2])  # the header split too
+            threading.Timer(0.05, a.sendall, (small[2:9],)).start()
+            threading.Timer(0.1, a.sendall, (small[9:],)).start()
+            assert RealClientService._recv(b, with_fds) == (small[4:], [])
+            t = threading.Thread(target=lambda: (a.sendall(large[:70_000]), a.sendall(large[70_000:])))
+            t.start()
+            body, fds = RealClientService._recv(b, with_fds)  # type: ignore[misc]
+            t.join()
+            assert (bytes(body), fds) == (large[4:], [])
+            a.sendall(small + small)
+            with pytest.raises(ConnectionError, match="one at a time"):
+                RealClientService._recv(b, with_fds)
+            a.close()
+            assert RealClientService._recv(b, with_fds) is None  # the peer closed
+        finally:
+            a.close()
+            b.close()
+    a, b = socket.socketpair()
+    conn = _Conn(b, None)
+    try:
+        a.sendall(small[:3])
+        threading.Timer(0.05, a.sendall, (small[3:],)).start()
+        assert conn.read() == wire.Reply(value="x" * 100)
+        a.sendall(large)
+        assert conn.read() == wire.Reply(value=b"y" * (200 << 10))
+        a.sendall(small + small)
+        with pytest.raises(ServiceUnavailable, match="past the answer"):
+            conn.read()
+        a.close()
+        with pytest.raises(ServiceUnavailable, match="closed"):
+            conn.read()
+    finally:
+        conn.close()
