@@ -12,7 +12,10 @@ makes ``import mooncake.store`` resolve to this project). The caller has started
   (no segment of its own, objects in the service's segment): the in-run reference for what
   attaching as a dummy costs.
 
-Every value read back is compared with what was written. Prints one JSON object:
+Role ``recover`` (bench/store/bench_pool_recovery.py) instead records when put + get fail and
+work again while the caller restarts the service.
+
+Every value read back is compared with what was written. ``run`` prints one JSON object:
 ``{"results": {row: median seconds}, "errors": [...]}``.
 """
 
@@ -119,9 +122,52 @@ def run(args) -> None:
     print(json.dumps({"results": results, "errors": errors}), flush=True)
 
 
+def recover(args) -> None:
+    """The pool-recovery workload: attach, then put + get a 4 KiB value (bytes compared) every
+    ``--interval`` seconds until a line arrives on stdin, while the caller kills and restarts
+    the service. Prints ``{"ready": true}`` once attached, and at the end one JSON object: the
+    outages seen (``[first failed call, first successful put + get after it]``, on
+    ``time.monotonic()``, the host's CLOCK_MONOTONIC, which the caller reads too; the second
+    null when it never came back) and the count of failed calls."""
+    import threading
+
+    Store = _store_class(args.impl)
+    s = Store()
+    rc = s.setup_dummy(args.mem_pool, args.local_buffer, args.service)
+    if rc != 0:
+        raise SystemExit(f"setup_dummy failed with {rc}")
+    value = os.urandom(4 * KiB)
+    count = [0]
+
+    def round_trip() -> bool:
+        count[0] += 1
+        key = f"recover-{count[0]}"
+        return s.put(key, value) == 0 and s.get(key) == value
+
+    if not round_trip():
+        raise SystemExit("the first put + get failed")
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    print(json.dumps({"ready": True}), flush=True)
+    outages: list[list[float | None]] = []
+    failed = 0
+    while not stop.is_set():
+        t = time.monotonic()
+        if round_trip():
+            if outages and outages[-1][1] is None:
+                outages[-1][1] = time.monotonic()
+        else:
+            failed += 1
+            if not outages or outages[-1][1] is not None:
+                outages.append([t, None])
+        time.sleep(args.interval)
+    print(json.dumps({"outages": outages, "calls": count[0], "failed": failed}), flush=True)
+    os._exit(0)  # a dummy of a service that never came back may hang in close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("role", choices=["run"])
+    ap.add_argument("role", choices=["run", "recover"])
     ap.add_argument("--impl", choices=["ours", "ref"], required=True)
     ap.add_argument("--master", required=True, help="master host:port (for --full)")
     ap.add_argument("--meta", required=True, help="metadata server URL (for --full)")
@@ -130,7 +176,9 @@ def main() -> None:
     ap.add_argument("--mem-pool", type=int, default=64 * MiB, help="setup_dummy's mem_pool_size")
     ap.add_argument("--local-buffer", type=int, default=64 * MiB, help="setup_dummy's local_buffer_size")
     ap.add_argument("--full", action="store_true", help="also time a full client in this process")
-    run(ap.parse_args())
+    ap.add_argument("--interval", type=float, default=0.005, help="recover: seconds between put + get tries")
+    args = ap.parse_args()
+    (recover if args.role == "recover" else run)(args)
 
 
 if __name__ == "__main__":
