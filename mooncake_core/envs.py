@@ -144,6 +144,10 @@ _VARS: list[EnvVar[Any]] = [
     EnvVar("MC_UCX_LIBRARY", _str, "",
            "which UCX (libucp) the `rdma` transport loads: `system`, `nixl`, `wheel` or a path to `libucp.so` "
            "(docs/transfer-engine.md)", _TE, "already loaded, then system, NIXL's, the libucx wheel"),
+    EnvVar("MC_UCX_BUSY_POLL_US", _int(0), 50,
+           "`rdma`: microseconds a transfer polls its UCX worker before sleeping on its event fd (the "
+           "progress thread polls twice as long after serving a peer; both back off on a loaded host; "
+           "0 = never poll)", _TE),
     EnvVar("MC_UCX_PEER_ERRORS", _flag, False,
            "UCX endpoints with peer error handling (a dead peer fails fast; UCX then drops shared-memory "
            "lanes and halves tcp PUT), otherwise a dead peer is found by the transfer deadline", _TE),
@@ -247,6 +251,7 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MC_TCP_MAX_CONNS_PER_PEER: int
     MC_DEVICE_STAGING_BYTES: int
     MC_UCX_LIBRARY: str
+    MC_UCX_BUSY_POLL_US: int
     MC_UCX_PEER_ERRORS: bool
     MC_IB_PORT: int | None
     MC_GID_INDEX: int | None

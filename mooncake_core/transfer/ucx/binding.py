@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Ucp", "UcxError", "UCS_OK", "UCS_INPROGRESS", "status_is_ptr_err"]
+__all__ = ["Ucp", "UcxError", "UCS_OK", "UCS_INPROGRESS", "status_is_ptr_err", "NativeWorker", "native"]
 
 UCS_OK = 0
 UCS_INPROGRESS = 1
@@ -161,27 +161,216 @@ _SIGS: dict[str, tuple[Any, list[Any]]] = {
 }
 
 
-#: the batch loop in C: posts every block with the put/get function it is handed (no UCX headers
-#: or link needed: the function pointers come from the libucp already loaded)
-_BATCH_C = r"""
+#: The compiled part (no UCX headers or link needed: the UCP functions come as pointers from
+#: the libucp already loaded):
+#:
+#: * ``mc_ucx_post_many``: posts every block of a batch with the put/get it is handed.
+#: * ``mc_w_*``: a worker's lock (a pthread mutex) and its waits, so the hot path never holds
+#:   the GIL while it waits and never hands work to another thread: ``mc_w_rma`` posts one
+#:   operation, flushes its endpoint and progresses the worker itself until the flush completes
+#:   (spinning a bounded time, then sleeping on the worker's event fd; never past the deadline);
+#:   ``mc_w_run`` is the progress thread's loop (serves the peers' requests while no caller
+#:   progresses; it stands aside on a condition variable while one does).
+_NATIVE_C = r"""
+#define _GNU_SOURCE
 #include <stdint.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <pthread.h>
+#include <poll.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/eventfd.h>
 typedef void *(*rma_fn)(void *, void *, size_t, uint64_t, void *, const void *);
+typedef void *(*flush_fn)(void *, const void *);
+typedef unsigned (*progress_fn)(void *);
+typedef int (*status_fn)(void *);
 typedef void (*free_fn)(void *);
+#define IS_ERR(r) ((uintptr_t)(r) >= (uintptr_t)-100)
+#define INPROGRESS 1
+
 long mc_ucx_post_many(rma_fn fn, free_fn fr, void *ep, const int64_t *local, const int64_t *remote,
                       const int64_t *len, const int64_t *rkey, long n, const void *param, long *bad) {
     for (long i = 0; i < n; i++) {
         if (len[i] <= 0) continue;
         void *r = fn(ep, (void *)(intptr_t)local[i], (size_t)len[i], (uint64_t)remote[i], (void *)(intptr_t)rkey[i],
                      param);
-        if ((uintptr_t)r >= (uintptr_t)-100) { *bad = i; return (long)(intptr_t)r; }
+        if (IS_ERR(r)) { *bad = i; return (long)(intptr_t)r; }
         if (r) fr(r);
     }
     return 0;
 }
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int waiters, stop, wakefd, efd;
+    int c_misses, c_skip; /* the callers' polling back-off */
+    void *worker;
+    const void *param;
+    progress_fn progress;
+    status_fn arm, check;
+    free_fn fr;
+    rma_fn put, get;
+    flush_fn flush;
+} mc_w;
+
+static double mc_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+mc_w *mc_w_new(void *worker, int efd, void *progress, void *arm, void *check, void *fr, void *put, void *get,
+               void *flush, const void *param) {
+    mc_w *w = calloc(1, sizeof(mc_w));
+    if (!w) return NULL;
+    w->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->wakefd < 0) { free(w); return NULL; }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->worker = worker; w->efd = efd; w->param = param;
+    w->progress = (progress_fn)progress; w->arm = (status_fn)arm; w->check = (status_fn)check;
+    w->fr = (free_fn)fr; w->put = (rma_fn)put; w->get = (rma_fn)get; w->flush = (flush_fn)flush;
+    return w;
+}
+
+void mc_w_free(mc_w *w) {
+    close(w->wakefd);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+void mc_w_lock(mc_w *w) { pthread_mutex_lock(&w->mu); }
+void mc_w_unlock(mc_w *w) { pthread_mutex_unlock(&w->mu); }
+void mc_w_enter(mc_w *w) { pthread_mutex_lock(&w->mu); w->waiters++; pthread_mutex_unlock(&w->mu); }
+void mc_w_leave(mc_w *w) {
+    pthread_mutex_lock(&w->mu);
+    if (--w->waiters == 0) pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void mc_w_stop(mc_w *w) {
+    uint64_t one = 1;
+    pthread_mutex_lock(&w->mu);
+    w->stop = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    if (write(w->wakefd, &one, sizeof one) < 0) { /* the flag alone stops it within the idle wait */ }
+}
+
+/* Arm the worker; when nothing is pending, sleep on its event fd (or the stop fd) at most wait_s. */
+static void mc_idle(mc_w *w, double wait_s) {
+    pthread_mutex_lock(&w->mu);
+    int st = w->arm(w->worker);
+    pthread_mutex_unlock(&w->mu);
+    if (st != 0 || wait_s <= 0) return; /* events pending (UCS_ERR_BUSY): progress again */
+    struct pollfd p[2] = {{w->efd, POLLIN, 0}, {w->wakefd, POLLIN, 0}};
+    struct timespec ts = {(time_t)wait_s, (long)((wait_s - (double)(time_t)wait_s) * 1e9)};
+    ppoll(p, 2, &ts, NULL);
+}
+
+/* Busy-poll budget with back-off (as our tcp transport's Poller): a spin that found nothing makes
+   the next 1, 3, 7 ... 63 waits sleep at once; one that found its event clears that. Polling only
+   wins while a core is free for the peer; on a loaded host it takes the core the peer needs. */
+static int mc_should_spin(int *skip) { if (*skip) { (*skip)--; return 0; } return 1; }
+static void mc_record(int *misses, int *skip, int hit) {
+    if (hit) { *misses = 0; *skip = 0; return; }
+    if (*misses < 6) (*misses)++;
+    *skip = (1 << *misses) - 1;
+}
+
+/* Progress until req completes (its status, req freed) or the deadline (INPROGRESS, req freed:
+   UCX releases it when it completes or is cancelled). Polls for at most spin_s first (with
+   back-off), then progresses while events come and sleeps on the event fd (at most wait_s at a
+   time) when none do. The caller has entered. */
+int mc_w_wait(mc_w *w, void *req, double spin_s, double wait_s, double deadline) {
+    double t0 = mc_now();
+    pthread_mutex_lock(&w->mu);
+    int spin = spin_s > 0 && mc_should_spin(&w->c_skip);
+    pthread_mutex_unlock(&w->mu);
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        unsigned n = w->progress(w->worker);
+        int st = w->check(req);
+        if (st != INPROGRESS) {
+            if (spin) mc_record(&w->c_misses, &w->c_skip, 1);
+            w->fr(req);
+            pthread_mutex_unlock(&w->mu);
+            return st;
+        }
+        pthread_mutex_unlock(&w->mu);
+        double t = mc_now();
+        if (t > deadline) {
+            pthread_mutex_lock(&w->mu); w->fr(req); pthread_mutex_unlock(&w->mu);
+            return INPROGRESS;
+        }
+        if (spin) {
+            if (t - t0 < spin_s) continue;
+            spin = 0;
+            pthread_mutex_lock(&w->mu); mc_record(&w->c_misses, &w->c_skip, 0); pthread_mutex_unlock(&w->mu);
+        }
+        if (n) continue;
+        mc_idle(w, deadline - t < wait_s ? deadline - t : wait_s);
+    }
+}
+
+/* One put (write) or get, its endpoint flushed, progressed to completion or the deadline.
+   *closed is the endpoint's closed flag (read under the lock: never post on a closed endpoint).
+   Returns the status (<0 error, INPROGRESS at the deadline); *stage: 0 post, 1 flush, 2 wait, -1 closed. */
+int mc_w_rma(mc_w *w, int write, void *ep, const int *closed, void *local, size_t len, uint64_t remote, void *rkey,
+             double spin_s, double wait_s, double deadline, int *stage) {
+    pthread_mutex_lock(&w->mu);
+    if (*closed) { pthread_mutex_unlock(&w->mu); *stage = -1; return -24; }
+    w->waiters++;
+    void *r = (write ? w->put : w->get)(ep, local, len, remote, rkey, w->param);
+    int st = 0;
+    if (IS_ERR(r)) { *stage = 0; st = (int)(intptr_t)r; }
+    else {
+        if (r) w->fr(r);
+        void *f = w->flush(ep, w->param);
+        if (IS_ERR(f)) { *stage = 1; st = (int)(intptr_t)f; }
+        else if (f) {
+            pthread_mutex_unlock(&w->mu);
+            *stage = 2;
+            st = mc_w_wait(w, f, spin_s, wait_s, deadline);
+            pthread_mutex_lock(&w->mu);
+        }
+    }
+    if (--w->waiters == 0) pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return st;
+}
+
+/* The progress thread: progress while no caller does; after an event, poll up to spin_s for the
+   next one (with back-off), else sleep on the event fd (at most wait_s); returns after mc_w_stop. */
+void mc_w_run(mc_w *w, double spin_s, double wait_s) {
+    double spin_until = 0;
+    int misses = 0, skip = 0;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (w->waiters && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->stop) { pthread_mutex_unlock(&w->mu); return; }
+        unsigned n = w->progress(w->worker);
+        pthread_mutex_unlock(&w->mu);
+        double t = mc_now();
+        if (n) {
+            if (spin_until) mc_record(&misses, &skip, 1);
+            spin_until = spin_s > 0 && mc_should_spin(&skip) ? t + spin_s : 0;
+            continue;
+        }
+        if (spin_until) {
+            if (t < spin_until) continue;
+            mc_record(&misses, &skip, 0);
+            spin_until = 0;
+        }
+        mc_idle(w, wait_s);
+    }
+}
 """
 _helper_lock = threading.Lock()
-_helper: list[Any] = []  # [] not tried yet; [None] unavailable; [fn] loaded
+_helper: list[Any] = []  # [] not tried yet; [None] unavailable; [CDLL] loaded
 
 
 def _cache_dir() -> str:
@@ -189,15 +378,16 @@ def _cache_dir() -> str:
     return os.path.join(base, "mooncake-core", "ucx")
 
 
-def batch_helper() -> Any:
-    """The compiled batch loop (``mc_ucx_post_many``), built once per machine with the C compiler
-    into ``~/.cache/mooncake-core/ucx/``; None when there is no compiler (the Python loop is used)."""
+def native() -> Any:
+    """The compiled part (``_NATIVE_C``), built once per machine with the C compiler into
+    ``~/.cache/mooncake-core/ucx/``; None when there is no compiler (then the transport posts
+    batches and waits from Python: correct, slower)."""
     with _helper_lock:
         if _helper:
             return _helper[0]
-        fn = None
-        tag = hashlib.sha256(_BATCH_C.encode()).hexdigest()[:16]
-        path = os.path.join(_cache_dir(), f"mc_ucx_batch_{tag}.so")
+        lib = None
+        tag = hashlib.sha256(_NATIVE_C.encode()).hexdigest()[:16]
+        path = os.path.join(_cache_dir(), f"mc_ucx_native_{tag}.so")
         try:
             if not os.path.exists(path):
                 cc = shutil.which(os.environ.get("CC", "") or "cc") or shutil.which("gcc")
@@ -207,21 +397,104 @@ def batch_helper() -> Any:
                 with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as tmp:
                     src, out = os.path.join(tmp, "b.c"), os.path.join(tmp, "b.so")
                     with open(src, "w") as f:
-                        f.write(_BATCH_C)
-                    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", out, src], check=True, capture_output=True,
-                                   timeout=60)
+                        f.write(_NATIVE_C)
+                    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", out, src, "-lpthread"], check=True,
+                                   capture_output=True, timeout=60)
                     os.replace(out, path)  # atomic: concurrent builders agree
             lib = ctypes.CDLL(path)
-            fn = lib.mc_ucx_post_many
-            fn.restype = ctypes.c_long
-            fn.argtypes = [_P, _P, _P, _P, _P, _P, _P, ctypes.c_long, _P, ctypes.POINTER(ctypes.c_long)]
+            _D = ctypes.c_double
+            for name, res, args in (
+                    ("mc_ucx_post_many", ctypes.c_long, [_P, _P, _P, _P, _P, _P, _P, ctypes.c_long, _P,
+                                                         ctypes.POINTER(ctypes.c_long)]),
+                    ("mc_w_new", _P, [_P, ctypes.c_int, _P, _P, _P, _P, _P, _P, _P, _P]),
+                    ("mc_w_free", None, [_P]), ("mc_w_lock", None, [_P]), ("mc_w_unlock", None, [_P]),
+                    ("mc_w_enter", None, [_P]), ("mc_w_leave", None, [_P]), ("mc_w_stop", None, [_P]),
+                    ("mc_w_wait", ctypes.c_int, [_P, _P, _D, _D, _D]),
+                    ("mc_w_rma", ctypes.c_int, [_P, ctypes.c_int, _P, _P, _P, _SZ, _U64, _P, _D, _D, _D,
+                                                ctypes.POINTER(ctypes.c_int)]),
+                    ("mc_w_run", None, [_P, _D, _D])):
+                fn = getattr(lib, name)
+                fn.restype = res
+                fn.argtypes = args
         except (OSError, subprocess.SubprocessError) as e:
             from mooncake_core.utils.log import get_logger
-            get_logger("mooncake.te.ucx").info("UCX batch loop not compiled; large batches post from Python",
-                                               extra={"error": str(e)[:200]})
-            fn = None
-        _helper.append(fn)
-        return fn
+            get_logger("mooncake.te.ucx").info("UCX native helpers not compiled; batches post and waits run from "
+                                               "Python", extra={"error": str(e)[:200]})
+            lib = None
+        _helper.append(lib)
+        return lib
+
+
+def batch_helper() -> Any:
+    """The compiled batch loop (``mc_ucx_post_many``), or None (see :func:`native`)."""
+    lib = native()
+    return None if lib is None else lib.mc_ucx_post_many
+
+
+class NativeWorker:
+    """A UCP worker's lock, waits and progress loop in C (``mc_w_*`` in ``_NATIVE_C``): the
+    caller of a transfer posts, flushes and progresses in one call without the GIL, and the
+    progress thread runs without the GIL too (it never competes with the caller for it).
+
+    ``lock`` is a context manager over the same mutex, for every other UCP call on the worker.
+    """
+
+    def __init__(self, lib: Any, ucp: "Ucp", worker: int, efd: int) -> None:
+        u = ucp.lib
+        self._lib = lib
+        self.h = lib.mc_w_new(worker, efd, *(ctypes.cast(f, _P) for f in (
+            u.ucp_worker_progress, u.ucp_worker_arm, u.ucp_request_check_status, u.ucp_request_free,
+            u.ucp_put_nbx, u.ucp_get_nbx, u.ucp_ep_flush_nbx)), ucp._noparam_ptr)
+        if not self.h:
+            raise OSError("mc_w_new failed (out of memory or file descriptors)")
+        self.lock = _NativeLock(lib, self.h)
+
+    def enter(self) -> None:
+        self._lib.mc_w_enter(self.h)
+
+    def leave(self) -> None:
+        self._lib.mc_w_leave(self.h)
+
+    def wait(self, req: int, spin_s: float, wait_s: float, deadline: float) -> int:
+        """Progress until ``req`` completes (its status) or ``deadline`` (time.monotonic;
+        UCS_INPROGRESS); ``req`` is released either way. The caller has entered."""
+        return int(self._lib.mc_w_wait(self.h, req, spin_s, wait_s, deadline))
+
+    def rma(self, write: bool, ep: int, closed: ctypes.c_int, local: int, length: int, remote: int, rkey: int,
+            spin_s: float, wait_s: float, deadline: float) -> tuple[int, int]:
+        """Put/get, flush and wait in one call: (status, stage) -- stage 0 post, 1 flush, 2 wait,
+        -1 the endpoint was closed (``closed`` set) before the post."""
+        stage = ctypes.c_int(2)
+        st = self._lib.mc_w_rma(self.h, int(write), ep, ctypes.byref(closed), local, length, remote, rkey, spin_s,
+                                wait_s, deadline, ctypes.byref(stage))
+        return int(st), stage.value
+
+    def run(self, spin_s: float, wait_s: float) -> None:
+        """The progress thread's body: returns after :meth:`stop`."""
+        self._lib.mc_w_run(self.h, spin_s, wait_s)
+
+    def stop(self) -> None:
+        self._lib.mc_w_stop(self.h)
+
+    def free(self) -> None:
+        if self.h:
+            self._lib.mc_w_free(self.h)
+            self.h = None
+
+
+class _NativeLock:
+    """``with lock:`` over the worker's pthread mutex (ctypes drops the GIL while it blocks)."""
+
+    __slots__ = ("_lock", "_unlock", "_h")
+
+    def __init__(self, lib: Any, h: int) -> None:
+        self._lock, self._unlock, self._h = lib.mc_w_lock, lib.mc_w_unlock, h
+
+    def __enter__(self) -> None:
+        self._lock(self._h)
+
+    def __exit__(self, *exc: object) -> None:
+        self._unlock(self._h)
 
 
 class Ucp:

@@ -38,6 +38,7 @@ fewer lanes).
 from __future__ import annotations
 
 import base64
+import ctypes
 import os
 import select
 import threading
@@ -55,7 +56,7 @@ from mooncake_core.transfer.descriptor import SegmentDescriptor, process_start_t
 from mooncake_core.transfer.memory import Region
 from mooncake_core.transfer.ucx import lanes as lanes_mod
 from mooncake_core.transfer.ucx import plan
-from mooncake_core.transfer.ucx.binding import UCS_INPROGRESS, UCS_OK, Ucp, UcxError
+from mooncake_core.transfer.ucx.binding import UCS_INPROGRESS, UCS_OK, NativeWorker, Ucp, UcxError, native
 from mooncake_core.transfer.ucx.library import LoadedUcp, UcxNotFound, load
 from mooncake_core.utils.log import get_logger
 
@@ -63,19 +64,20 @@ log = get_logger("mooncake.te.ucx")
 
 __all__ = ["UcxTransport", "rdma_devices", "net_interfaces"]
 
-#: seconds a waiter keeps calling progress without an event before it sleeps on the worker's
-#: event fd. Bounded by time, not by a count: a completion on an RDMA lane comes within a few
-#: microseconds and is caught by the spin, while on a loaded host (or a tcp lane, where the
-#: peer's thread must wake first) a longer spin only takes the core the peer needs -- measured:
-#: 32 spinning calls cost 2-3x the 4 KiB latency of sleeping at once on a busy 2-core host
-SPIN_S = 10e-6
+#: How long a wait polls before sleeping on the worker's event fd. Compiled helpers
+#: (``binding._NATIVE_C``): a transfer polls ``MC_UCX_BUSY_POLL_US`` (default 50 us, as our tcp
+#: transport's MC_TCP_BUSY_POLL_US) and the progress thread twice that after serving an event (as
+#: our tcp server), so a peer's back-to-back stream needs no thread wake-up; polls that find
+#: nothing back off, because on a loaded host a poll only takes the core the peer needs. Measured
+#: on this 2-core host under load, 4 KiB over UCX's tcp lane against our tcp: with these polls
+#: 0.4-1.8x, with no poll in the progress thread 1.9-3.1x (docs/benchmarks-log.md).
+#: Without a compiler (Python loops, GIL held between calls) a poll costs more than it saves:
+#: waits poll PY_SPIN_S, the thread not at all (measured 2-3x slower with 32 polling calls).
+PY_SPIN_S = 10e-6
 #: longest such sleep (events wake it first; the deadline is checked after it)
 WAIT_S = 0.005
 #: longest sleep on the event fd (a safety net: events should wake us first)
 IDLE_WAIT_S = 0.05
-#: seconds the progress thread keeps calling progress without an event before it sleeps on the
-#: event fd: none (a peer's request wakes it through the fd; measured no faster with a spin)
-IDLE_SPIN_S = 0.0
 #: bytes per slice when a batch is spread over several rails (one request may span them)
 SLICE_BYTES = 1 << 20
 #: bytes per window: posted together, closed by one flush (the unit a failed rail gives back)
@@ -115,17 +117,27 @@ class _Peer:
     pidfd turns readable when the process exits, so one poll after the flush tells.
     """
 
-    __slots__ = ("ep", "address", "rkeys", "lanes", "lane_label", "pidfd", "rail", "closed")
+    __slots__ = ("ep", "address", "rkeys", "lanes", "lane_label", "pidfd", "rail", "closed_flag")
 
     def __init__(self, ep: int, address: bytes, lanes: list[str], pidfd: int, rail: "_Rail") -> None:
         self.rail = rail
-        self.closed = False  # set under the rail's worker lock when the endpoint is closed
+        # set under the rail's worker lock when the endpoint is closed; a C int, because the
+        # compiled post (``NativeWorker.rma``) reads it under that lock too
+        self.closed_flag = ctypes.c_int(0)
         self.ep = ep
         self.address = address
         self.rkeys: dict[int, int] = {}  # remote region addr -> unpacked rkey handle
         self.lanes = lanes
         self.lane_label = "+".join(lanes) or "unknown"
         self.pidfd = pidfd
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.closed_flag.value)
+
+    @closed.setter
+    def closed(self, value: bool) -> None:
+        self.closed_flag.value = int(value)
 
     def dead(self) -> bool:
         return self.pidfd >= 0 and bool(select.select([self.pidfd], [], [], 0)[0])
@@ -149,7 +161,13 @@ def _pidfd_of(desc: SegmentDescriptor, boot_id: str, pidns: str) -> int:
 
 
 class _Worker:
-    """A UCP context + worker, one lock around every call into it, and its progress thread."""
+    """A UCP context + worker, one lock around every call into it, and its progress thread.
+
+    With the compiled helpers (``binding.native``) the lock is a pthread mutex and the waits and
+    the progress thread's loop run in C without the GIL: a transfer's caller posts, flushes and
+    progresses in one call, and the progress thread (which stands aside while a caller
+    progresses) never competes with it for the GIL. Without a compiler the same logic runs in
+    Python (correct, slower)."""
 
     def __init__(self, ucp: Ucp, config: dict[str, str]) -> None:
         self.ucp = ucp
@@ -158,12 +176,15 @@ class _Worker:
             self.worker = ucp.worker_create(self.ctx)
             self.efd = ucp.worker_efd(self.worker)
             self.address = ucp.worker_address(self.worker)
+            lib = native()
+            self.native = NativeWorker(lib, ucp, self.worker, self.efd) if lib is not None else None
         except BaseException:
             ucp.cleanup(self.ctx)
             raise
-        self.lock = threading.Lock()
-        self.waiters = 0  # callers progressing the worker themselves right now
-        self._unwatched = threading.Event()  # set while no caller progresses the worker
+        self.spin_s = envs.MC_UCX_BUSY_POLL_US / 1e6 if self.native is not None else PY_SPIN_S
+        self.lock: Any = self.native.lock if self.native is not None else threading.Lock()
+        self.waiters = 0  # callers progressing the worker themselves right now (Python path)
+        self._unwatched = threading.Event()  # set while no caller progresses the worker (Python path)
         self._unwatched.set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="te-ucx-progress", daemon=True)
@@ -173,6 +194,9 @@ class _Worker:
         return self.ucp.context_info(self.ctx)
 
     def _run(self) -> None:
+        if self.native is not None:
+            self.native.run(2 * self.spin_s, IDLE_WAIT_S)
+            return
         ucp, w = self.ucp, self.worker
         quiet_since = 0.0
         while not self._stop.is_set():
@@ -181,7 +205,7 @@ class _Worker:
                 continue
             with self.lock:
                 n = ucp.progress(w)
-            quiet_since = self.idle_step(n, quiet_since, IDLE_SPIN_S, IDLE_WAIT_S)
+            quiet_since = self.idle_step(n, quiet_since, 0.0, IDLE_WAIT_S)
 
     def idle_step(self, events: int, quiet_since: float, spin_s: float, wait_s: float,
                   deadline: float | None = None) -> float:
@@ -205,11 +229,17 @@ class _Worker:
 
     def enter(self) -> None:
         """A caller progresses this worker itself from now on (the thread stands aside)."""
+        if self.native is not None:
+            self.native.enter()
+            return
         with self.lock:
             self.waiters += 1
             self._unwatched.clear()
 
     def leave(self) -> None:
+        if self.native is not None:
+            self.native.leave()
+            return
         with self.lock:
             self.waiters -= 1
             if not self.waiters:
@@ -219,9 +249,11 @@ class _Worker:
         """Progress until ``req`` completes (its status) or the deadline (UCS_INPROGRESS)."""
         if req is None:
             return UCS_OK
-        ucp, w = self.ucp, self.worker
         self.enter()
         try:
+            if self.native is not None:
+                return self.native.wait(req, self.spin_s, WAIT_S, deadline)
+            ucp, w = self.ucp, self.worker
             it = 0
             quiet_since = 0.0
             while True:
@@ -237,17 +269,41 @@ class _Worker:
                     with self.lock:
                         ucp.request_free(req)  # released when UCX completes it (cancelled by the close)
                     return UCS_INPROGRESS
-                quiet_since = self.idle_step(n, quiet_since, SPIN_S, WAIT_S, deadline)
+                quiet_since = self.idle_step(n, quiet_since, self.spin_s, WAIT_S, deadline)
         finally:
             self.leave()
+
+    def rma(self, p: "_Peer", write: bool, local: int, length: int, remote: int, rkey: int, deadline: float) -> int:
+        """One put/get on ``p``'s endpoint, flushed and progressed here until it completes (the
+        status) or the deadline (UCS_INPROGRESS). UcxError when the post or the flush fails, or
+        the endpoint was closed by another transfer meanwhile."""
+        call = "ucp_put_nbx" if write else "ucp_get_nbx"
+        if self.native is not None:
+            st, stage = self.native.rma(write, p.ep, p.closed_flag, local, length, remote, rkey, self.spin_s, WAIT_S,
+                                        deadline)
+            if stage == -1:
+                raise UcxError(call, st, "endpoint closed by another transfer meanwhile")
+            if stage < 2 and st < 0:
+                raise UcxError(call if stage == 0 else "ucp_ep_flush_nbx", st, self.ucp.status_text(st))
+            return st
+        with self.lock:
+            if p.closed:
+                raise UcxError(call, -24, "endpoint closed by another transfer meanwhile")
+            self.ucp.post(write, p.ep, local, length, remote, rkey)
+            req = self.ucp.ep_flush(p.ep)
+        return self.wait(req, deadline)
 
     def close(self) -> None:
         self._stop.set()
         self._unwatched.set()
+        if self.native is not None:
+            self.native.stop()
         self._thread.join(timeout=2.0)
         with self.lock:
             self.ucp.worker_destroy(self.worker)
             self.ucp.cleanup(self.ctx)
+        if self.native is not None and not self._thread.is_alive():
+            self.native.free()
 
 
 class _Rail:
@@ -563,12 +619,7 @@ class UcxTransport(Transport):
         rk = int(self.rkey_handles(p, rkeys, desc, [region.addr])[0])
         w = rail.w
         try:
-            with w.lock:
-                if p.closed:
-                    raise UcxError("ucp_put_nbx", -24, "endpoint closed by another transfer meanwhile")
-                w.ucp.post(write, p.ep, local, length, remote, rk)
-                req = w.ucp.ep_flush(p.ep)
-            st = w.wait(req, deadline)
+            st = w.rma(p, write, local, length, remote, rk, deadline)
         except UcxError as e:
             self.forget_endpoint(p)
             raise TransferError(f"ucx transfer to segment {desc.name!r} over {p.lane_label} failed: {e}",
@@ -715,7 +766,7 @@ class _Run:
                     quiet_since = 0.0
                 elif not quiet_since:
                     quiet_since = clock()
-                if quiet_since and clock() - quiet_since >= SPIN_S:
+                if quiet_since and clock() - quiet_since >= PY_SPIN_S:
                     fds = []
                     for idx, rail in live.items():
                         if inflight[idx]:
