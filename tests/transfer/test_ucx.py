@@ -258,3 +258,52 @@ def test_compiled_batch_loop_matches_the_python_loop(monkeypatch):
     finally:
         u.worker_destroy(w)
         u.cleanup(ctx)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_small_transfers_from_many_threads_byte_exact(start_peer, monkeypatch, compiled):
+    """4 KiB writes and reads from four threads at once over the tcp lane (each posts, flushes
+    and progresses the one worker itself: the compiled wait, or the Python one when there is no
+    compiler), then a batch: every byte where it belongs."""
+    import threading
+
+    from mooncake_core.transfer.ucx import binding
+
+    if not compiled:
+        monkeypatch.setattr(binding, "_helper", [None])
+    elif binding.native() is None:
+        pytest.skip("no C compiler: the compiled helpers are not built here")
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    size = 4 * MB
+    peer, eng = _pair(start_peer, "tcp", size=size)
+    try:
+        src = np.random.default_rng(21).integers(0, 256, size, dtype=np.uint8)
+        back = np.zeros(size, dtype=np.uint8)
+        assert eng.register_memory(src.ctypes.data, src.nbytes) == 0
+        assert eng.register_memory(back.ctypes.data, back.nbytes) == 0
+        errors: list[str] = []
+
+        def worker(k: int) -> None:
+            for i in range(k, 256, 4):  # 256 blocks of 4 KiB, written then read back
+                off = i * 4096
+                if eng.transfer_sync_write(peer.segment, src.ctypes.data + off, peer.addr + off, 4096, "rdma") != 0:
+                    errors.append(f"write {i}: {eng.last_error}")
+                if eng.transfer_sync_read(peer.segment, back.ctypes.data + off, peer.addr + off, 4096, "rdma") != 0:
+                    errors.append(f"read {i}: {eng.last_error}")
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors[:3]
+        assert (back[:MB] == src[:MB]).all()
+        image = peer.expected()
+        image[:MB] = src[:MB]
+        rest = size - MB
+        assert eng.batch_transfer_sync_write(peer.segment, [src.ctypes.data + MB], [peer.addr + MB], [rest],
+                                             "rdma") == 0, eng.last_error
+        image[MB:] = src[MB:]
+        assert peer.sha(0, size) == sha(image)
+    finally:
+        eng.close()

@@ -1,8 +1,8 @@
 """A thin, typed ctypes binding of the part of UCX's UCP API the transport uses.
 
-Nothing here decides anything: each method is one UCP call with its status turned into
-:class:`UcxError`. The transport (``transport.py``) holds the policy: locking, progress,
-deadlines, which lanes.
+Nothing here decides which lanes, peers or deadlines: each :class:`Ucp` method is one UCP call
+with its status turned into :class:`UcxError`, and :class:`NativeWorker` runs the waits the
+transport (``transport.py``) asks for, with the poll and sleep times it passes.
 
 Why ctypes plus one compiled loop -- measured with ``bench/transfer/bench_ucx_binding.py`` (UCX 1.22,
 ``UCX_TLS=self``: an endpoint to its own worker, so the figures are the binding's cost and
@@ -19,19 +19,23 @@ a loop in C         0.7 - 2.7 (cffi API)    0.2 - 0.5                  0.01 - 0.
 ==================  ======================  =========================  ===================
 
 * The 4 KiB round trip differs by 3-5 us between bindings: real on an RDMA lane (a few us of
-  wire), small beside a 4 KiB transfer's engine overhead (~15 us) and any emulated lane here
-  (16 us over shared memory, 150+ us over tcp). Not decisive today; the next step, if RDMA
-  latency needs it, is the same trick as below: post + flush + a bounded progress spin in one
-  compiled call.
+  wire), small beside a 4 KiB transfer's engine overhead (~15 us) and any emulated lane here.
+  What did matter was the waiting, not the binding: a wait written in Python holds the GIL
+  between UCP calls, so the progress thread and the caller handed the GIL (and the worker lock)
+  back and forth on every operation -- 4 KiB over UCX's tcp lane cost 4-7x our tcp. Post +
+  flush + a bounded poll, then a sleep on the event fd, in one compiled call (``mc_w_rma``) and
+  the progress thread's loop in C too (``mc_w_run``) brought it to 1.5-2.5x on the same loaded
+  host (docs/benchmarks-log.md).
 * The batch decides: ~3 us per block from Python is ~100 ms for a 32,768-block batch -- five
   times the wire time of 32,768 x 16 KiB on one 200 Gb/s NIC. No Python-level binding fixes
   that (cffi API mode only halves it); posting the batch from a loop in C does (100x+).
 * So: ctypes for every call (no build step, no dependency, works with any libucp found at run
-  time, NIXL's included, whose wheel has no headers), and the batch loop as ~15 lines of C
-  compiled once per machine with the system compiler into ``~/.cache/mooncake-core/ucx/``
-  (:func:`batch_helper`). It needs no UCX headers and links nothing: it is handed the
-  ``ucp_put_nbx``/``ucp_get_nbx`` pointers of the library already loaded. Without a compiler
-  the same batch posts from Python (correct, slower) and a log line says so.
+  time, NIXL's included, whose wheel has no headers), and the batch loop plus the worker's lock,
+  waits and progress loop as a small C file compiled once per machine with the system compiler
+  into ``~/.cache/mooncake-core/ucx/`` (:func:`native`). It needs no UCX headers and links
+  nothing: it is handed the ``ucp_*`` function pointers of the library already loaded. Without
+  a compiler the same batch posts, and the waits run, from Python (correct, slower) and a log
+  line says so.
 """
 
 from __future__ import annotations
