@@ -285,11 +285,10 @@ static void mc_record(int *misses, int *skip, int hit) {
     *skip = (1 << *misses) - 1;
 }
 
-/* Progress until req completes (its status, req freed) or the deadline (INPROGRESS, req freed:
-   UCX releases it when it completes or is cancelled). Polls for at most spin_s first (with
-   back-off), then progresses while events come and sleeps on the event fd (at most wait_s at a
-   time) when none do. The caller has entered. */
-int mc_w_wait(mc_w *w, void *req, double spin_s, double wait_s, double deadline) {
+/* Progress until req completes (its status) or `until` (INPROGRESS); req is not freed. Polls for
+   at most spin_s first (with back-off), then progresses while events come and sleeps on the event
+   fd (at most wait_s at a time) when none do. The caller has entered. */
+int mc_w_poll(mc_w *w, void *req, double spin_s, double wait_s, double until) {
     double t0 = mc_now();
     pthread_mutex_lock(&w->mu);
     int spin = spin_s > 0 && mc_should_spin(&w->c_skip);
@@ -298,26 +297,29 @@ int mc_w_wait(mc_w *w, void *req, double spin_s, double wait_s, double deadline)
         pthread_mutex_lock(&w->mu);
         unsigned n = w->progress(w->worker);
         int st = w->check(req);
-        if (st != INPROGRESS) {
-            if (spin) mc_record(&w->c_misses, &w->c_skip, 1);
-            w->fr(req);
-            pthread_mutex_unlock(&w->mu);
-            return st;
-        }
+        if (st != INPROGRESS && spin) mc_record(&w->c_misses, &w->c_skip, 1);
         pthread_mutex_unlock(&w->mu);
+        if (st != INPROGRESS) return st;
         double t = mc_now();
-        if (t > deadline) {
-            pthread_mutex_lock(&w->mu); w->fr(req); pthread_mutex_unlock(&w->mu);
-            return INPROGRESS;
-        }
+        if (t > until) return INPROGRESS;
         if (spin) {
             if (t - t0 < spin_s) continue;
             spin = 0;
             pthread_mutex_lock(&w->mu); mc_record(&w->c_misses, &w->c_skip, 0); pthread_mutex_unlock(&w->mu);
         }
         if (n) continue;
-        mc_idle(w, deadline - t < wait_s ? deadline - t : wait_s);
+        mc_idle(w, until - t < wait_s ? until - t : wait_s);
     }
+}
+
+/* mc_w_poll to the deadline, then req freed either way (UCX releases a request still in flight
+   when it completes or is cancelled). */
+int mc_w_wait(mc_w *w, void *req, double spin_s, double wait_s, double deadline) {
+    int st = mc_w_poll(w, req, spin_s, wait_s, deadline);
+    pthread_mutex_lock(&w->mu);
+    w->fr(req);
+    pthread_mutex_unlock(&w->mu);
+    return st;
 }
 
 /* One put (write) or get, its endpoint flushed, progressed to completion or the deadline.
@@ -414,6 +416,7 @@ def native() -> Any:
                     ("mc_w_free", None, [_P]), ("mc_w_lock", None, [_P]), ("mc_w_unlock", None, [_P]),
                     ("mc_w_enter", None, [_P]), ("mc_w_leave", None, [_P]), ("mc_w_stop", None, [_P]),
                     ("mc_w_wait", ctypes.c_int, [_P, _P, _D, _D, _D]),
+                    ("mc_w_poll", ctypes.c_int, [_P, _P, _D, _D, _D]),
                     ("mc_w_rma", ctypes.c_int, [_P, ctypes.c_int, _P, _P, _P, _SZ, _U64, _P, _D, _D, _D,
                                                 ctypes.POINTER(ctypes.c_int)]),
                     ("mc_w_run", None, [_P, _D, _D])):
@@ -463,6 +466,10 @@ class NativeWorker:
         """Progress until ``req`` completes (its status) or ``deadline`` (time.monotonic;
         UCS_INPROGRESS); ``req`` is released either way. The caller has entered."""
         return int(self._lib.mc_w_wait(self.h, req, spin_s, wait_s, deadline))
+
+    def poll(self, req: int, spin_s: float, wait_s: float, until: float) -> int:
+        """Like :meth:`wait` up to ``until``, but ``req`` stays the caller's (to free)."""
+        return int(self._lib.mc_w_poll(self.h, req, spin_s, wait_s, until))
 
     def rma(self, write: bool, ep: int, closed: ctypes.c_int, local: int, length: int, remote: int, rkey: int,
             spin_s: float, wait_s: float, deadline: float) -> tuple[int, int]:

@@ -749,6 +749,8 @@ class _Run:
                         metrics.lane_bytes(self.t.name, win.peer.lane_label, "write" if self.write else "read",
                                            win.nbytes)
                 it += 1
+                if not events and len(live) == 1 and not self.reserve:
+                    events = self._wait_head(next(iter(live.values())), inflight)
                 now = time.monotonic()
                 if it & 63 == 0 or not events:
                     if now > self.deadline:
@@ -790,6 +792,17 @@ class _Run:
         finally:
             for r in entered:
                 r.w.leave()
+
+    def _wait_head(self, rail: _Rail, inflight: dict) -> int:
+        """One rail left: wait for its oldest window in one compiled call (progressing the worker,
+        no GIL held) until it completes, the deadline, or a short slice of time (the loop then
+        checks the deadline and posts the next window). 1 when the window completed, else 0."""
+        q = inflight[rail.index]
+        native = rail.w.native
+        if native is None or not q or q[0].req is None:
+            return 0
+        until = min(self.deadline, time.monotonic() + IDLE_WAIT_S)
+        return int(native.poll(q[0].req, rail.w.spin_s, WAIT_S, until) != UCS_INPROGRESS)
 
     def _fail(self, rail: _Rail, live: dict[int, _Rail], inflight: dict, queue: Any, why: str,
               pause: bool = True) -> None:
