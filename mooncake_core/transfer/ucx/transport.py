@@ -351,7 +351,7 @@ class UcxTransport(Transport):
         self.rails: list[_Rail] = []
         self.library: LoadedUcp | None = None
         self.lanes: list[lanes_mod.Resource] = []
-        self._peers: dict[tuple[str, int, bytes], _Peer] = {}
+        self._peers: dict[tuple[str, int, str], _Peer] = {}
         self._plock = threading.Lock()
         self._section: dict[str, Any] | None = None
         self._topo: topology.Topology = {}
@@ -473,13 +473,13 @@ class UcxTransport(Transport):
     def endpoint(self, desc: SegmentDescriptor, rail: _Rail, remote: list[dict[str, Any]]) -> tuple[_Peer, dict]:
         """The endpoint from ``rail`` to the peer rail it pairs with, and that rail's rkeys."""
         r = remote[plan.pair(rail.name, rail.index, [str(x.get("dev", "")) for x in remote])]
-        address = base64.b64decode(r["worker"])
-        key = (desc.name, rail.index, address)
+        key = (desc.name, rail.index, str(r["worker"]))  # the published (base64) address: decoded once, below
         p = self._peers.get(key)
         if p is None:
             with self._plock:
                 p = self._peers.get(key)
                 if p is None:
+                    address = base64.b64decode(r["worker"])
                     w = rail.w
                     with w.lock:
                         ep = w.ucp.ep_create(w.worker, address, envs.MC_UCX_PEER_ERRORS)
