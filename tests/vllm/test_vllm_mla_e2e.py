@@ -11,10 +11,8 @@ of the prompt, that it counted the prompt as external hits and moved exactly the
 blocks of latent, that the prefill frees them on the decode's confirmation, and -- the negative
 control -- that noise written over the received latent changes the output.
 
-Not under tensor parallelism: vLLM CPU 0.32 runs this model at TP 2, but its own TP 2 greedy
-output is the same in float32 and bf16 and differs from TP 1's from the second token, so no
-local run is a trustworthy oracle for a TP 2 hand-off (the replicated-latent rule itself,
-``tp.rank_plan``, is unit-tested in test_vllm_tp_units.py).
+Tensor parallelism (2 -> 2, 2 -> 1, 1 -> 2): test_vllm_mla_tp_e2e.py; through the store connector:
+test_vllm_mla_store_e2e.py.
 """
 
 from __future__ import annotations
