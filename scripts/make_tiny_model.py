@@ -16,6 +16,9 @@ Other families (``--arch``), for the model shapes deployments serve:
 * ``deepseek_v2``: multi-head latent attention (MLA), the KV cache one 576-wide latent per token
   (``kv_lora_rank`` 512 + rope 64, what DeepSeek and Kimi use and the only width vLLM's CPU MLA
   kernel takes), dense MLPs, bf16 (vLLM CPU's MLA path);
+* ``llama_sliding``: Llama with sliding-window attention layers (window 64 tokens) and
+  full-attention layers interleaved (``layer_types``, as Gemma-2/3, Mistral and gpt-oss style
+  models mix them); vLLM's hybrid KV cache manager keeps one KV cache group per kind;
 * ``granite_hybrid``: Granite-4.0-H style, Mamba2 layers and attention layers interleaved
   (``layer_types``), dense MLPs; vLLM serves it with its hybrid KV cache manager (one KV cache
   group per layer kind). vLLM CPU 0.32 serves it with ``--no-enable-prefix-caching``; with prefix
@@ -45,7 +48,9 @@ def _corpus(n_lines: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(5, 20))) + "." for _ in range(n_lines)]
 
 
-ARCHS = ("llama", "deepseek_v2", "granite_hybrid")
+ARCHS = ("llama", "deepseek_v2", "granite_hybrid", "llama_sliding")
+#: the sliding window of ``llama_sliding``'s window layers, in tokens (two 32-token blocks)
+SLIDING_WINDOW = 64
 
 
 def _model(arch: str, vocab: int, hidden: int, heads: int, layers: int, intermediate: int, max_pos: int):
@@ -74,6 +79,10 @@ def _model(arch: str, vocab: int, hidden: int, heads: int, layers: int, intermed
         return GraniteMoeHybridForCausalLM(cfg)
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if arch == "llama_sliding":  # vLLM's Llama reads ``layer_types``: window layers and full ones interleaved
+        kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        return LlamaForCausalLM(LlamaConfig(**common, torch_dtype="float32", layer_types=kinds,
+                                            sliding_window=SLIDING_WINDOW))
     return LlamaForCausalLM(LlamaConfig(**common, torch_dtype="float32"))
 
 
@@ -89,7 +98,7 @@ def build(out_dir: str, vocab_size: int = 512, hidden: int = 64, heads: int = 2,
     if hidden % heads:
         raise SystemExit(f"--hidden ({hidden}) must be divisible by --heads ({heads})")
     head = hidden // heads
-    if arch == "llama" and head not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256):
+    if arch.startswith("llama") and head not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256):
         print(f"warning: head size {head} may not be supported by vLLM's CPU attention backend "
               "(use 32, 64, 80, ...)", file=sys.stderr)
     os.makedirs(out_dir, exist_ok=True)
@@ -134,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=2, help="attention heads; head size = hidden/heads (default 2)")
     ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     ap.add_argument("--arch", choices=ARCHS, default="llama",
-                    help="model family: llama (default), deepseek_v2 (MLA latent KV, bf16) or granite_hybrid "
-                         "(Mamba2 + attention layers)")
+                    help="model family: llama (default), deepseek_v2 (MLA latent KV, bf16), granite_hybrid "
+                         "(Mamba2 + attention layers) or llama_sliding (sliding-window + full attention layers)")
     ap.add_argument("--seed", type=int, default=0, help="RNG seed for the tokenizer corpus and weights")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
