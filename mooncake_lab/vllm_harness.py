@@ -18,7 +18,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -201,6 +203,20 @@ def start_all(servers: list[VllmServer], timeout: float = 240.0) -> None:
         for s in servers:
             s.stop()
         raise
+
+
+@contextmanager
+def serving(servers: list[VllmServer], what: str, timeout: float = 240.0) -> Iterator[list[VllmServer]]:
+    """``start_all`` (printing how long ``what`` took to be healthy), then yield the servers and
+    always stop them: a module fixture's whole life of its servers."""
+    t0 = time.monotonic()
+    start_all(servers, timeout=timeout)
+    print(f"{what} healthy in {time.monotonic() - t0:.1f} s")
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
 
 
 def tp_args(tp: int) -> tuple[list[str], dict]:

@@ -23,7 +23,6 @@ that noise over the received latent changes the output.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ from tp_checks import pulled
 
 from mooncake_lab.checkout_shim import shim_pythonpath
 from mooncake_lab.vllm_harness import (VllmServer, completion, corrupted_handoff, free_port, http_text,
-                                       make_tiny_model, metric, own_tokens, p2p_config, prompt_ids, start_all,
+                                       make_tiny_model, metric, own_tokens, p2p_config, prompt_ids, serving,
                                        start_proxy, stop_proxy, tp_args, wait_prefill_freed)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -62,14 +61,8 @@ def mla_tp(vllm_py, tmp_path_factory):
                     args=args2, **mla)
     x1 = VllmServer(vllm_py, model, free_port(), 1, logs / "both-tp1.log",  # decode of p2, prefill of d2
                     dict(p2p_config("kv_both", kv_lease_s=120), **test_connector), env=env, **mla)
-    t0 = time.monotonic()
-    start_all([p2, d2, x1], timeout=STARTUP_S)
-    print(f"MLA TP 2 prefill, TP 2 decode and TP 1 instance healthy in {time.monotonic() - t0:.1f} s")
-    try:
+    with serving([p2, d2, x1], "MLA TP 2 prefill, TP 2 decode and TP 1 instance", STARTUP_S):
         yield p2, d2, x1, logs
-    finally:
-        for s in (p2, d2, x1):
-            s.stop()
 
 
 def _handoff(p: VllmServer, d: VllmServer, seed: int, n: int, prefill_tp: int, ranks: int) -> None:

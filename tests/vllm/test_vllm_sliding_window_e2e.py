@@ -17,14 +17,13 @@ the received blocks changes the output.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from mooncake_lab.checkout_shim import shim_pythonpath
 from mooncake_lab.vllm_harness import (VllmServer, corrupted_handoff, free_port, make_tiny_model, p2p_config,
-                                       prompt_ids, proxied_vs_own, pulled_reads, start_all, start_proxy, stop_proxy,
+                                       prompt_ids, proxied_vs_own, pulled_reads, serving, start_proxy, stop_proxy,
                                        wait_prefill_freed)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -45,14 +44,8 @@ def window_pair(vllm_py, tmp_path_factory):
                    dict(p2p_config("kv_consumer"), kv_load_failure_policy="recompute",
                         kv_connector="CorruptingMooncakeConnector", kv_connector_module_path="corrupting_connector"),
                    env=env)
-    t0 = time.monotonic()
-    start_all([p, d], timeout=480)
-    print(f"sliding-window prefill + decode healthy in {time.monotonic() - t0:.1f} s")
-    try:
+    with serving([p, d], "sliding-window prefill + decode", 480):
         yield p, d, logs
-    finally:
-        p.stop()
-        d.stop()
 
 
 def test_sliding_window_through_proxy_moves_only_the_window(window_pair):
