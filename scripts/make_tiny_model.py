@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Build a tiny random-weight model (Llama, DeepSeek-V2 MLA or Granite-4.0-H hybrid) with a locally
-trained byte-level BPE tokenizer.
+"""Build a tiny random-weight model (Llama, DeepSeek-V2 MLA, Granite-4.0-H hybrid or Llama with sliding-window
+layers) with a locally trained byte-level BPE tokenizer.
 
 Why: no model can be downloaded on the test machines, yet the vLLM end-to-end tests need a real
 model directory that vLLM loads like any Hugging Face checkpoint. The weights are random (fixed
@@ -26,6 +26,7 @@ Other families (``--arch``), for the model shapes deployments serve:
 
     python scripts/make_tiny_model.py /tmp/tiny-llama
     python scripts/make_tiny_model.py --arch deepseek_v2 /tmp/tiny-mla
+    python scripts/make_tiny_model.py --arch llama_sliding /tmp/tiny-sliding
 """
 
 from __future__ import annotations
@@ -135,8 +136,8 @@ def build(out_dir: str, vocab_size: int = 512, hidden: int = 64, heads: int = 2,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Create a tiny random-weight model (Llama, DeepSeek-V2 MLA or "
-                                 "Granite-4.0-H hybrid) + BPE tokenizer for vLLM tests.")
+    ap = argparse.ArgumentParser(description="Create a tiny random-weight model (Llama, DeepSeek-V2 MLA, "
+                                 "Granite-4.0-H hybrid or sliding-window Llama) + BPE tokenizer for vLLM tests.")
     ap.add_argument("out_dir", help="directory to write the model into (created if missing)")
     ap.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size (default 512)")
     ap.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
