@@ -38,37 +38,19 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.protocol import RemoteMetadata
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from mooncake_connectors.lmcache.settings import ConfigError, ConnectorSettings, settings_from
+from mooncake_connectors.lmcache.settings import (
+    NOT_FOUND,
+    ConfigError,
+    code_name,
+    settings_from,
+    setup_error,
+)
 from mooncake_core.pd.keys import leading_hits  # pure: 1 = present, anything else ends the run
-from mooncake_core.errors import ErrorCode
 from mooncake_core.store import MooncakeDistributedStore, ReplicateConfig
 
 __all__ = ["MooncakeCoreConnector"]
 
 logger = init_logger(__name__)
-
-_RPC_FAIL = int(ErrorCode.RPC_FAIL)
-_NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
-
-
-def _code_name(rc: int) -> str:
-    """``-200 NO_AVAILABLE_HANDLE`` (the store's code and its upstream name)."""
-    try:
-        return f"{rc} {ErrorCode(rc).name}"
-    except ValueError:
-        return str(rc)
-
-
-def _setup_error(settings: ConnectorSettings, rc: int) -> str:
-    """The key to blame for a failed ``store.setup`` return code."""
-    if rc == _RPC_FAIL:
-        return (f"{settings.source('master_server_address')}="
-                f"{settings.setup.get('master_server_address')!r}: the store master is unreachable "
-                f"(store.setup returned {rc}; is mooncake_master running there?)")
-    return (f"store.setup returned {rc}: check {settings.source('local_hostname')}, "
-            f"{settings.source('metadata_server')}={settings.setup.get('metadata_server')!r} and "
-            f"{settings.source('protocol')} (the store's log line above says which failed)")
-
 
 class MooncakeCoreConnector(RemoteConnector):
     """LMCache remote connector backed by ``mooncake_core.store.MooncakeDistributedStore``."""
@@ -98,7 +80,7 @@ class MooncakeCoreConnector(RemoteConnector):
         store = MooncakeDistributedStore()
         rc = store.setup(dict(self.settings.setup))
         if rc != 0:
-            msg = _setup_error(self.settings, rc)
+            msg = setup_error(self.settings, rc)
             logger.error("%s: %s", where, msg)
             raise RuntimeError(f"{where}: {msg}")
         self.store = store
@@ -203,13 +185,13 @@ class MooncakeCoreConnector(RemoteConnector):
             if rc <= 0 or nbytes <= 0 or (self.save_chunk_meta and not self._check_header(
                     names[j], hdrs[j].tobytes(), nbytes)):
                 obj.ref_count_down()
-                if rc < 0 and rc != _NOT_FOUND:
+                if rc < 0 and rc != NOT_FOUND:
                     failed.append((names[j], rc))
                 continue
             out[i] = self._finish(names[j], obj, nbytes)
         if failed:  # a plain miss (-704) is not worth a line; anything else is
             logger.warning("read of %d chunk(s): %d failed (first %s: %s)", len(names), len(failed),
-                           failed[0][0], _code_name(failed[0][1]))
+                           failed[0][0], code_name(failed[0][1]))
         return out
 
     def _put_many(self, keys: Sequence[CacheEngineKey], objs: Sequence[MemoryObj]) -> list[int]:
@@ -240,7 +222,7 @@ class MooncakeCoreConnector(RemoteConnector):
         failed = [(k, rc) for k, rc in zip(names, rcs) if rc < 0]
         if failed:
             logger.warning("put of %d chunk(s): %d failed (first %s: %s)", len(names), len(failed),
-                           failed[0][0], _code_name(failed[0][1]))
+                           failed[0][0], code_name(failed[0][1]))
         dt = time.monotonic() - t0
         if dt > self.settings.transfer_timeout:
             logger.warning("put of %d chunk(s) took %.1f s (transfer_timeout %.1f s)", len(names), dt,

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mooncake_core.errors import ErrorCode
 from mooncake_core.store.config import StoreConfig, parse_bool
 
 __all__ = [
@@ -36,7 +37,11 @@ __all__ = [
     "LMCACHE_ONLY_KEYS",
     "ConfigError",
     "ConnectorSettings",
+    "L2Settings",
+    "code_name",
+    "l2_settings_from",
     "settings_from",
+    "setup_error",
 ]
 
 PREFIX = "mooncake_"
@@ -47,6 +52,9 @@ LMCACHE_ONLY_KEYS = frozenset({"transfer_timeout", "storage_root_dir", "prefer_l
                                "mooncake_prefer_local_alloc"})
 DEFAULTS = {"global_segment_size": "3355443200", "local_buffer_size": "1073741824",
             "protocol": "tcp", "device_name": ""}
+RPC_FAIL = int(ErrorCode.RPC_FAIL)
+NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
+ALREADY_EXISTS = int(ErrorCode.OBJECT_ALREADY_EXISTS)
 #: StoreConfig's spelling of a setup key -> the spelling LMCache users write
 _STORE_FIELD_ALIASES = {"master_server_addr": "master_server_address", "rdma_devices": "device_name"}
 
@@ -122,9 +130,11 @@ def _field_of(message: str) -> str:
 
 
 def settings_from(extra_config: Mapping[str, Any] | None, *, blocking_timeout_secs: float = 10.0,
-                  environ: Mapping[str, str] | None = None) -> ConnectorSettings:
+                  environ: Mapping[str, str] | None = None, where: str = "extra_config") -> ConnectorSettings:
     """Validated settings from LMCache's ``extra_config`` (or ``MOONCAKE_CONFIG_PATH``).
 
+    ``where`` is how errors name the mapping the user wrote (``extra_config`` for the remote
+    connector, ``adapter_params`` for the multiprocess mode's L2 adapter).
     Raises ConfigError naming the offending key; the store's own checks (sizes, protocol,
     unknown keys) run here too, so a bad value is reported before any socket is opened.
     """
@@ -134,10 +144,10 @@ def settings_from(extra_config: Mapping[str, Any] | None, *, blocking_timeout_se
         raw: Mapping[str, Any] = _load_json(path)
         where = f"MOONCAKE_CONFIG_PATH {path!r}"
     elif extra_config:
-        raw, where = extra_config, "extra_config"
+        raw = extra_config
     else:
-        raise ConfigError("extra_config", "no Mooncake settings: set extra_config.master_server_address, "
-                                          "metadata_server, local_hostname (or MOONCAKE_CONFIG_PATH)")
+        raise ConfigError(where, f"no Mooncake settings: set {where}.master_server_address, "
+                                 "metadata_server, local_hostname (or MOONCAKE_CONFIG_PATH)")
     setup, sources = _collect(raw, where)
     if "rpc_timeout" not in setup:
         setup["rpc_timeout"] = max(0.5, min(5.0, float(blocking_timeout_secs) / 2))
@@ -166,3 +176,60 @@ def settings_from(extra_config: Mapping[str, Any] | None, *, blocking_timeout_se
         raise ConfigError(f"{where}['storage_root_dir']", f"expected a path string, got {root!r}")
     return ConnectorSettings(setup=setup, sources=sources, transfer_timeout=transfer_timeout,
                              storage_root_dir=root, prefer_local_alloc=prefer_local)
+
+
+#: ``adapter_params`` keys of the multiprocess mode's L2 adapter that are LMCache-side, not the store's
+L2_OWN_KEYS = ("num_workers",)
+L2_WHERE = "adapter_params"
+
+
+@dataclass(frozen=True)
+class L2Settings:
+    """The multiprocess mode's L2 adapter settings: the store's, plus its worker threads."""
+
+    store: ConnectorSettings
+    num_workers: int = 2
+
+
+def l2_settings_from(params: Mapping[str, Any] | None, *,
+                     environ: Mapping[str, str] | None = None) -> L2Settings:
+    """Validated settings from the ``adapter_params`` of LMCache's ``plugin`` L2 adapter spec.
+
+    Stricter than ``extra_config``: that mapping is shared with the rest of LMCache, so keys
+    that are not ours must pass; ``adapter_params`` is ours alone, so an unknown key (a typo of
+    ``master_server_address``...) is an error naming it rather than a silent default.
+    """
+    raw = dict(params or {})
+    for k in raw:
+        if not (k in LEGACY_KEYS or k in L2_OWN_KEYS or (isinstance(k, str) and k.startswith(PREFIX))):
+            raise ConfigError(f"{L2_WHERE}[{k!r}]",
+                              f"unknown key; expected one of {', '.join(LEGACY_KEYS + L2_OWN_KEYS)} "
+                              f"or a mooncake_<store setup key>")
+    workers = raw.pop("num_workers", 2)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"{L2_WHERE}['num_workers']", f"expected a positive integer, got {workers!r}")
+    env = os.environ if environ is None else environ
+    named = {"master_server_address", "mooncake_master_server_address", "mooncake_master_server_addr"} & set(raw)
+    if not named and not env.get("MOONCAKE_CONFIG_PATH"):
+        raise ConfigError(f"{L2_WHERE}['master_server_address']",
+                          "missing: the store master's host:port (mooncake_master --port)")
+    return L2Settings(store=settings_from(raw, environ=environ, where=L2_WHERE), num_workers=workers)
+
+
+def code_name(rc: int) -> str:
+    """``-200 NO_AVAILABLE_HANDLE`` (the store's code and its upstream name)."""
+    try:
+        return f"{rc} {ErrorCode(rc).name}"
+    except ValueError:
+        return str(rc)
+
+
+def setup_error(settings: ConnectorSettings, rc: int) -> str:
+    """The key to blame for a failed ``store.setup`` return code."""
+    if rc == RPC_FAIL:
+        return (f"{settings.source('master_server_address')}="
+                f"{settings.setup.get('master_server_address')!r}: the store master is unreachable "
+                f"(store.setup returned {rc}; is mooncake_master running there?)")
+    return (f"store.setup returned {rc}: check {settings.source('local_hostname')}, "
+            f"{settings.source('metadata_server')}={settings.setup.get('metadata_server')!r} and "
+            f"{settings.source('protocol')} (the store's log line above says which failed)")

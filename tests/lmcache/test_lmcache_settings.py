@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mooncake_connectors.lmcache.settings import ConfigError, settings_from
+from mooncake_connectors.lmcache.settings import ConfigError, l2_settings_from, settings_from
 
 BASE = {"local_hostname": "127.0.0.1", "metadata_server": "http://127.0.0.1:1/metadata",
         "master_server_address": "127.0.0.1:50051"}
@@ -66,3 +66,21 @@ def test_missing_settings_name_the_key() -> None:
         settings_from(None, environ={})
     with pytest.raises(ConfigError, match=r"^extra_config\['metadata_server'\]: .*missing"):
         settings_from({"local_hostname": "h", "master_server_address": "h:1"}, environ={})
+
+
+def test_l2_adapter_params_are_the_store_keys_and_name_adapter_params() -> None:
+    """The multiprocess mode's L2 adapter: the same store keys, errors say ``adapter_params``,
+    and (the mapping being ours alone) an unknown key is an error, not a silent default."""
+    s = l2_settings_from(dict(BASE, global_segment_size="0", num_workers=3), environ={})
+    assert s.num_workers == 3 and s.store.setup["global_segment_size"] == "0"
+    assert s.store.source("master_server_address") == "adapter_params['master_server_address']"
+    assert "num_workers" not in s.store.setup
+    for params, key, what in (
+            ({"master_server_adress": "h:1"}, "adapter_params['master_server_adress']", "unknown key"),
+            ({"global_segment_size": "lots"}, "adapter_params['global_segment_size']", "lots"),
+            ({"num_workers": 0}, "adapter_params['num_workers']", "positive integer")):
+        with pytest.raises(ConfigError) as ei:
+            l2_settings_from(dict(BASE, **params), environ={})
+        assert ei.value.key == key and what in str(ei.value)
+    with pytest.raises(ConfigError, match=r"^adapter_params\['master_server_address'\]: missing"):
+        l2_settings_from({"local_hostname": "h", "metadata_server": "P2PHANDSHAKE"}, environ={})
