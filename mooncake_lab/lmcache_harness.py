@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from mooncake_core.utils.net import free_port, wait_for_port
 from mooncake_core.utils.proc import readline_timeout, stop_process
 from mooncake_lab.checkout_shim import shim_pythonpath
 from mooncake_lab.venvs import venv_dir
@@ -108,3 +109,56 @@ class LmcPeer:
                 pass
         stop_process(self.proc, 5)
         self._log.close()
+
+
+#: LMCache processes in the tests send no usage telemetry
+LMC_ENV = {"LMCACHE_TRACK_USAGE": "false"}
+
+
+def adapter_spec(master_addr: str, meta: str, **params: Any) -> str:
+    """``--l2-adapter`` JSON loading our ``MooncakeStoreL2Adapter`` through LMCache's ``plugin`` type;
+    by default the server lends no memory to the pool (``global_segment_size`` 0)."""
+    return json.dumps({"type": "plugin", "module_path": "mooncake_connectors.lmcache.l2_adapter",
+                       "class_name": "MooncakeStoreL2Adapter",
+                       "adapter_params": {"master_server_address": master_addr, "metadata_server": meta,
+                                          "local_hostname": "127.0.0.1", "global_segment_size": "0",
+                                          "local_buffer_size": str(16 << 20), "mooncake_rpc_timeout": "2",
+                                          **params}})
+
+
+class MPServer:
+    """LMCache's multiprocess cache server (``lmcache.v1.multiprocess.server``, unchanged) with an
+    L2 adapter spec (``adapter_spec``); ``args``: more of its flags."""
+
+    def __init__(self, py: str, log: Path, spec: str, *args: str, chunk_size: int = 64):
+        self.py = py
+        self.port = free_port()
+        self.log = log
+        with open(log, "ab") as f:
+            self.proc = subprocess.Popen(
+                [py, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--chunk-size", str(chunk_size), "--l1-size-gb", "0.05", "--eviction-policy", "LRU",
+                 "--disable-observability", "--l2-adapter", spec, *args],
+                stdout=f, stderr=subprocess.STDOUT, env=peer_env(LMC_ENV))
+
+    @property
+    def url(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self) -> MPServer:
+        wait_for_port("127.0.0.1", self.port, 120, self.proc)
+        return self
+
+    def clear_l1(self) -> None:
+        """Empty the server's L1 (LMCache's own ``clear`` request, forced): what it serves next
+        comes from L2."""
+        code = ("import sys; from lmcache.v1.multiprocess.transport.factory import RequestClientFactory as F; "
+                "c = F.create(sys.argv[1]); c.clear(True).result(timeout=30); c.close()")
+        subprocess.run([self.py, "-c", code, self.url], check=True, capture_output=True, timeout=120,
+                       env=peer_env(LMC_ENV))
+
+    def stop(self) -> None:
+        stop_process(self.proc, 30, sig=2)  # SIGINT: the server's own clean shutdown (closes L2 adapters)

@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 from mooncake_core.store.master_client import MasterClient
-from mooncake_core.utils.net import free_port, wait_for_port
+from mooncake_core.utils.net import free_port
 from mooncake_core.utils.proc import readline_timeout, stop_process
-from mooncake_lab.lmcache_harness import peer_env
+from mooncake_lab.lmcache_harness import LMC_ENV, MPServer, adapter_spec, peer_env
 from mooncake_lab.store_procs import Master, make_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -38,46 +38,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 HERE = Path(__file__).resolve().parent
 MODEL = "mooncake-l2-test"  # mp_worker_peer.py's model name
 CHUNKS = 2  # per request
-LMC_ENV = {"LMCACHE_TRACK_USAGE": "false"}
-
-
-def adapter_spec(master_addr: str, meta: str, **params: Any) -> str:
-    return json.dumps({"type": "plugin", "module_path": "mooncake_connectors.lmcache.l2_adapter",
-                       "class_name": "MooncakeStoreL2Adapter",
-                       "adapter_params": {"master_server_address": master_addr, "metadata_server": meta,
-                                          "local_hostname": "127.0.0.1", "global_segment_size": "0",
-                                          "local_buffer_size": str(16 << 20), "mooncake_rpc_timeout": "2",
-                                          **params}})
-
-
-class MPServer:
-    """LMCache's MP cache server process with our L2 adapter."""
-
-    def __init__(self, py: str, log: Path, spec: str):
-        self.port = free_port()
-        self.log = log
-        with open(log, "ab") as f:
-            self.proc = subprocess.Popen(
-                [py, "-m", "lmcache.v1.multiprocess.server", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--chunk-size", "64", "--l1-size-gb", "0.05", "--eviction-policy", "LRU",
-                 "--disable-observability", "--l2-adapter", spec],
-                stdout=f, stderr=subprocess.STDOUT, env=peer_env(LMC_ENV))
-
-    @property
-    def url(self) -> str:
-        return f"tcp://127.0.0.1:{self.port}"
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_ready(self) -> MPServer:
-        wait_for_port("127.0.0.1", self.port, 120, self.proc)
-        return self
-
-    def stop(self) -> None:
-        stop_process(self.proc, 30, sig=2)  # SIGINT: the server's own clean shutdown (closes L2 adapters)
-
-
 class WorkerPeer:
     """``mp_worker_peer.py`` (an engine worker) talking JSON lines."""
 
