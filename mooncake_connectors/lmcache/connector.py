@@ -26,7 +26,6 @@ connector still logs that configuration as an error.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -43,8 +42,8 @@ from mooncake_connectors.lmcache.settings import (
     ConfigError,
     code_name,
     settings_from,
-    setup_error,
 )
+from mooncake_connectors.lmcache.store_open import open_store
 from mooncake_core.pd.keys import leading_hits  # pure: 1 = present, anything else ends the run
 from mooncake_core.store import MooncakeDistributedStore, ReplicateConfig
 
@@ -75,14 +74,7 @@ class MooncakeCoreConnector(RemoteConnector):
                          "next to this one (every chunk is looked up and offered twice; the store "
                          "writes it once). Remove remote_url from the LMCache config.",
                          where, config.remote_url)
-        if self.settings.storage_root_dir:
-            os.environ["MOONCAKE_STORAGE_ROOT_DIR"] = self.settings.storage_root_dir
-        store = MooncakeDistributedStore()
-        rc = store.setup(dict(self.settings.setup))
-        if rc != 0:
-            msg = setup_error(self.settings, rc)
-            logger.error("%s: %s", where, msg)
-            raise RuntimeError(f"{where}: {msg}")
+        store = open_store(self.settings, where, logger)
         self.store = store
         try:
             self.replica_config = ReplicateConfig()

@@ -48,9 +48,9 @@ from mooncake_connectors.lmcache.settings import (
     L2Settings,
     code_name,
     l2_settings_from,
-    setup_error,
 )
-from mooncake_core.store import MooncakeDistributedStore, ReplicateConfig
+from mooncake_connectors.lmcache.store_open import open_store
+from mooncake_core.store import ReplicateConfig
 
 if TYPE_CHECKING:
     from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
@@ -96,12 +96,7 @@ class MooncakeStoreL2Adapter(L2AdapterInterface):
         if not isinstance(config, MooncakeStoreL2AdapterConfig):
             config = MooncakeStoreL2AdapterConfig.from_dict(dict(config))
         self.settings = config.settings.store
-        store = MooncakeDistributedStore()
-        rc = store.setup(dict(self.settings.setup))
-        if rc != 0:
-            msg = setup_error(self.settings, rc)
-            logger.error("%s: %s", WHERE, msg)
-            raise RuntimeError(f"{WHERE}: {msg}")
+        store = open_store(self.settings, WHERE, logger)
         self._store = store
         self._closed = False
         self._replica = ReplicateConfig()
