@@ -45,7 +45,8 @@ def main() -> None:
           for i in range(a.layers)}
     client = RequestClientFactory.create(a.url)
     ctx = create_transfer_context(kv, instance_id=4242, req_client=client, mode="lmcache_driven")
-    ctx.register(kv, MODEL, 1, blocks_in_chunk, TIMEOUT, layout_hints={"kv_layout": "NHD"},
+    # a generous first wait: the worker may start together with the server (ZeroMQ holds the request)
+    ctx.register(kv, MODEL, 1, blocks_in_chunk, 4 * TIMEOUT, layout_hints={"kv_layout": "NHD"},
                  engine_group_infos=[EngineGroupInfo(0, tuple(range(a.layers)), a.block_size)],
                  engine_type=EngineType.VLLM)
 

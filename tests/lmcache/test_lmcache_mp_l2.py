@@ -48,7 +48,7 @@ class WorkerPeer:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      text=True, env=peer_env(LMC_ENV))
         self.log = log
-        assert json.loads(readline_timeout(self.proc, 120, what="MP worker peer") or "{}").get("ready"), \
+        assert json.loads(readline_timeout(self.proc, 180, what="MP worker peer") or "{}").get("ready"), \
             log.read_text(errors="replace")[-3000:]
 
     def cmd(self, op: str, **kw: Any) -> dict[str, Any]:
@@ -94,9 +94,9 @@ def test_mp_server_l2_survives_restart_byte_exact(master_factory, lmc_py, tmp_pa
         spec = adapter_spec(m.addr, m.meta)
         a = MPServer(lmc_py, tmp_path / "server-a.log", spec)
         servers.append(a)
-        a.wait_ready()
-        w = WorkerPeer(lmc_py, a.url, tmp_path / "worker-a.log", requests=4)
+        w = WorkerPeer(lmc_py, a.url, tmp_path / "worker-a.log", requests=4)  # starts with the server
         workers.append(w)
+        a.wait_ready()
         assert w.cmd("store", requests=[0, 1, 2, 3])["stored"] == [True] * 4
         keys = wait_keys(m, 4 * CHUNKS)
         # LMCache's native-connector key string (that of its C++ mooncake_store adapter), raw KV bytes
@@ -109,9 +109,9 @@ def test_mp_server_l2_survives_restart_byte_exact(master_factory, lmc_py, tmp_pa
 
         b = MPServer(lmc_py, tmp_path / "server-b.log", spec)
         servers.append(b)
-        b.wait_ready()
         w2 = WorkerPeer(lmc_py, b.url, tmp_path / "worker-b.log", requests=4)
         workers.append(w2)
+        b.wait_ready()
         look = w2.cmd("lookup", requests=[0, 1, 2])
         assert look["hits"] == [CHUNKS] * 3, (look, b.text()[-3000:])
         got = w2.cmd("retrieve", requests=[0, 1, 2], lookup_n=look["n"])["retrieved"]

@@ -54,8 +54,9 @@ def test_vllm_lmcache_mp_connector_reads_prefix_back_from_our_store(vllm_py: str
     v = VllmServer(vllm_py, tiny_model, free_port(), 0, tmp_path / "vllm.log", cfg,
                    env={"VLLM_SERVER_DEV_MODE": "1", **LMC_ENV})
     try:
+        v.start()  # at once: the connector's requests wait in ZeroMQ until the cache server is up
         mp.wait_ready()
-        v.start().wait_healthy()
+        v.wait_healthy()
         rng = random.Random(44)
         prompt = [rng.randrange(3, 300) for _ in range(5 * BLOCK + 20)]
         first = completion(v.url, prompt, 8)["choices"][0]["token_ids"]
