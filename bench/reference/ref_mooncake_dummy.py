@@ -13,7 +13,9 @@ makes ``import mooncake.store`` resolve to this project). The caller has started
   attaching as a dummy costs.
 
 Role ``recover`` (bench/store/bench_pool_recovery.py) instead records when put + get fail and
-work again while the caller restarts the service.
+work again while the caller restarts the service. Roles ``fill`` and ``verify`` (its ``--kill
+dummy`` mode) are an engine that is SIGKILLed while it puts, and the one started after it, which
+reads what the first stored.
 
 Every value read back is compared with what was written. ``run`` prints one JSON object:
 ``{"results": {row: median seconds}, "errors": [...]}``.
@@ -165,9 +167,102 @@ def recover(args) -> None:
     os._exit(0)  # a dummy of a service that never came back may hang in close()
 
 
+def _object(tag: str, i: int, large_every: int) -> tuple[str, int]:
+    """The fill's ``i``-th key and size: 1 MiB for every ``large_every``-th, else 4 KiB (``verify``
+    derives the same)."""
+    return (f"{tag}-1MiB-{i}", MiB) if i % large_every == 0 else (f"{tag}-4KiB-{i}", 4 * KiB)
+
+
+def _value(key: str, size: int) -> bytes:
+    """The bytes stored under ``key``: derived from the key, so the next process can check them."""
+    import random
+
+    return random.Random(key).randbytes(size)
+
+
+def fill(args) -> None:
+    """An engine storing its cache, to be SIGKILLed mid-stream: attach, take a 1 MiB buffer from
+    ``alloc_from_mem_pool`` (memory the service maps), print ``{"ready": true}``, wait for a line
+    on stdin, then put objects 0, 1, ... of ``_object`` (1 MiB ones with ``put_from`` from the
+    pool buffer, 4 KiB ones with ``put``), printing ``{"i": index, "rc": code}`` after each put
+    returns, until killed (or ``--fill-limit`` s). Past ``--keep`` objects it keeps the newest
+    ``--ring`` only (removing the one ``--ring`` back before each put), so a kill that lands late
+    still finds it putting without filling the pool."""
+    Store = _store_class(args.impl)
+    s = Store()
+    rc = s.setup_dummy(args.mem_pool, args.local_buffer, args.service)
+    if rc != 0:
+        raise SystemExit(f"setup_dummy failed with {rc}")
+    values = [_value(*_object(args.tag, i, args.large_every)) for i in range(args.keep + args.ring)]
+    buf = s.alloc_from_mem_pool(MiB)
+    if not buf or s.register_buffer(buf, MiB) != 0:
+        raise SystemExit(f"alloc_from_mem_pool(1 MiB) + register_buffer failed (address {buf})")
+    print(json.dumps({"ready": True}), flush=True)
+    sys.stdin.readline()
+    deadline = time.monotonic() + args.fill_limit
+    i = 0
+    while time.monotonic() < deadline:
+        key, size = _object(args.tag, i, args.large_every)
+        value = values[i] if i < len(values) else _value(key, size)
+        if i >= args.keep + args.ring:
+            s.remove(_object(args.tag, i - args.ring, args.large_every)[0])
+        if size == MiB:
+            ctypes.memmove(buf, value, size)
+            rc = s.put_from(key, buf, size)
+        else:
+            rc = s.put(key, value)
+        print(json.dumps({"i": i, "rc": rc}), flush=True)
+        i += 1
+    print(json.dumps({"done": True}), flush=True)
+    os._exit(0)
+
+
+def verify(args) -> None:
+    """The engine started after ``fill`` was killed: attach, get the first object the killed one
+    stored until it answers its bytes (``first_get``, on ``time.monotonic()``), then get objects
+    0 .. ``--count`` - 1 and compare (``--acked``: those that must be there); remove them all. Prints one JSON object, then waits for
+    a line on stdin (the caller inspects the service meanwhile) and closes."""
+    Store = _store_class(args.impl)
+    imported = time.monotonic()
+    s = Store()
+    rc = s.setup_dummy(args.mem_pool, args.local_buffer, args.service)
+    attached = time.monotonic()
+    if rc != 0:
+        raise SystemExit(f"setup_dummy failed with {rc}")
+    acked = {int(i) for i in args.acked.split(",") if i}
+    objs = [_object(args.tag, i, args.large_every) for i in range(args.count)]
+    report: dict = {"imported": imported, "attached": attached, "first_get": None, "acked": len(acked), "readable": 0,
+                    "missing": [], "wrong": [], "unacked_readable": 0}
+    if acked:
+        key, size = objs[min(acked)]
+        want = _value(key, size)
+        deadline = time.monotonic() + args.settle
+        while time.monotonic() < deadline:
+            if s.get(key) == want:
+                report["first_get"] = time.monotonic()
+                break
+            time.sleep(0.005)
+    for i, (key, size) in enumerate(objs):
+        got = s.get(key)
+        if got:
+            if got != _value(key, size):
+                report["wrong"].append(key)
+            elif i in acked:
+                report["readable"] += 1
+            else:
+                report["unacked_readable"] += 1
+        elif i in acked:
+            report["missing"].append(key)
+        s.remove(key, force=True)  # its get leased it
+    print(json.dumps(report), flush=True)
+    sys.stdin.readline()
+    s.close()
+    os._exit(0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("role", choices=["run", "recover"])
+    ap.add_argument("role", choices=["run", "recover", "fill", "verify"])
     ap.add_argument("--impl", choices=["ours", "ref"], required=True)
     ap.add_argument("--master", required=True, help="master host:port (for --full)")
     ap.add_argument("--meta", required=True, help="metadata server URL (for --full)")
@@ -177,8 +272,16 @@ def main() -> None:
     ap.add_argument("--local-buffer", type=int, default=64 * MiB, help="setup_dummy's local_buffer_size")
     ap.add_argument("--full", action="store_true", help="also time a full client in this process")
     ap.add_argument("--interval", type=float, default=0.005, help="recover: seconds between put + get tries")
+    ap.add_argument("--tag", default="dk", help="fill/verify: key prefix of the round")
+    ap.add_argument("--count", type=int, default=128, help="verify: objects 0 .. count-1 are read")
+    ap.add_argument("--keep", type=int, default=128, help="fill: objects kept before the ring starts")
+    ap.add_argument("--ring", type=int, default=32, help="fill: newest objects kept past --keep")
+    ap.add_argument("--fill-limit", type=float, default=60.0, help="fill: seconds it puts at most")
+    ap.add_argument("--large-every", type=int, default=2, help="fill/verify: every n-th object is 1 MiB, the rest 4 KiB")
+    ap.add_argument("--acked", default="", help="verify: indexes whose put returned 0 (comma-separated)")
+    ap.add_argument("--settle", type=float, default=10.0, help="verify: seconds to wait for the first get")
     args = ap.parse_args()
-    (recover if args.role == "recover" else run)(args)
+    {"recover": recover, "fill": fill, "verify": verify}.get(args.role, run)(args)
 
 
 if __name__ == "__main__":
