@@ -66,13 +66,28 @@ DUMMY_ROWS = ("start -> first get", "  of which import", "  of which setup_dummy
               "shm reclaimed after kill")
 
 
-def _service(impl: str, python: str, master_cmd: list[str], master: str, meta: str, port: int,
+def _service(impl: str, python: str, master_cmd: list[str], common: list[str], port: int,
              args: Any, logdir: str) -> subprocess.Popen:
+    """The implementation's ``mooncake_client`` on ``port``, for the master named in ``common``
+    (the workload's arguments from ``start_master``)."""
+    master, meta = common[common.index("--master") + 1], common[common.index("--meta") + 1]
     with open(os.path.join(logdir, f"{impl}-client.log"), "a") as clog:
         return subprocess.Popen(client_cmd(impl, python, master_cmd) + [
             "--host=127.0.0.1", f"--port={port}", f"--master_server_address={master}",
             f"--metadata_server={meta}", f"--global_segment_size={args.segment}", "--protocol=tcp",
         ], stdout=clog, stderr=subprocess.STDOUT)
+
+
+def _start_pool(impl: str, python: str, master_cmd: list[str], args: Any, logdir: str,
+                procs: list[subprocess.Popen]) -> tuple[list[str], int, subprocess.Popen]:
+    """The implementation's master and its ``mooncake_client`` on a free port (both appended to
+    ``procs``); returns the workload's common arguments, the port and the service."""
+    common = start_master(impl, master_cmd, logdir, procs)
+    port = free_port()
+    service = _service(impl, python, master_cmd, common, port, args, logdir)
+    procs.append(service)
+    wait_for_port("127.0.0.1", port, 60, service)
+    return common, port, service
 
 
 def score_rounds(restarts: list[tuple[float, float, float]], outages: list[list[float | None]],
@@ -220,12 +235,7 @@ def run_dummy_kill(impl: str, python: str, master_cmd: list[str], args: Any, log
     rounds: list[dict[str, Any]] = []
     errors: list[str] = []
     try:
-        common = start_master(impl, master_cmd, logdir, procs)
-        master, meta = common[common.index("--master") + 1], common[common.index("--meta") + 1]
-        port = free_port()
-        service = _service(impl, python, master_cmd, master, meta, port, args, logdir)
-        procs.append(service)
-        wait_for_port("127.0.0.1", port, 60, service)
+        common, port, service = _start_pool(impl, python, master_cmd, args, logdir, procs)
         for r in range(args.rounds):
             rounds.append(dummy_round(impl, python, common, service.pid, port, f"dk{r}", args, logdir, procs))
     finally:
@@ -256,12 +266,7 @@ def run_impl(impl: str, python: str, master_cmd: list[str], args: Any, logdir: s
     errors: list[str] = []
     report: dict[str, Any] = {"outages": [], "calls": 0, "failed": 0}
     try:
-        common = start_master(impl, master_cmd, logdir, procs)
-        master, meta = common[common.index("--master") + 1], common[common.index("--meta") + 1]
-        port = free_port()
-        service = _service(impl, python, master_cmd, master, meta, port, args, logdir)
-        procs.append(service)
-        wait_for_port("127.0.0.1", port, 60, service)
+        common, port, service = _start_pool(impl, python, master_cmd, args, logdir, procs)
         with open(os.path.join(logdir, f"{impl}-dummy.log"), "w") as dlog:
             dummy = subprocess.Popen([python, WORKLOAD, "recover", *common, "--service", f"127.0.0.1:{port}"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=dlog, text=True)
@@ -276,7 +281,7 @@ def run_impl(impl: str, python: str, master_cmd: list[str], args: Any, logdir: s
             procs.remove(service)
             time.sleep(args.down)
             t_start = time.monotonic()
-            service = _service(impl, python, master_cmd, master, meta, port, args, logdir)
+            service = _service(impl, python, master_cmd, common, port, args, logdir)
             procs.append(service)
             wait_for_port("127.0.0.1", port, 60, service)
             restarts.append((t_kill, t_start, time.monotonic()))
@@ -331,8 +336,8 @@ def _calls(res: dict[str, Any]) -> str:
     return f"{res.get('failed', 0)}/{res.get('calls', 0)}"
 
 
-def _fmt(seconds: float | None) -> str:
-    return "not back" if seconds is None else f"{seconds * 1e3:.0f} ms"
+def _fmt(seconds: float | None, never: str = "not back") -> str:
+    return never if seconds is None else f"{seconds * 1e3:.0f} ms"
 
 
 def _stored(res: dict[str, Any] | None) -> str:
@@ -349,17 +354,22 @@ def _reclaimed(res: dict[str, Any] | None) -> str:
     return f"{sum(r['leaked'] == 0 for r in rs)}/{len(rs)}"
 
 
-def print_dummy_kill(ours: dict[str, Any], ref: dict[str, Any] | None) -> None:
+def print_timings(title: str, rows: tuple[str, ...], ours: dict[str, Any], ref: dict[str, Any] | None,
+                  width: int, never: str) -> None:
+    """The header and one line per timed row: ours, the original's, original / ours."""
     print()
-    print(f"{'a dummy SIGKILLed mid-put':32s} {'ours':>10s} {'original':>10s} {'original/ours':>14s}")
-    print("-" * 70)
+    print(f"{title:{width}s} {'ours':>10s} {'original':>10s} {'original/ours':>14s}")
+    print("-" * (width + 38))
     r_res = (ref or {}).get("results", {})
-    for row in DUMMY_ROWS:
+    for row in rows:
         o, r = ours["results"].get(row), r_res.get(row)
         ratio = f"{r / o:13.2f}x" if o and r else "           n/a"
-        label = row if row.startswith(" ") else f"{row} (median)"
-        print(f"{label:32s} {_fmt(o).replace('not back', 'never'):>10s} "
-              f"{_fmt(r).replace('not back', 'never') if ref else '':>10s} {ratio:>14s}")
+        label = row if row.startswith(" ") or title.endswith("(median)") else f"{row} (median)"
+        print(f"{label:{width}s} {_fmt(o, never):>10s} {_fmt(r, never) if ref else '':>10s} {ratio:>14s}")
+
+
+def print_dummy_kill(ours: dict[str, Any], ref: dict[str, Any] | None) -> None:
+    print_timings("a dummy SIGKILLed mid-put", DUMMY_ROWS, ours, ref, 32, "never")
     rows: list[tuple[str, Any]] = [
         ("returned-0 puts read back", _stored),
         ("rounds shm released", _reclaimed),
@@ -383,14 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         print_dummy_kill(ours, ref)
         return finish(ours, ref, args.json)
     ours, ref = measure_ours_and_ref(run_impl, args, logdir)
-    print()
-    print(f"{'after a restart (median)':28s} {'ours':>10s} {'original':>10s} {'original/ours':>14s}")
-    print("-" * 66)
-    r_res = (ref or {}).get("results", {})
-    for row in ROWS:
-        o, r = ours["results"].get(row), r_res.get(row)
-        ratio = f"{r / o:13.2f}x" if o and r else "           n/a"
-        print(f"{row:28s} {_fmt(o):>10s} {_fmt(r) if ref else '':>10s} {ratio:>14s}")
+    print_timings("after a restart (median)", ROWS, ours, ref, 28, "not back")
     print(f"{'failed / all put+get':28s} {_calls(ours):>10s} {_calls(ref) if ref else '':>10s}")
     return finish(ours, ref, args.json)
 
