@@ -139,7 +139,7 @@ def main() -> int:
     peers, engines = {}, {}
     for name, (tls, _) in LANES.items():
         env = {**os.environ, "UCX_TLS": tls, "PYTHONPATH": os.pathsep.join(filter(None, [
-            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH")]))}
+            REPO, os.environ.get("PYTHONPATH")]))}
         p = subprocess.Popen([sys.executable, __file__, "--serve", str(region)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env=env)
         peers[name] = (p, json.loads(p.stdout.readline()))
