@@ -148,6 +148,9 @@ _VARS: list[EnvVar[Any]] = [
            "`rdma`: microseconds a transfer polls its UCX worker before sleeping on its event fd (the "
            "progress thread polls twice as long after serving a peer; both back off on a loaded host; "
            "0 = never poll)", _TE),
+    EnvVar("MC_WORKERS_PER_CTX", _int(1), 2,
+           "`rdma`: UCP workers per NIC, each with its progress thread; a transfer of at least 2 MiB is split "
+           "over them (as the original's worker threads per context)", _TE),
     EnvVar("MC_UCX_PEER_ERRORS", _flag, False,
            "UCX endpoints with peer error handling (a dead peer fails fast; UCX then drops shared-memory "
            "lanes and halves tcp PUT), otherwise a dead peer is found by the transfer deadline", _TE),
@@ -252,6 +255,7 @@ if TYPE_CHECKING:  # what ``envs.NAME`` evaluates to (read at call time through 
     MC_DEVICE_STAGING_BYTES: int
     MC_UCX_LIBRARY: str
     MC_UCX_BUSY_POLL_US: int
+    MC_WORKERS_PER_CTX: int
     MC_UCX_PEER_ERRORS: bool
     MC_IB_PORT: int | None
     MC_GID_INDEX: int | None

@@ -142,7 +142,11 @@ def main() -> int:
             REPO, os.environ.get("PYTHONPATH")]))}
         p = subprocess.Popen([sys.executable, __file__, "--serve", str(region)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env=env)
-        peers[name] = (p, json.loads(p.stdout.readline()))
+        line = p.stdout.readline()
+        while line.startswith("["):  # a UCX warning (UCX logs to stdout), e.g. an unused UCX_* variable
+            print(line.rstrip(), file=sys.stderr)
+            line = p.stdout.readline()
+        peers[name] = (p, json.loads(line))
         os.environ["UCX_TLS"] = tls
         e = TransferEngine()
         assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0, e.last_error

@@ -307,3 +307,50 @@ def test_small_transfers_from_many_threads_byte_exact(start_peer, monkeypatch, c
         assert peer.sha(0, size) == sha(image)
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("peer_workers", [2, 1])
+def test_large_transfers_split_over_workers_byte_exact(start_peer, lanes, caplog, peer_workers):
+    """A transfer of >= 2 MiB on one NIC is split over the MC_WORKERS_PER_CTX workers (default 2),
+    each part moved by its own thread to its own peer worker -- or, against a peer publishing
+    one worker (MC_WORKERS_PER_CTX=1, or a version before workers), all to that one. Single
+    requests (odd offsets and length) and scattered batches, both directions, byte-exact."""
+    caplog.set_level(logging.INFO, logger="mooncake.te.ucx")
+    size = 16 * MB
+    peer = start_peer("P2PHANDSHAKE", size=size, protocol="rdma",
+                      env={"UCX_TLS": TLS[lanes], "MC_WORKERS_PER_CTX": str(peer_workers)})
+    eng = TransferEngine()
+    assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0, eng.last_error
+    try:
+        rng = np.random.default_rng(31)
+        src = rng.integers(0, 256, size, dtype=np.uint8)
+        dst = np.zeros(size, dtype=np.uint8)
+        assert eng.register_memory(src.ctypes.data, src.nbytes) == 0
+        assert eng.register_memory(dst.ctypes.data, dst.nbytes) == 0
+        image = peer.expected()
+        n = size - 12345  # not a multiple of the pieces' page alignment
+        assert eng.transfer_sync_write(peer.segment, src.ctypes.data + 7, peer.addr + 3, n, "rdma") == 0, \
+            eng.last_error
+        image[3:3 + n] = src[7:7 + n]
+        assert peer.sha(0, size) == sha(image)
+        assert eng.transfer_sync_read(peer.segment, dst.ctypes.data, peer.addr, size, "rdma") == 0, eng.last_error
+        assert (dst == image).all()
+        # a scattered batch of uneven blocks: every block in exactly one worker's part
+        lens = rng.integers(1, 16 * 1024, 1000)
+        slots = rng.permutation(size // (16 * 1024))[:1000] * (16 * 1024)
+        locs = (src.ctypes.data + slots[::-1]).tolist()
+        assert eng.batch_transfer_sync_write(peer.segment, locs, (peer.addr + slots).tolist(), lens.tolist(),
+                                             "rdma") == 0, eng.last_error
+        for s_, r_, ln in zip(slots[::-1], slots, lens):
+            image[r_:r_ + ln] = src[s_:s_ + ln]
+        assert peer.sha(0, size) == sha(image)
+        dst[:] = 0
+        assert eng.batch_transfer_sync_read(peer.segment, (dst.ctypes.data + slots).tolist(),
+                                            (peer.addr + slots).tolist(), lens.tolist(), "rdma") == 0, eng.last_error
+        for r_, ln in zip(slots, lens):
+            assert (dst[r_:r_ + ln] == image[r_:r_ + ln]).all()
+        used = {(r.worker, r.peer_worker) for r in caplog.records
+                if r.getMessage() == "UCX endpoint to peer" and r.segment == peer.segment}
+        assert used == ({(0, 0), (1, 1)} if peer_workers == 2 else {(0, 0), (1, 0)}), used
+    finally:
+        eng.close()

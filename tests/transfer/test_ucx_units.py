@@ -151,3 +151,31 @@ def test_memlock_warning_only_with_rdma_lanes_and_a_low_limit():
     assert msg is not None and "64 KiB" in msg and "ulimit -l unlimited" in msg and "memlock=-1" in msg
     assert lanes.memlock_warning(-1, -1, rdma) is None
     assert lanes.memlock_warning(64 << 10, -1, tcp_only) is None
+
+
+def test_pieces_and_parts_cover_every_byte_once():
+    import numpy as np
+
+    from mooncake_core.transfer.ucx import plan
+    assert plan.pieces(64 << 20, 2) == [(0, 32 << 20), (32 << 20, 32 << 20)]
+    assert plan.pieces(3000, 2) == [(0, 3000)] and plan.pieces(1 << 20, 1) == [(0, 1 << 20)]
+    for length, n in ((5 << 20, 3), ((2 << 20) + 1, 2), (12289, 4), (10 << 20, 7)):
+        got = plan.pieces(length, n)
+        assert len(got) <= n and sum(x for _, x in got) == length
+        assert all(off % 4096 == 0 for off, _ in got)  # whole pages per worker
+        assert [off for off, _ in got] == [0] + list(np.cumsum([x for _, x in got])[:-1])
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 4):
+        length = rng.integers(1, 1 << 16, 997)
+        parts = plan.split_blocks(length, n)
+        assert parts[0][0] == 0 and parts[-1][1] == len(length) and len(parts) == n
+        assert all(a < b and b == c for (a, b), (c, _) in zip(parts, parts[1:] + [(len(length), 0)]))
+        share = [int(length[a:b].sum()) for a, b in parts]
+        assert max(share) - min(share) <= 2 * int(length.max())  # near-equal bytes
+    assert plan.split_blocks(np.array([5]), 2) == [(0, 1)]
+    assert plan.split_blocks(np.array([1, 1, 1]), 4) == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_tcp_tuning_yields_to_the_users_ucx_variables():
+    assert lanes.tuning({}) == lanes.TCP_TUNING
+    assert lanes.tuning({"UCX_TCP_TX_SEG_SIZE": "8K"}) == {"TCP_RX_SEG_SIZE": lanes.TCP_TUNING["TCP_RX_SEG_SIZE"]}

@@ -565,9 +565,13 @@ class Ucp:
         return text
 
     # ------------------------------------------------------------------ context and worker
-    def init(self, config: dict[str, str], name: str = "mooncake") -> int:
+    def init(self, config: dict[str, str], name: str = "mooncake", shared: bool = False,
+             tuning: dict[str, str] | None = None) -> int:
         """A context with RMA + WAKEUP; ``config`` entries are UCX variables without ``UCX_``
-        (``TLS``, ``NET_DEVICES``), applied on top of the environment's ``UCX_*``."""
+        (``TLS``, ``NET_DEVICES``), applied on top of the environment's ``UCX_*``. ``tuning``:
+        entries applied where this UCX knows them (our defaults, skipped otherwise). ``shared``:
+        several workers, each used by its own thread, share the context (UCX then locks the
+        context itself)."""
         cfg = _P()
         self.check("ucp_config_read", self.lib.ucp_config_read(None, None, ctypes.byref(cfg)))
         try:
@@ -575,8 +579,10 @@ class Ucp:
                 st = self.lib.ucp_config_modify(cfg, k.encode(), v.encode())
                 if st != UCS_OK:
                     raise UcxError(f"ucp_config_modify({k}={v})", st, self.status_text(st))
+            for k, v in (tuning or {}).items():
+                self.lib.ucp_config_modify(cfg, k.encode(), v.encode())  # an older UCX without the knob: skipped
             p = _Params(field_mask=UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
-                        features=UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP, mt_workers_shared=0)
+                        features=UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP, mt_workers_shared=int(shared))
             ctx = _P()
             self.check("ucp_init", self.lib.ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, ctypes.byref(p), cfg,
                                                              ctypes.byref(ctx)))

@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-__all__ = ["ORIGINAL_TO_UCX", "RDMA_TLS", "Resource", "ep_lanes", "is_rdma", "mc_config", "net_devices",
-           "no_rdma_warning", "resources"]
+__all__ = ["ORIGINAL_TO_UCX", "RDMA_TLS", "TCP_TUNING", "Resource", "ep_lanes", "is_rdma", "mc_config", "net_devices",
+           "no_rdma_warning", "resources", "tuning"]
 
 #: UCX transports that run on an RDMA NIC (InfiniBand, RoCE, EFA): one-sided in hardware
 RDMA_TLS = frozenset({"rc", "rc_v", "rc_verbs", "rc_x", "rc_mlx5", "dc", "dc_x", "dc_mlx5", "ud", "ud_v",
@@ -84,6 +84,19 @@ def rma_lanes(lanes: Sequence[Lane]) -> list[str]:
 #: them), and MC_IB_PORT is the port given to a device named without one (``net_devices``)
 ORIGINAL_TO_UCX: dict[str, str] = {"MC_GID_INDEX": "IB_GID_INDEX", "MC_MTU": "IB_PATH_MTU", "MC_IB_SL": "IB_SL",
                              "MC_IB_TC": "IB_TRAFFIC_CLASS", "MC_RETRY_CNT": "RC_RETRY_COUNT"}
+
+
+#: our defaults for UCX's tcp lane, each unless the user set its ``UCX_*``. Why: the tcp lane
+#: moves an emulated GET's reply (a tcp lane has no one-sided read) and a PUT's bounce in
+#: ``TX_SEG_SIZE`` pieces, 8 KiB by default, one target progress call each; with 1 MiB pieces a
+#: 64 MiB read over loopback went from 1.1 to 3.9 GB/s (bench/transfer/bench_ucx.py). RDMA lanes
+#: do not read these.
+TCP_TUNING: dict[str, str] = {"TCP_TX_SEG_SIZE": "1M", "TCP_RX_SEG_SIZE": "1M"}
+
+
+def tuning(env: Mapping[str, str]) -> dict[str, str]:
+    """``TCP_TUNING`` less what the user set as ``UCX_*`` in ``env``."""
+    return {k: v for k, v in TCP_TUNING.items() if not env.get(f"UCX_{k}", "").strip()}
 
 
 def mc_config(env: Mapping[str, str]) -> dict[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["pair", "rail_groups", "slice_blocks", "windows"]
+__all__ = ["pair", "pieces", "rail_groups", "slice_blocks", "split_blocks", "windows"]
 
 
 def rail_groups(net_devices: str) -> list[str]:
@@ -73,3 +73,37 @@ def windows(length: np.ndarray, window_bytes: int) -> list[tuple[int, int]]:
         base = int(ends[end - 1])
         start = end
     return out
+
+
+def pieces(length: int, n: int, align: int = 4096) -> list[tuple[int, int]]:
+    """``length`` bytes cut into at most ``n`` contiguous (offset, length) pieces of near-equal
+    size, every cut on an ``align`` boundary (whole pages per worker); fewer pieces when the
+    bytes do not fill ``n`` aligned ones."""
+    if n <= 1 or length <= align:
+        return [(0, length)]
+    step = -(-length // n)
+    step = -(-step // align) * align
+    out = []
+    off = 0
+    while off < length:
+        out.append((off, min(step, length - off)))
+        off += step
+    return out
+
+
+def split_blocks(length: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """Blocks ``[start, end)`` index ranges for ``n`` workers, contiguous, carrying near-equal
+    bytes (a block is never cut: slice long ones first); fewer ranges when there are fewer
+    blocks. Every block is in exactly one range."""
+    count = len(length)
+    if n <= 1 or count <= 1:
+        return [(0, count)]
+    ends = np.cumsum(length)
+    total = int(ends[-1])
+    cuts = [0]
+    for k in range(1, n):
+        c = int(np.searchsorted(ends, total * k / n, side="left")) + 1
+        c = min(max(c, cuts[-1] + 1), count)
+        cuts.append(c)
+    cuts.append(count)
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]

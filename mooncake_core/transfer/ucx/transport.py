@@ -4,8 +4,11 @@ The same calls run over verbs / RoCE / EFA lanes on RDMA NICs and over tcp / sha
 lanes elsewhere, so CI exercises the real code path (docs/transfer-engine.md says what was
 measured on which lanes).
 
-* **One UCP context and worker per NIC** (a *rail*; one rail for every device when
-  ``device_name`` names at most one), each with a progress thread. A peer's one-sided
+* **One UCP context per NIC** (a *rail*; one rail for every device when ``device_name`` names
+  at most one) with ``MC_WORKERS_PER_CTX`` workers (default 2, as the original's worker
+  threads per context), each with a progress thread. On one NIC a transfer of at least
+  ``SPLIT_BYTES`` is split over the workers, each part moved by its own thread to the peer's
+  worker of the same index (``_Rail`` says why). A peer's one-sided
   operations need no help from us on RDMA lanes, but on tcp lanes UCX emulates GET (and
   completes PUT) with messages the *target* must progress, so every engine keeps
   progressing. The thread sleeps on the worker's event fd (``ucp_worker_arm``) when idle
@@ -84,6 +87,9 @@ SLICE_BYTES = 1 << 20
 WINDOW_BYTES = 4 << 20
 #: windows in flight per rail (the next is posted while the previous one drains)
 DEPTH = 2
+#: a single transfer at least this large is split over the rail's workers (MC_WORKERS_PER_CTX),
+#: each piece moved by its own thread; below, handing a piece to a thread costs more than it saves
+SPLIT_BYTES = 2 << 20
 
 
 def rdma_devices() -> dict[str, list[int]]:
@@ -117,10 +123,11 @@ class _Peer:
     pidfd turns readable when the process exits, so one poll after the flush tells.
     """
 
-    __slots__ = ("ep", "address", "rkeys", "lanes", "lane_label", "pidfd", "rail", "closed_flag")
+    __slots__ = ("ep", "address", "rkeys", "lanes", "lane_label", "pidfd", "rail", "w", "closed_flag")
 
-    def __init__(self, ep: int, address: bytes, lanes: list[str], pidfd: int, rail: "_Rail") -> None:
+    def __init__(self, ep: int, address: bytes, lanes: list[str], pidfd: int, rail: "_Rail", w: "_Worker") -> None:
         self.rail = rail
+        self.w = w  # the worker this endpoint lives on (one of the rail's)
         # set under the rail's worker lock when the endpoint is closed; a C int, because the
         # compiled post (``NativeWorker.rma``) reads it under that lock too
         self.closed_flag = ctypes.c_int(0)
@@ -161,7 +168,8 @@ def _pidfd_of(desc: SegmentDescriptor, boot_id: str, pidns: str) -> int:
 
 
 class _Worker:
-    """A UCP context + worker, one lock around every call into it, and its progress thread.
+    """A UCP worker of its rail's context, one lock around every call into it, and its progress
+    thread.
 
     With the compiled helpers (``binding.native``) the lock is a pthread mutex and the waits and
     the progress thread's loop run in C without the GIL: a transfer's caller posts, flushes and
@@ -169,18 +177,20 @@ class _Worker:
     progresses) never competes with it for the GIL. Without a compiler the same logic runs in
     Python (correct, slower)."""
 
-    def __init__(self, ucp: Ucp, config: dict[str, str]) -> None:
+    def __init__(self, ucp: Ucp, ctx: int) -> None:
         self.ucp = ucp
-        self.ctx = ucp.init(config)
+        self.worker = ucp.worker_create(ctx)
         try:
-            self.worker = ucp.worker_create(self.ctx)
             self.efd = ucp.worker_efd(self.worker)
             self.address = ucp.worker_address(self.worker)
             lib = native()
             self.native = NativeWorker(lib, ucp, self.worker, self.efd) if lib is not None else None
         except BaseException:
-            ucp.cleanup(self.ctx)
+            ucp.worker_destroy(self.worker)
             raise
+        from concurrent.futures import ThreadPoolExecutor
+        # the thread that moves this worker's part of a split transfer (started on first use)
+        self._pieces = ThreadPoolExecutor(max_workers=1, thread_name_prefix="te-ucx-part")
         self.spin_s = envs.MC_UCX_BUSY_POLL_US / 1e6 if self.native is not None else PY_SPIN_S
         self.lock: Any = self.native.lock if self.native is not None else threading.Lock()
         self.waiters = 0  # callers progressing the worker themselves right now (Python path)
@@ -189,9 +199,6 @@ class _Worker:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="te-ucx-progress", daemon=True)
         self._thread.start()
-
-    def context_info(self) -> str:
-        return self.ucp.context_info(self.ctx)
 
     def _run(self) -> None:
         if self.native is not None:
@@ -293,7 +300,19 @@ class _Worker:
             req = self.ucp.ep_flush(p.ep)
         return self.wait(req, deadline)
 
+    def submit(self, deadline: float, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` on this worker's part thread (a Future): a part of a split transfer
+        posted and waited there runs beside the caller's own part, without the GIL in between.
+        A part still queued at ``deadline`` (behind other transfers' parts) is not started: the
+        caller has given up, and nothing may land in its buffers afterwards."""
+        def part() -> Any:
+            if time.monotonic() > deadline:
+                raise TransferError("timed out (deadline passed before this worker was free)", peer_down=False)
+            return fn(*args)
+        return self._pieces.submit(part)
+
     def close(self) -> None:
+        self._pieces.shutdown(wait=True)
         self._stop.set()
         self._unwatched.set()
         if self.native is not None:
@@ -301,28 +320,71 @@ class _Worker:
         self._thread.join(timeout=2.0)
         with self.lock:
             self.ucp.worker_destroy(self.worker)
-            self.ucp.cleanup(self.ctx)
         if self.native is not None and not self._thread.is_alive():
             self.native.free()
 
 
 class _Rail:
-    """One NIC (or every device, for a single rail): its worker, memory handles, and state."""
+    """One NIC (or every device, for a single rail): its UCP context, its workers (``w`` is the
+    first: batches and multi-NIC windows run there), memory handles, and state.
 
-    def __init__(self, index: int, group: str, worker: _Worker) -> None:
+    Why several workers: one worker is one thread's worth of progress -- on shared memory one
+    ``process_vm_writev`` at a time, on tcp one socket's copies on each side. A large transfer
+    split over ``MC_WORKERS_PER_CTX`` workers, each piece driven by its own thread against its
+    own peer worker, moves as our cma and tcp transports do with two copy threads /
+    connections (bench/transfer/bench_ucx.py: 64 MiB over shared memory 8.2 -> 13.5 GB/s).
+    The workers share the context, so memory is mapped (on RDMA: registered) once."""
+
+    def __init__(self, index: int, group: str, ucp: Ucp, config: dict[str, str], tuning: dict[str, str],
+                 n_workers: int) -> None:
         self.index = index
         self.group = group              # UCX_NET_DEVICES of this rail ("" = all)
         self.name = plan.rail_name(group)
-        self.w = worker
+        self.ucp = ucp
+        self.ctx = ucp.init(config, shared=n_workers > 1, tuning=tuning)
+        self.workers: list[_Worker] = []
+        try:
+            for _ in range(n_workers):
+                self.workers.append(_Worker(ucp, self.ctx))
+        except BaseException:
+            self.close()
+            raise
+        self.w = self.workers[0]
+        # context calls (mem_map, rkey_pack) from the engine's threads, one at a time
+        self.ctx_lock = threading.Lock()
         self.memh: dict[int, tuple[int, str]] = {}  # region addr -> (memh, packed rkey b64)
         self.down_until = 0.0           # monotonic time before which this rail is not used
 
     def up(self, now: float) -> bool:
         return now >= self.down_until
 
+    def context_info(self) -> str:
+        return self.ucp.context_info(self.ctx)
+
     def section(self) -> dict[str, Any]:
-        return {"dev": self.name, "worker": base64.b64encode(self.w.address).decode(),
+        addrs = [base64.b64encode(w.address).decode() for w in self.workers]
+        # "worker": the first, as before (a peer that knows only it uses that one for everything)
+        return {"dev": self.name, "worker": addrs[0], "workers": addrs,
                 "rkeys": {str(a): packed for a, (_, packed) in self.memh.items()}}
+
+    def map(self, addr: int, length: int) -> tuple[int, str]:
+        """``ucp_mem_map`` a region once for every worker; (memh, packed remote key, base64)."""
+        with self.ctx_lock, self.w.lock:
+            memh = self.ucp.mem_map(self.ctx, addr, length)
+            try:
+                return memh, base64.b64encode(self.ucp.rkey_pack(self.ctx, memh)).decode()
+            except BaseException:
+                self.ucp.mem_unmap(self.ctx, memh)
+                raise
+
+    def unmap(self, memh: int) -> None:
+        with self.ctx_lock, self.w.lock:
+            self.ucp.mem_unmap(self.ctx, memh)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.ucp.cleanup(self.ctx)
 
 
 class _Window:
@@ -351,7 +413,7 @@ class UcxTransport(Transport):
         self.rails: list[_Rail] = []
         self.library: LoadedUcp | None = None
         self.lanes: list[lanes_mod.Resource] = []
-        self._peers: dict[tuple[str, int, str], _Peer] = {}
+        self._peers: dict[tuple[str, int, int, str], _Peer] = {}  # (segment, rail, worker, peer address)
         self._plock = threading.Lock()
         self._section: dict[str, Any] | None = None
         self._topo: topology.Topology = {}
@@ -377,13 +439,14 @@ class UcxTransport(Transport):
         # which NICs a region's slices go to first (NUMA node / GPU); ValueError on a bad custom matrix
         self._topo = topology.local(ctx.device_name, envs.MC_CUSTOM_TOPO_JSON) if len(groups) > 1 else {}
         try:
+            tune = lanes_mod.tuning(os.environ)
             for i, group in enumerate(groups):
                 cfg = {**config, **({"NET_DEVICES": group} if group else {})}
-                self.rails.append(_Rail(i, group, _Worker(ucp, cfg)))
+                self.rails.append(_Rail(i, group, ucp, cfg, tune, envs.MC_WORKERS_PER_CTX))
         except BaseException:
             self.close()
             raise
-        self.lanes = [r for rail in self.rails for r in lanes_mod.resources(rail.w.context_info())]
+        self.lanes = [r for rail in self.rails for r in lanes_mod.resources(rail.context_info())]
         if lanes_mod.has_cuda(self.lanes):
             # this UCX moves GPU memory itself (cuda_copy/cuda_ipc; GPUDirect RDMA where the NIC and
             # driver allow): cuda:N regions are served without pinned-host staging. An instance
@@ -392,7 +455,8 @@ class UcxTransport(Transport):
                                                        local_device=True))
         log.info("UCX loaded", extra={"library": self.library.path, "source": self.library.source,
                                       "version": ucp.version(), "net_devices": net or "all", "config": config,
-                                      "rails": [r.name for r in self.rails],
+                                      "tuning": tune, "rails": [r.name for r in self.rails],
+                                      "workers_per_nic": envs.MC_WORKERS_PER_CTX,
                                       "lanes": sorted({r.lane for r in self.lanes})})
         warning = lanes_mod.no_rdma_warning(self.lanes, self.library.source, self.library.path,
                                             sorted(rdma_devices()))
@@ -415,14 +479,7 @@ class UcxTransport(Transport):
         done: list[_Rail] = []
         try:
             for rail in self.rails:
-                w = rail.w
-                with w.lock:
-                    memh = w.ucp.mem_map(w.ctx, region.addr, region.length)
-                    try:
-                        packed = base64.b64encode(w.ucp.rkey_pack(w.ctx, memh)).decode()
-                    except BaseException:
-                        w.ucp.mem_unmap(w.ctx, memh)
-                        raise
+                memh, packed = rail.map(region.addr, region.length)
                 with self._plock:
                     rail.memh[region.addr] = (memh, packed)
                 done.append(rail)
@@ -437,8 +494,7 @@ class UcxTransport(Transport):
         with self._plock:
             got = rail.memh.pop(addr, None)
         if got is not None:
-            with rail.w.lock:
-                rail.w.ucp.mem_unmap(rail.w.ctx, got[0])
+            rail.unmap(got[0])
 
     def _republish(self) -> None:
         if self.rails:
@@ -470,26 +526,31 @@ class UcxTransport(Transport):
                                 "'rdma', or another version)")
         return list(rails)
 
-    def endpoint(self, desc: SegmentDescriptor, rail: _Rail, remote: list[dict[str, Any]]) -> tuple[_Peer, dict]:
-        """The endpoint from ``rail`` to the peer rail it pairs with, and that rail's rkeys."""
+    def endpoint(self, desc: SegmentDescriptor, rail: _Rail, remote: list[dict[str, Any]],
+                 k: int = 0) -> tuple[_Peer, dict]:
+        """The endpoint from ``rail``'s worker ``k`` to the peer rail it pairs with (that rail's
+        worker ``k``, or its only one), and that rail's rkeys."""
         r = remote[plan.pair(rail.name, rail.index, [str(x.get("dev", "")) for x in remote])]
-        key = (desc.name, rail.index, str(r["worker"]))  # the published (base64) address: decoded once, below
+        addrs = r.get("workers") or [r["worker"]]
+        published = str(addrs[k % len(addrs)])
+        key = (desc.name, rail.index, k, published)  # the published (base64) address: decoded once, below
         p = self._peers.get(key)
         if p is None:
             with self._plock:
                 p = self._peers.get(key)
                 if p is None:
-                    address = base64.b64decode(r["worker"])
-                    w = rail.w
+                    address = base64.b64decode(published)
+                    w = rail.workers[k]
                     with w.lock:
                         ep = w.ucp.ep_create(w.worker, address, envs.MC_UCX_PEER_ERRORS)
                         info = w.ucp.ep_info(ep)
                     found = lanes_mod.ep_lanes(info)
                     c = self.ctx
                     pidfd = _pidfd_of(desc, c.boot_id, c.pidns) if c is not None else -1
-                    p = _Peer(ep, address, lanes_mod.rma_lanes(found), pidfd, rail)
+                    p = _Peer(ep, address, lanes_mod.rma_lanes(found), pidfd, rail, w)
                     self._peers[key] = p
-                    log.info("UCX endpoint to peer", extra={"segment": desc.name, "rail": rail.name,
+                    log.info("UCX endpoint to peer", extra={"segment": desc.name, "rail": rail.name, "worker": k,
+                                                            "peer_worker": k % len(addrs),
                                                             "peer_rail": r.get("dev"),
                                                             "lanes": [ln.name for ln in found], "rma_lanes": p.lanes})
         return p, r.get("rkeys", {})
@@ -497,7 +558,7 @@ class UcxTransport(Transport):
     def rkey_handles(self, p: _Peer, rkeys: dict[str, str], desc: SegmentDescriptor, addrs: list[int]) -> np.ndarray:
         """Unpacked remote keys (handles) of the peer's regions at ``addrs`` on ``p``'s endpoint."""
         out = np.empty(len(addrs), dtype=np.int64)
-        w = p.rail.w
+        w = p.w
         for i, addr in enumerate(addrs):
             rk = p.rkeys.get(addr)
             if rk is None:
@@ -512,9 +573,10 @@ class UcxTransport(Transport):
             out[i] = rk
         return out
 
-    def cached_endpoint(self, segment: str, rail_index: int) -> _Peer | None:
+    def cached_endpoint(self, segment: str, rail_index: int, worker: int = 0) -> _Peer | None:
+        """The endpoint of ``rail_index``'s worker ``worker`` to ``segment``."""
         with self._plock:
-            return next((p for k, p in self._peers.items() if k[0] == segment and k[1] == rail_index), None)
+            return next((p for k, p in self._peers.items() if k[:3] == (segment, rail_index, worker)), None)
 
     def drop_peer(self, desc: SegmentDescriptor) -> None:
         with self._plock:
@@ -524,7 +586,7 @@ class UcxTransport(Transport):
             self._close_ep(p, time.monotonic() + 2.0)
 
     def _close_ep(self, p: _Peer, deadline: float) -> None:
-        w = p.rail.w
+        w = p.w
         with w.lock:
             if p.closed:
                 return
@@ -596,11 +658,43 @@ class UcxTransport(Transport):
             loc = own.location if own is not None and ":" in own.location else "cpu:0"
             first, _ = topology.preferred(self._topo, loc, [r.name for r in up])
             up, reserve = [r for r in up if r.name in first], [r for r in up if r.name not in first]
+        addrs = [r.addr for r in regs]
+        n_workers = len(up[0].workers)
+        if len(up) == 1 and not reserve and n_workers > 1 and int(length.sum()) >= SPLIT_BYTES:
+            # one NIC: the batch split over its workers, each part a run of its own on its own thread
+            local, remote, length, region = plan.slice_blocks(local, remote, length, region, SLICE_BYTES)
+            parts = plan.split_blocks(length, n_workers)
+            runs = [(_Run(self, desc, write, local[a:b], remote[a:b], length[a:b], region[a:b], addrs, remote_rails,
+                          deadline, k), plan.windows(length[a:b], WINDOW_BYTES)) for k, (a, b) in enumerate(parts)]
+            futures = [up[0].workers[k].submit(deadline, run.go, up, order, [])
+                       for k, (run, order) in enumerate(runs) if k]
+            self._join(desc, futures, lambda: runs[0][0].go(up, runs[0][1], []), deadline)
+            return
         if len(up) > 1:
             local, remote, length, region = plan.slice_blocks(local, remote, length, region, SLICE_BYTES)
         order = [w for w in plan.windows(length, WINDOW_BYTES)]
-        run = _Run(self, desc, write, local, remote, length, region, [r.addr for r in regs], remote_rails, deadline)
+        run = _Run(self, desc, write, local, remote, length, region, addrs, remote_rails, deadline)
         run.go(up, order, reserve)
+
+    @staticmethod
+    def _join(desc: SegmentDescriptor, futures: list[Any], own: Any, deadline: float) -> None:
+        """Run ``own()`` here while the ``futures`` (the other workers' parts of one transfer) run
+        on their threads; wait for all (each ends by the deadline), then raise the first error."""
+        error: TransferError | None = None
+        try:
+            own()
+        except TransferError as e:
+            error = e
+        for f in futures:
+            try:
+                f.result(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
+            except TransferError as e:
+                error = error or e
+            except Exception as e:  # noqa: BLE001 -- a part's failure becomes this transfer's error
+                error = error or TransferError(f"ucx transfer to segment {desc.name!r}: a part failed: {e!r}",
+                                               peer_down=True)
+        if error is not None:
+            raise error
 
     def transfer_one(self, desc: SegmentDescriptor, opcode: int, local: int, remote: int, length: int,
                      deadline: float) -> None:
@@ -615,9 +709,25 @@ class UcxTransport(Transport):
         self._check_memory(desc, [region])
         rail = up[0]
         write = opcode == TransferOpcode.WRITE
-        p, rkeys = self.endpoint(desc, rail, self._remote(desc))
-        rk = int(self.rkey_handles(p, rkeys, desc, [region.addr])[0])
-        w = rail.w
+        remote_rails = self._remote(desc)
+        cuts = plan.pieces(length, len(rail.workers) if length >= SPLIT_BYTES else 1)
+        if len(cuts) == 1:
+            self._piece(desc, rail, 0, remote_rails, write, local, length, remote, region.addr, deadline)
+            return
+        # the other workers' pieces on their own threads, the first here; every piece ends by the deadline
+        futures = [rail.workers[k].submit(deadline, self._piece, desc, rail, k, remote_rails, write, local + off, n,
+                                          remote + off, region.addr, deadline)
+                   for k, (off, n) in enumerate(cuts) if k]
+        self._join(desc, futures, lambda: self._piece(desc, rail, 0, remote_rails, write, local, cuts[0][1], remote,
+                                                      region.addr, deadline), deadline)
+
+    def _piece(self, desc: SegmentDescriptor, rail: _Rail, k: int, remote_rails: list[dict[str, Any]], write: bool,
+               local: int, length: int, remote: int, region_addr: int, deadline: float) -> None:
+        """One contiguous put/get on ``rail``'s worker ``k``, posted, flushed and waited here; its
+        endpoint is closed (the next use reconnects) when it fails or times out."""
+        p, rkeys = self.endpoint(desc, rail, remote_rails, k)
+        rk = int(self.rkey_handles(p, rkeys, desc, [region_addr])[0])
+        w = p.w
         try:
             st = w.rma(p, write, local, length, remote, rk, deadline)
         except UcxError as e:
@@ -642,15 +752,13 @@ class UcxTransport(Transport):
             except UcxError:
                 pass
         for rail in rails:
-            w = rail.w
-            with w.lock:
-                for memh, _ in rail.memh.values():
-                    try:
-                        w.ucp.mem_unmap(w.ctx, memh)
-                    except UcxError:
-                        pass
-                rail.memh.clear()
-            w.close()
+            for memh, _ in rail.memh.values():
+                try:
+                    rail.unmap(memh)
+                except UcxError:
+                    pass
+            rail.memh.clear()
+            rail.close()
 
 
 class _Run:
@@ -659,8 +767,9 @@ class _Run:
 
     def __init__(self, t: UcxTransport, desc: SegmentDescriptor, write: bool, local: np.ndarray,
                  remote: np.ndarray, length: np.ndarray, region: np.ndarray, region_addrs: list[int],
-                 remote_rails: list[dict[str, Any]], deadline: float) -> None:
+                 remote_rails: list[dict[str, Any]], deadline: float, k: int = 0) -> None:
         self.t, self.desc, self.write, self.deadline = t, desc, write, deadline
+        self.k = k  # which of each rail's workers this run uses (a split transfer runs one per worker)
         self.local, self.remote, self.length, self.region = local, remote, length, region
         self.region_addrs = region_addrs
         self.remote_rails = remote_rails
@@ -670,7 +779,7 @@ class _Run:
     def _open(self, rail: _Rail) -> tuple[_Peer, np.ndarray]:
         """The rail's current endpoint and the remote key of every block on it (unpacked again
         when the endpoint changed: another transfer may have closed the old one)."""
-        p, rkeys = self.t.endpoint(self.desc, rail, self.remote_rails)
+        p, rkeys = self.t.endpoint(self.desc, rail, self.remote_rails, self.k)
         got = self.keys.get(rail.index)
         if got is None or got[0] is not p:
             used = np.unique(self.region)
@@ -683,7 +792,7 @@ class _Run:
     def _post(self, rail: _Rail, win: _Window) -> None:
         p, keys = self._open(rail)
         a, b = win.start, win.end
-        w = rail.w
+        w = rail.workers[self.k]
         with w.lock:
             if p.closed:  # closed by a failing transfer since _open: never post on a freed endpoint
                 raise TransferError(f"endpoint over {p.lane_label} closed meanwhile")
@@ -706,7 +815,7 @@ class _Run:
         self.reserve = list(reserve)
         entered = list(up)
         for r in up:
-            r.w.enter()
+            r.workers[self.k].enter()
         slice_timeout = envs.MC_SLICE_TIMEOUT  # read once: an environment lookup per loop costs ~3 us
         clock = time.perf_counter
         try:
@@ -728,7 +837,7 @@ class _Run:
                     q = inflight[idx]
                     if not q:
                         continue
-                    w = rail.w
+                    w = rail.workers[self.k]
                     with w.lock:
                         events += w.ucp.progress(w.worker)
                         done = []
@@ -772,9 +881,10 @@ class _Run:
                     fds = []
                     for idx, rail in live.items():
                         if inflight[idx]:
-                            with rail.w.lock:
-                                if rail.w.ucp.worker_arm(rail.w.worker):
-                                    fds.append(rail.w.efd)
+                            w = rail.workers[self.k]
+                            with w.lock:
+                                if w.ucp.worker_arm(w.worker):
+                                    fds.append(w.efd)
                                 else:
                                     fds = []
                                     break
@@ -784,25 +894,25 @@ class _Run:
                 if not live and self.reserve:  # the preferred NICs all failed: the others take over
                     for r in self.reserve:
                         live[r.index] = r
-                        r.w.enter()
+                        r.workers[self.k].enter()
                         entered.append(r)
                     log.warning("UCX: the NICs preferred for this memory failed, using the others",
                                 extra={"segment": self.desc.name, "rails": [r.name for r in self.reserve]})
                     self.reserve = []
         finally:
             for r in entered:
-                r.w.leave()
+                r.workers[self.k].leave()
 
     def _wait_head(self, rail: _Rail, inflight: dict) -> int:
         """One rail left: wait for its oldest window in one compiled call (progressing the worker,
         no GIL held) until it completes, the deadline, or a short slice of time (the loop then
         checks the deadline and posts the next window). 1 when the window completed, else 0."""
         q = inflight[rail.index]
-        native = rail.w.native
-        if native is None or not q or q[0].req is None:
+        w = rail.workers[self.k]
+        if w.native is None or not q or q[0].req is None:
             return 0
         until = min(self.deadline, time.monotonic() + IDLE_WAIT_S)
-        return int(native.poll(q[0].req, rail.w.spin_s, WAIT_S, until) != UCS_INPROGRESS)
+        return int(w.native.poll(q[0].req, w.spin_s, WAIT_S, until) != UCS_INPROGRESS)
 
     def _fail(self, rail: _Rail, live: dict[int, _Rail], inflight: dict, queue: Any, why: str,
               pause: bool = True) -> None:
@@ -815,11 +925,11 @@ class _Run:
             win = q.pop()
             peer = peer or win.peer
             if win.req is not None:
-                with rail.w.lock:
-                    rail.w.ucp.request_free(win.req)  # released when the close cancels it
+                with rail.workers[self.k].lock:
+                    rail.workers[self.k].ucp.request_free(win.req)  # released when the close cancels it
                 win.req = None
             queue.appendleft(win)
-        peer = peer or self.t.cached_endpoint(self.desc.name, rail.index)
+        peer = peer or self.t.cached_endpoint(self.desc.name, rail.index, self.k)
         label = peer.lane_label if peer is not None else rail.name
         if peer is not None:
             self.t.forget_endpoint(peer)
