@@ -546,9 +546,11 @@ class TransferEngine:
             return self._fail("probe", e, level="warning", peer=peer_server_name)
 
     def transport_names(self) -> list[str]:
-        """Names of the transports this engine registered, highest priority first (e.g.
-        ``["local", "cma", "ucx", "tcp"]``): what ``mooncake_doctor`` reports."""
-        return [t.name for t in self._transports]
+        """Names of the transports this engine can use, highest priority first (e.g.
+        ``["local", "cma", "ucx", "tcp"]``; a registered transport that is inert here, as
+        ``ucx`` without ``protocol="rdma"`` or without a libucp, is left out): what
+        ``mooncake_doctor`` reports."""
+        return [t.name for t in self._transports if t.active]
 
     def transport_for(self, segment_name: str) -> str:
         """Name of the transport chosen for a peer ("local", "cma", "tcp") -- for logs/tests/benches."""

@@ -178,6 +178,13 @@ class Transport(ABC):
     def __init__(self, ctx: TransportContext | None = None) -> None:
         self.ctx = ctx
 
+    @property
+    def active(self) -> bool:
+        """False for a transport that is registered but inert in this engine (an RDMA transport
+        not asked for, or without its library): it reaches no peer, and the engine's
+        ``transport_names`` (what ``mooncake_doctor`` reports) leaves it out."""
+        return True
+
     @abstractmethod
     def can_reach(self, desc: SegmentDescriptor) -> bool:
         """True when this transport can serve the peer (checked once per peer and logged).

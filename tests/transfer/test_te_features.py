@@ -163,6 +163,12 @@ def test_rdma_protocol_without_ucx_falls_back_loudly(caplog, monkeypatch):
         msgs = [r.getMessage() for r in caplog.records if "rdma" in r.getMessage()]
         assert any("tcp" in m and "libucx-cu13" in m and "/nonexistent/libucp.so" in m for m in msgs), msgs
         assert eng.get_rpc_port() > 0 and "cpu:0" in json.loads(eng.get_local_topology())
+        # the inert ucx transport is not reported as usable, and the doctor says rdma has no transport
+        from mooncake_core.cli.doctor import check_transports
+        from mooncake_core.cli.doctor_checks import FAIL
+        assert "ucx" not in eng.transport_names() and "tcp" in eng.transport_names()
+        got = check_transports(eng, "rdma")
+        assert got.status == FAIL and "no RDMA transport" in got.detail, got
     finally:
         eng.close()
     monkeypatch.setattr(library, "_loaded", None)  # the next engine loads the real one again

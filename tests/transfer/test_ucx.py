@@ -207,9 +207,17 @@ def test_rdma_without_rdma_lanes_says_so(caplog, monkeypatch):
     eng = TransferEngine()
     with caplog.at_level(logging.WARNING, logger="mooncake.te.ucx"):
         assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "lo") == 0
+    names = eng.transport_names()
     eng.close()
     msgs = [r.getMessage() for r in caplog.records if "no RDMA lane" in r.getMessage()]
     assert len(msgs) == 1 and "tcp/lo" in msgs[0] and "To get RDMA" in msgs[0]
+    assert "ucx" in names  # loaded and usable, over the lanes it found
+    plain = TransferEngine()
+    assert plain.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    try:
+        assert "ucx" not in plain.transport_names()  # registered, inert without protocol "rdma"
+    finally:
+        plain.close()
 
 
 def test_compiled_batch_loop_matches_the_python_loop(monkeypatch):
