@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mooncake_lab.checkout_shim import shim_pythonpath
-from conftest import HERE, require, run_py
+from nixl_testkit import HERE, require, run_py
 from mooncake_connectors.nixl.config import PARAMS
 
 pytestmark = pytest.mark.integration

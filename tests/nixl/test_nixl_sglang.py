@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_plugin_env, require
+from nixl_testkit import make_plugin_env, require
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 SGL = Path(__file__).resolve().parents[1] / "sglang"

@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
 
-from conftest import require  # noqa: E402
+from nixl_testkit import require  # noqa: E402
 from mooncake_core.utils.proc import spawn_until, stop_process  # noqa: E402
 from mooncake_lab.vllm_harness import (VllmServer, completion, free_port, http_json, http_text, make_tiny_model,  # noqa: E402
                           metric, start_all, vllm_python)
