@@ -48,6 +48,7 @@ class P2PScheduler:
         self._recv: list[RecvReq] = []
         self._send: dict[str, SendReq] = {}
         self._releases: list[tuple[tuple[str, ...], int, str]] = []
+        self._refused: set[str] = set()  # hand-offs refused and released (request ids), until they end
         self._cancels: list[str] = []
         self._loading: dict[str, float] = {}  # decode requests handed to the worker, not yet received: since
         self._peer: dict[str, RemotePrefill | None] = {}  # peer prefix hints checked, until allocation
@@ -79,7 +80,13 @@ class P2PScheduler:
             logger.error("MooncakeCoreConnector: request %s: %s; computing the prompt locally instead",
                          request.request_id, e)
             return None
-        return self._fits(request, rp)
+        fit = self._fits(request, rp)
+        if fit is None and request.request_id not in self._refused:
+            # refused (block size, TP, layout): the prefill frees its blocks now, not at its lease's
+            # end; once per request, though vLLM asks again at every scheduling attempt
+            self._refused.add(request.request_id)
+            self._releases.append(release_of(rp))
+        return fit
 
     def _peer_prefix(self, request: "Request") -> RemotePrefill | None:
         """The request's checked peer prefix hint (``peer_prefix.py``), parsed once per request."""
@@ -236,6 +243,7 @@ class P2PScheduler:
             params.pop(PEER_KEY, None)  # read at most once (a preempted request recomputes)
         else:
             params["do_remote_prefill"] = False  # exactly one transfer per request
+            self._refused.discard(request.request_id)
 
     def build_connector_meta(self, idle: bool = False) -> MooncakeConnectorMetadata:
         meta = MooncakeConnectorMetadata(reqs_to_recv=self._recv, reqs_to_send=self._send,
@@ -263,12 +271,15 @@ class P2PScheduler:
             self._cancels.append(request.request_id)
             return True, None
         if wants_remote_prefill(params):
-            # Decode request finished (aborted) before its blocks were allocated: release the prefill.
+            # Decode request finished (aborted) before its blocks were allocated: release the prefill
+            # (unless its refusal already did).
             try:
                 who = parse_pending(params) if is_pending(params) else RemotePrefill.from_params(params)
-                self._releases.append(release_of(who))
+                if request.request_id not in self._refused:
+                    self._releases.append(release_of(who))
             except ParamsError:
                 pass
+            self._refused.discard(request.request_id)
             params["do_remote_prefill"] = False
             return False, None
         if has_peer_prefix(params):  # finished (aborted) before its blocks were allocated: free the peer's

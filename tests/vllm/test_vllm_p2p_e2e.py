@@ -315,6 +315,25 @@ def test_peer_prefix_of_another_prompt_is_refused_and_released(pd_pair):
     assert time.monotonic() - t0 < LEASE_S, "freed by the lease, not by the reader's release"
 
 
+def test_refused_handoff_is_released_before_the_lease(pd_pair):
+    """A hand-off the decode refuses -- here params naming another block size, as from a prefill
+    started with another --block-size -- is computed locally, and the prefill is told to free
+    its blocks at once instead of holding them to its lease's end."""
+    p, d = pd_pair
+    prompt = prompt_ids(64, 3 * BLOCK)
+    want = baseline(d.url, prompt, 8)
+    params = prefill(p.url, prompt)
+    assert _held(p) > 0.0, "the prefill should hold the blocks for the decode"
+    t0 = time.monotonic()
+    h0 = metric(http_text(d.url + "/metrics"), EXT_HITS)
+    got = completion(d.url, prompt, 8, {**params, "mooncake_block_size": 2 * BLOCK})["choices"][0]["token_ids"]
+    assert got == want
+    assert metric(http_text(d.url + "/metrics"), EXT_HITS) == h0, "a refused hand-off was loaded"
+    assert f"prefill block size {2 * BLOCK} != decode block size {BLOCK}" in d.log_text()
+    wait_until(lambda: _held(p) == 0.0, LEASE_S, "the prefill to free the refused hand-off's blocks")
+    assert time.monotonic() - t0 < LEASE_S * 0.75, "freed by the lease, not by the decode's release"
+
+
 def test_unclaimed_blocks_are_freed_when_the_lease_expires(pd_pair):
     p, _ = pd_pair
     prefill(p.url, prompt_ids(6))  # no decode ever comes for it
