@@ -178,4 +178,6 @@ def test_pieces_and_parts_cover_every_byte_once():
 
 def test_tcp_tuning_yields_to_the_users_ucx_variables():
     assert lanes.tuning({}) == lanes.TCP_TUNING
-    assert lanes.tuning({"UCX_TCP_TX_SEG_SIZE": "8K"}) == {"TCP_RX_SEG_SIZE": lanes.TCP_TUNING["TCP_RX_SEG_SIZE"]}
+    got = lanes.tuning({"UCX_TCP_TX_SEG_SIZE": "8K", "UCX_TCP_PUT_ENABLE": "y"})
+    assert got == {k: v for k, v in lanes.TCP_TUNING.items() if k not in ("TCP_TX_SEG_SIZE", "TCP_PUT_ENABLE")}
+    assert got["TCP_RX_SEG_SIZE"] == "1M"
