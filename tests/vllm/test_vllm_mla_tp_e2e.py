@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 import pytest
-from tp_checks import pulled
+from tp_checks import pulled, wait_pulled
 
 from mooncake_lab.checkout_shim import shim_pythonpath
 from mooncake_lab.vllm_harness import (VllmServer, completion, corrupted_handoff, free_port, http_text,
@@ -78,7 +78,8 @@ def _handoff(p: VllmServer, d: VllmServer, seed: int, n: int, prefill_tp: int, r
     assert metric(http_text(d.url + "/metrics"), EXT_HITS) - hits0 == n, "the decode did not load the prompt's latent"
     assert got == want, f"greedy output from a TP {prefill_tp} prefill's latent differs from a local run"
     nb = -(-n // BLOCK)
-    lines = [x[1:] for x in pulled(d.log_text()) if x[0] == params["mooncake_transfer_id"]]
+    lines = [x[1:] for x in wait_pulled(d, lambda got: [x for x in got if x[0] == params["mooncake_transfer_id"]],
+                                        ranks)]
     assert lines == [(nb, nb * BLOCK_BYTES)] * ranks, \
         f"expected {ranks} read(s) of the {nb} whole latent blocks of one prefill rank, got {lines}"
     wait_prefill_freed(p, timeout=60)  # every prefill rank confirmed, long before the 120 s lease
@@ -98,7 +99,7 @@ def test_mla_tp2_to_tp2_through_proxy_equals_local(mla_tp):
                 "the TP 2 decode did not load the prompt's latent from the TP 2 prefill"
             assert got == want, "greedy output through the proxy differs from the TP 2 decode's own"
             nb = -(-n // BLOCK)  # rank r read rank r's copy: two reads of the whole blocks
-            assert [x[1:] for x in pulled(d2.log_text())[before:]] == [(nb, nb * BLOCK_BYTES)] * 2
+            assert [x[1:] for x in wait_pulled(d2, lambda got: got[before:], 2)] == [(nb, nb * BLOCK_BYTES)] * 2
         wait_prefill_freed(p2, timeout=60)
     finally:
         stop_proxy(proxy)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 from mooncake_lab.vllm_harness import (VllmServer, completion, http_text, metric, own_tokens, prompt_ids, start_proxy, stop_proxy,
                           wait_until)
@@ -37,6 +38,18 @@ def pulled(log: str) -> list[tuple[str, int, int]]:
     """(transfer id, blocks, bytes) of every 'kv pulled' line (one per decode rank and transfer)."""
     return [(t, int(b), int(n)) for t, b, n in
             re.findall(r"kv pulled request=\S+ transfer=(\S+) blocks=(\d+) bytes=(\d+)", log)]
+
+
+def wait_pulled(d: VllmServer, keep, count: int, timeout: float = 15.0) -> list[tuple[str, int, int]]:
+    """The 'kv pulled' lines ``keep`` selects from ``d``'s log, after waiting (at most ``timeout``)
+    for ``count`` of them: each decode rank's worker logs its line when its read is done, which
+    may reach the log file a moment after the completion returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = keep(pulled(d.log_text()))
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.1)
 
 
 def connector_trouble(*servers: VllmServer, last: int = 15) -> str:
@@ -71,7 +84,7 @@ def check_through_proxy(p: VllmServer, d: VllmServer, logs, handoff: str, seeds:
             assert got == own(d, prompt), "greedy output from transferred TP KV differs from a local run"
     finally:
         stop_proxy(proc)
-    lines = [x for x in pulled(d.log_text()) if x[0] not in before]
+    lines = wait_pulled(d, lambda got: [x for x in got if x[0] not in before], len(seeds) * ranks)
     tids = sorted({t for t, _b, _n in lines})
     assert len(tids) == len(seeds)
     for t in tids:  # every decode rank pulled the transfer, exactly the prompt's blocks
@@ -89,7 +102,7 @@ def direct(p: VllmServer, d: VllmServer, seed: int, ranks: int, prefill_tp: int 
     got = completion(d.url, prompt, MAX_TOKENS, params, timeout=300)["choices"][0]["token_ids"]
     assert got == own(d, prompt), "greedy output from transferred TP KV differs from a local run"
     nblocks = -(-len(prompt) // BLOCK)
-    lines = [x for x in pulled(d.log_text()) if x[0] == params["mooncake_transfer_id"]]
+    lines = wait_pulled(d, lambda got: [x for x in got if x[0] == params["mooncake_transfer_id"]], ranks)
     assert len(lines) == ranks, f"expected one 'kv pulled' line per decode rank ({ranks}), got {lines}"
     # each decode rank moves its own heads of every block of every slab: the prefill's KV (all its
     # ranks' blocks) divided by the decode's ranks -- a TP 1 decode both prefill ranks' shares, a TP 2
