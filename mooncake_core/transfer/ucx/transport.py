@@ -123,10 +123,9 @@ class _Peer:
     pidfd turns readable when the process exits, so one poll after the flush tells.
     """
 
-    __slots__ = ("ep", "address", "rkeys", "lanes", "lane_label", "pidfd", "rail", "w", "closed_flag")
+    __slots__ = ("ep", "address", "rkeys", "lanes", "lane_label", "pidfd", "w", "closed_flag")
 
-    def __init__(self, ep: int, address: bytes, lanes: list[str], pidfd: int, rail: "_Rail", w: "_Worker") -> None:
-        self.rail = rail
+    def __init__(self, ep: int, address: bytes, lanes: list[str], pidfd: int, w: "_Worker") -> None:
         self.w = w  # the worker this endpoint lives on (one of the rail's)
         # set under the rail's worker lock when the endpoint is closed; a C int, because the
         # compiled post (``NativeWorker.rma``) reads it under that lock too
@@ -547,7 +546,7 @@ class UcxTransport(Transport):
                     found = lanes_mod.ep_lanes(info)
                     c = self.ctx
                     pidfd = _pidfd_of(desc, c.boot_id, c.pidns) if c is not None else -1
-                    p = _Peer(ep, address, lanes_mod.rma_lanes(found), pidfd, rail, w)
+                    p = _Peer(ep, address, lanes_mod.rma_lanes(found), pidfd, w)
                     self._peers[key] = p
                     log.info("UCX endpoint to peer", extra={"segment": desc.name, "rail": rail.name, "worker": k,
                                                             "peer_worker": k % len(addrs),
@@ -776,6 +775,10 @@ class _Run:
         self.keys: dict[int, tuple[_Peer, np.ndarray]] = {}  # rail index -> (endpoint, rkey handle per block)
         self.reserve: list[_Rail] = []  # rails that join when every live one failed
 
+    def worker(self, rail: _Rail) -> _Worker:
+        """The worker of ``rail`` this run posts on and progresses."""
+        return rail.workers[self.k]
+
     def _open(self, rail: _Rail) -> tuple[_Peer, np.ndarray]:
         """The rail's current endpoint and the remote key of every block on it (unpacked again
         when the endpoint changed: another transfer may have closed the old one)."""
@@ -792,7 +795,7 @@ class _Run:
     def _post(self, rail: _Rail, win: _Window) -> None:
         p, keys = self._open(rail)
         a, b = win.start, win.end
-        w = rail.workers[self.k]
+        w = self.worker(rail)
         with w.lock:
             if p.closed:  # closed by a failing transfer since _open: never post on a freed endpoint
                 raise TransferError(f"endpoint over {p.lane_label} closed meanwhile")
@@ -815,7 +818,7 @@ class _Run:
         self.reserve = list(reserve)
         entered = list(up)
         for r in up:
-            r.workers[self.k].enter()
+            self.worker(r).enter()
         slice_timeout = envs.MC_SLICE_TIMEOUT  # read once: an environment lookup per loop costs ~3 us
         clock = time.perf_counter
         try:
@@ -837,7 +840,7 @@ class _Run:
                     q = inflight[idx]
                     if not q:
                         continue
-                    w = rail.workers[self.k]
+                    w = self.worker(rail)
                     with w.lock:
                         events += w.ucp.progress(w.worker)
                         done = []
@@ -881,7 +884,7 @@ class _Run:
                     fds = []
                     for idx, rail in live.items():
                         if inflight[idx]:
-                            w = rail.workers[self.k]
+                            w = self.worker(rail)
                             with w.lock:
                                 if w.ucp.worker_arm(w.worker):
                                     fds.append(w.efd)
@@ -894,21 +897,21 @@ class _Run:
                 if not live and self.reserve:  # the preferred NICs all failed: the others take over
                     for r in self.reserve:
                         live[r.index] = r
-                        r.workers[self.k].enter()
+                        self.worker(r).enter()
                         entered.append(r)
                     log.warning("UCX: the NICs preferred for this memory failed, using the others",
                                 extra={"segment": self.desc.name, "rails": [r.name for r in self.reserve]})
                     self.reserve = []
         finally:
             for r in entered:
-                r.workers[self.k].leave()
+                self.worker(r).leave()
 
     def _wait_head(self, rail: _Rail, inflight: dict) -> int:
         """One rail left: wait for its oldest window in one compiled call (progressing the worker,
         no GIL held) until it completes, the deadline, or a short slice of time (the loop then
         checks the deadline and posts the next window). 1 when the window completed, else 0."""
         q = inflight[rail.index]
-        w = rail.workers[self.k]
+        w = self.worker(rail)
         if w.native is None or not q or q[0].req is None:
             return 0
         until = min(self.deadline, time.monotonic() + IDLE_WAIT_S)
@@ -925,8 +928,8 @@ class _Run:
             win = q.pop()
             peer = peer or win.peer
             if win.req is not None:
-                with rail.workers[self.k].lock:
-                    rail.workers[self.k].ucp.request_free(win.req)  # released when the close cancels it
+                with self.worker(rail).lock:
+                    self.worker(rail).ucp.request_free(win.req)  # released when the close cancels it
                 win.req = None
             queue.appendleft(win)
         peer = peer or self.t.cached_endpoint(self.desc.name, rail.index, self.k)
