@@ -176,9 +176,10 @@ class TransferEngine:
         self._device_name = device_name or ""
         if protocol not in SUPPORTED_PROTOCOLS:
             raise ValueError(f"protocol {protocol!r} is not supported (supported: {', '.join(SUPPORTED_PROTOCOLS)})")
+        host, port = parse_host_port(local_hostname, 0, what="local_hostname")
         for cls in plugins.transport_classes():  # one by one: a refusal (unknown device) leaves the built ones to close
             self._transports.append(cls(TransportContext(lambda: self._seg.name, self.regions, self._seg.boot_id,
-                                                         self._seg.pidns, protocol, device_name or "")))
+                                                         self._seg.pidns, protocol, device_name or "", host)))
         if protocol == "rdma" and not any("rdma" in (t.name, *t.hints) for t in self._transports):
             devs = _rdma_devices()
             log.warning("protocol 'rdma' requested but no RDMA transport is registered"
@@ -197,7 +198,6 @@ class TransferEngine:
         self._meta = open_metadata(conn, timeout=min(10.0, self.timeout))
         p2p = self._meta is None
 
-        host, port = parse_host_port(local_hostname, 0, what="local_hostname")
         bind = envs.MC_TCP_BIND_ADDRESS or _default_bind(host)
         self._server = self._listen(bind, port, retry_free=not (port == 0 or p2p), segment=local_hostname)
         seg = self._seg

@@ -154,6 +154,8 @@ class TransportContext:
     #: transport stays inert unless asked, and uses only the devices named
     protocol: str = "tcp"
     device_name: str = ""
+    #: the host part of ``initialize``'s local_hostname: which interface is this engine's own
+    hostname: str = ""
 
 
 class Transport(ABC):

@@ -19,7 +19,8 @@ import pytest
 
 from mooncake_core.engine import TransferEngine, TransferNotify, TransferOpcode
 from mooncake_core.transfer import metrics
-from mooncake_core.transfer.ucx import library
+from mooncake_core.transfer.ucx import lanes as lanes_mod, library
+from mooncake_core.transfer.ucx.transport import default_route_interface, host_addresses, tcp_interfaces
 from mooncake_lab.te_helpers import sha
 
 pytestmark = pytest.mark.integration
@@ -364,44 +365,80 @@ def test_large_transfers_split_over_workers_byte_exact(start_peer, lanes, caplog
         eng.close()
 
 
-def test_large_transfers_from_many_threads_byte_exact(start_peer, lanes):
-    """Four threads at once, each moving its own 4 MiB quarter in split transfers (single
-    requests and batches, writes then reads): the parts of different transfers queue on the
-    same workers' threads, and every byte still lands where it belongs."""
+def _many_threads_byte_exact(peer, eng, size: int, rounds: int = 3) -> None:
+    """Four threads at once, each writing then reading its own quarter of ``size`` in split
+    transfers (single requests and batches), checked byte for byte."""
     import threading
 
+    src = np.random.default_rng(41).integers(0, 256, size, dtype=np.uint8)
+    back = np.zeros(size, dtype=np.uint8)
+    assert eng.register_memory(src.ctypes.data, src.nbytes) == 0
+    assert eng.register_memory(back.ctypes.data, back.nbytes) == 0
+    errors: list[str] = []
+    q = size // 4
+
+    def worker(k: int) -> None:
+        off = k * q
+        for rnd in range(rounds):
+            if rnd % 2:
+                rc = eng.batch_transfer_sync_write(peer.segment, [src.ctypes.data + off], [peer.addr + off], [q],
+                                                   "rdma")
+            else:
+                rc = eng.transfer_sync_write(peer.segment, src.ctypes.data + off, peer.addr + off, q, "rdma")
+            if rc != 0:
+                errors.append(f"write {k}/{rnd}: {eng.last_error}")
+            back[off:off + q] = 0
+            if eng.transfer_sync_read(peer.segment, back.ctypes.data + off, peer.addr + off, q, "rdma") != 0:
+                errors.append(f"read {k}/{rnd}: {eng.last_error}")
+            elif not (back[off:off + q] == src[off:off + q]).all():
+                errors.append(f"read {k}/{rnd}: wrong bytes")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    assert peer.sha(0, size) == sha(src)
+
+
+def test_large_transfers_from_many_threads_byte_exact(start_peer, lanes, caplog, capfd):
+    """The parts of different transfers queue on the same workers' threads, and every byte
+    still lands where it belongs. Over tcp the context has one tcp device (UCX's tcp PUT on).
+    Threads meeting a region's remote key at once unpack it once: at close UCX finds every
+    key returned (it warns "not returned to mpool ucp_rkeys" otherwise)."""
     size = 16 * MB
+    caplog.set_level(logging.INFO, logger="mooncake.te.ucx")
     peer, eng = _pair(start_peer, lanes, size=size)
     try:
-        src = np.random.default_rng(41).integers(0, 256, size, dtype=np.uint8)
-        back = np.zeros(size, dtype=np.uint8)
-        assert eng.register_memory(src.ctypes.data, src.nbytes) == 0
-        assert eng.register_memory(back.ctypes.data, back.nbytes) == 0
-        errors: list[str] = []
-        q = size // 4
+        _many_threads_byte_exact(peer, eng, size)
+        if lanes == "tcp" and lanes_mod.default_tcp_interface(tcp_interfaces(), host_addresses("127.0.0.1"),
+                                                              default_route_interface()):
+            used = {tuple(r.lanes) for r in caplog.records if r.getMessage() == "UCX endpoint to peer"}
+            assert used and all(len(ln) == 1 for ln in used), used  # one tcp lane per endpoint
+    finally:
+        eng.close()
+    out, err = capfd.readouterr()
+    assert "not returned to mpool" not in out + err, (out + err)[-2000:]
 
-        def worker(k: int) -> None:
-            off = k * q
-            for rnd in range(3):
-                if rnd % 2:
-                    rc = eng.batch_transfer_sync_write(peer.segment, [src.ctypes.data + off], [peer.addr + off], [q],
-                                                       "rdma")
-                else:
-                    rc = eng.transfer_sync_write(peer.segment, src.ctypes.data + off, peer.addr + off, q, "rdma")
-                if rc != 0:
-                    errors.append(f"write {k}/{rnd}: {eng.last_error}")
-                back[off:off + q] = 0
-                if eng.transfer_sync_read(peer.segment, back.ctypes.data + off, peer.addr + off, q, "rdma") != 0:
-                    errors.append(f"read {k}/{rnd}: {eng.last_error}")
-                elif not (back[off:off + q] == src[off:off + q]).all():
-                    errors.append(f"read {k}/{rnd}: wrong bytes")
 
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors[:3]
-        assert peer.sha(0, size) == sha(src)
+def test_many_threads_over_two_tcp_devices_byte_exact(start_peer, monkeypatch):
+    """A context given two tcp devices (UCX_NET_DEVICES): UCX 1.22 then opens two tcp lanes
+    per endpoint, where its tcp PUT crashed the target under concurrent puts and gets (within
+    a few fresh connections of this load, not every run); the transport turns that PUT off for
+    such a context, and the load runs byte-exact."""
+    found = sorted(tcp_interfaces())
+    if len(found) < 2:
+        pytest.skip(f"needs two active tcp interfaces, found {found}")
+    devices = ",".join(found[:2])
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    monkeypatch.setenv("UCX_NET_DEVICES", devices)
+    monkeypatch.delenv("UCX_TCP_PUT_ENABLE", raising=False)
+    size = 16 * MB
+    peer = start_peer("P2PHANDSHAKE", size=size, protocol="rdma", env={"UCX_TLS": "tcp", "UCX_NET_DEVICES": devices})
+    eng = TransferEngine()
+    assert eng.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0, eng.last_error
+    try:
+        _many_threads_byte_exact(peer, eng, size, rounds=6)
     finally:
         eng.close()

@@ -177,7 +177,37 @@ def test_pieces_and_parts_cover_every_byte_once():
 
 
 def test_tcp_tuning_yields_to_the_users_ucx_variables():
-    assert lanes.tuning({}) == lanes.TCP_TUNING
-    got = lanes.tuning({"UCX_TCP_TX_SEG_SIZE": "8K", "UCX_TCP_PUT_ENABLE": "y"})
-    assert got == {k: v for k, v in lanes.TCP_TUNING.items() if k not in ("TCP_TX_SEG_SIZE", "TCP_PUT_ENABLE")}
+    assert lanes.tuning({}) == lanes.TCP_TUNING  # one tcp device: UCX's PUT kept
+    assert lanes.tuning({}, tcp_devices=2) == {**lanes.TCP_TUNING, "TCP_PUT_ENABLE": "n"}
+    got = lanes.tuning({"UCX_TCP_TX_SEG_SIZE": "8K", "UCX_TCP_PUT_ENABLE": "y"}, tcp_devices=2)
+    assert got == {k: v for k, v in lanes.TCP_TUNING.items() if k != "TCP_TX_SEG_SIZE"}
     assert got["TCP_RX_SEG_SIZE"] == "1M"
+
+
+def test_tcp_device_count_of_a_context():
+    ifaces = ["eth0", "lo", "d0", "d1"]
+    assert lanes.tcp_device_count("", ifaces) == 4
+    assert lanes.tcp_device_count("all", ifaces) == 4
+    assert lanes.tcp_device_count("d0", ifaces) == 1
+    assert lanes.tcp_device_count("d0,d1", ifaces) == 2
+    assert lanes.tcp_device_count("mlx5_0:1,mlx5_0:2", ifaces) == 0
+    assert lanes.tcp_device_count("mlx5_0:1, eth0", ifaces) == 1
+
+
+def test_default_tcp_interface_picks_one_non_loopback_interface():
+    lo = {"lo": ["127.0.0.1", "::1"]}
+    one = {**lo, "eth0": ["192.0.2.2", "fe80::1%eth0"]}
+    two = {**one, "eth1": ["10.0.0.5"], "docker0": ["172.17.0.1"]}
+    # the only real interface, whatever the engine's own address (127.0.0.1 included: from lo it
+    # could not reach a peer named by the host's address)
+    assert lanes.default_tcp_interface(one, ["127.0.0.1"], "eth0") == "eth0"
+    assert lanes.default_tcp_interface(one, ["192.0.2.2"], None) == "eth0"
+    # several: the one holding the engine's address, else the default route's, else none
+    assert lanes.default_tcp_interface(two, ["10.0.0.5"], "eth0") == "eth1"
+    assert lanes.default_tcp_interface(two, ["::ffff:7f00:1", "127.0.0.1"], "eth0") == "eth0"
+    assert lanes.default_tcp_interface(two, ["203.0.113.9"], "tun0") is None
+    # only loopback: UCX's own choice
+    assert lanes.default_tcp_interface(lo, ["127.0.0.1"], None) is None
+    assert lanes.default_tcp_interface({}, [], None) is None
+
+

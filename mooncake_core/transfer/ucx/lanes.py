@@ -6,12 +6,13 @@ what UCX printed is parsed here, never in the transport.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-__all__ = ["ORIGINAL_TO_UCX", "RDMA_TLS", "TCP_TUNING", "Resource", "ep_lanes", "is_rdma", "mc_config", "net_devices",
-           "no_rdma_warning", "resources", "tuning"]
+__all__ = ["ORIGINAL_TO_UCX", "RDMA_TLS", "TCP_TUNING", "Resource", "default_tcp_interface", "ep_lanes", "is_rdma",
+           "mc_config", "net_devices", "no_rdma_warning", "resources", "tcp_device_count", "tuning"]
 
 #: UCX transports that run on an RDMA NIC (InfiniBand, RoCE, EFA): one-sided in hardware
 RDMA_TLS = frozenset({"rc", "rc_v", "rc_verbs", "rc_x", "rc_mlx5", "dc", "dc_x", "dc_mlx5", "ud", "ud_v",
@@ -87,23 +88,69 @@ ORIGINAL_TO_UCX: dict[str, str] = {"MC_GID_INDEX": "IB_GID_INDEX", "MC_MTU": "IB
 
 
 #: our defaults for UCX's tcp lane, each unless the user set its ``UCX_*``; RDMA lanes do not
-#: read these. Why:
-#: * segments: the tcp lane moves an emulated GET's reply (a tcp lane has no one-sided read) in
-#:   ``TX_SEG_SIZE`` pieces, 8 KiB by default, one target progress call each; with 1 MiB pieces
-#:   a 64 MiB read over loopback went from 1.1 to 3.9 GB/s (bench/transfer/bench_ucx.py).
-#: * ``TCP_PUT_ENABLE=n``: UCX 1.22's tcp PUT zcopy crashes the *target* (SIGSEGV in
-#:   ``uct_tcp_ep_progress_put_rx``) when puts and emulated gets share an endpoint at once --
-#:   four threads writing and reading 4 MiB each did it within a few rounds
-#:   (tests/transfer/test_ucx.py::test_large_transfers_from_many_threads_byte_exact). Without it
-#:   UCX emulates PUT as it does GET, in 1 MiB segments: no crash in 100 rounds (separate
-#:   endpoints for reads and writes only made it rarer). The price, measured interleaved: a
-#:   64 MiB write over loopback 0.94x -> 0.82x our tcp; batches unchanged.
-TCP_TUNING: dict[str, str] = {"TCP_TX_SEG_SIZE": "1M", "TCP_RX_SEG_SIZE": "1M", "TCP_PUT_ENABLE": "n"}
+#: read these. Why the segments: the tcp lane moves an emulated GET's reply (a tcp lane has no
+#: one-sided read) in ``TX_SEG_SIZE`` pieces, 8 KiB by default, one target progress call each;
+#: with 1 MiB pieces a 64 MiB read over loopback went from 1.1 to 3.9 GB/s
+#: (bench/transfer/bench_ucx.py). ``TCP_PUT_ENABLE``: see ``tuning``.
+TCP_TUNING: dict[str, str] = {"TCP_TX_SEG_SIZE": "1M", "TCP_RX_SEG_SIZE": "1M"}
 
 
-def tuning(env: Mapping[str, str]) -> dict[str, str]:
-    """``TCP_TUNING`` less what the user set as ``UCX_*`` in ``env``."""
-    return {k: v for k, v in TCP_TUNING.items() if not env.get(f"UCX_{k}", "").strip()}
+def tuning(env: Mapping[str, str], tcp_devices: int = 1) -> dict[str, str]:
+    """``TCP_TUNING`` (plus ``TCP_PUT_ENABLE=n`` when a context sees ``tcp_devices`` > 1) less
+    what the user set as ``UCX_*`` in ``env``.
+
+    Why PUT off with several tcp devices: UCX 1.22 then gives an endpoint two tcp lanes (one
+    for active messages and RMA, one for wire-up and a second RMA lane), and its tcp PUT zcopy
+    crashes the *target* (SIGSEGV in ``uct_tcp_ep_progress_put_rx``) when puts and emulated
+    gets run at once -- four threads writing and reading 4 MiB each did it within a few rounds
+    (tests/transfer/test_ucx.py::test_large_transfers_from_many_threads_byte_exact) with
+    ``eth0,lo`` or two veths, never with one device (60 rounds each on ``lo`` and ``eth0``).
+    Without PUT, UCX emulates it as it does GET, through 1 MiB segments: a 64 MiB write over
+    loopback 0.94x -> 0.82x our tcp. Hence one tcp device per context where we can
+    (``default_tcp_interface``), PUT kept there.
+    """
+    want = dict(TCP_TUNING)
+    if tcp_devices > 1:
+        want["TCP_PUT_ENABLE"] = "n"
+    return {k: v for k, v in want.items() if not env.get(f"UCX_{k}", "").strip()}
+
+
+def tcp_device_count(net_devices: str, tcp_interfaces: Iterable[str]) -> int:
+    """How many of ``tcp_interfaces`` (the host's active interfaces with an address) a context
+    restricted to ``net_devices`` (``UCX_NET_DEVICES`` text; "" or "all": every device) uses."""
+    ifaces = list(tcp_interfaces)
+    text = net_devices.strip()
+    if not text or text == "all":
+        return len(ifaces)
+    named = {n.strip().split(":", 1)[0] for n in text.split(",") if n.strip()}
+    return sum(1 for i in ifaces if i in named)
+
+
+def default_tcp_interface(interfaces: Mapping[str, Sequence[str]], host_addresses: Sequence[str],
+                          default_route: str | None) -> str | None:
+    """The one tcp interface a context gets when ``device_name`` is empty on a host without RDMA
+    devices, so that UCX keeps tcp PUT (see ``tuning``); None: leave UCX every device.
+
+    ``interfaces``: active interface -> its addresses. Loopback-only interfaces are left out
+    (an endpoint from ``lo`` cannot reach a peer's non-loopback address, so an engine named
+    127.0.0.1 could not talk to one named by the host's address). Of the rest: the only one;
+    else the one holding ``host_addresses`` (the engine's own host name, resolved); else the
+    default route's.
+    """
+    def loopback(addrs: Sequence[str]) -> bool:
+        return all(ipaddress.ip_address(a.split("%", 1)[0]).is_loopback for a in addrs)
+
+    real = {name: addrs for name, addrs in interfaces.items() if addrs and not loopback(addrs)}
+    if len(real) == 1:
+        return next(iter(real))
+    wanted = {ipaddress.ip_address(a.split("%", 1)[0]) for a in host_addresses}
+    holding = [name for name, addrs in real.items() if wanted & {ipaddress.ip_address(a.split("%", 1)[0])
+                                                                   for a in addrs}]
+    if len(holding) == 1:
+        return holding[0]
+    if default_route in real:
+        return default_route
+    return None
 
 
 def mc_config(env: Mapping[str, str]) -> dict[str, str]:

@@ -5,7 +5,8 @@ lanes elsewhere, so CI exercises the real code path (docs/transfer-engine.md say
 measured on which lanes).
 
 * **One UCP context per NIC** (a *rail*; one rail for every device when ``device_name`` names
-  at most one) with ``MC_WORKERS_PER_CTX`` workers (default 2, as the original's worker
+  at most one -- on a host without RDMA devices, this engine's one tcp interface, because UCX's
+  tcp PUT is unsafe with several: ``lanes.tuning``) with ``MC_WORKERS_PER_CTX`` workers (default 2, as the original's worker
   threads per context), each with a progress thread. On one NIC a transfer of at least
   ``SPLIT_BYTES`` is split over the workers, each part moved by its own thread to the peer's
   worker of the same index (``_Rail`` says why). A peer's one-sided
@@ -42,8 +43,10 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import ipaddress
 import os
 import select
+import socket
 import threading
 import time
 from typing import Any, Sequence
@@ -65,7 +68,8 @@ from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.te.ucx")
 
-__all__ = ["UcxTransport", "rdma_devices", "net_interfaces"]
+__all__ = ["UcxTransport", "default_route_interface", "host_addresses", "net_interfaces", "rdma_devices",
+           "tcp_interfaces"]
 
 #: How long a wait polls before sleeping on the worker's event fd. Compiled helpers
 #: (``binding._NATIVE_C``): a transfer polls ``MC_UCX_BUSY_POLL_US`` (default 50 us, as our tcp
@@ -111,6 +115,65 @@ def net_interfaces() -> list[str]:
     try:
         return sorted(os.listdir("/sys/class/net"))
     except OSError:
+        return []
+
+
+_IFF_UP, _IFF_RUNNING, _SIOCGIFFLAGS, _SIOCGIFADDR = 0x1, 0x40, 0x8913, 0x8915
+
+
+def tcp_interfaces() -> dict[str, list[str]]:
+    """Interfaces UCX's tcp lane would use (up and running, with an address) -> their addresses."""
+    import fcntl
+    import struct
+    v6: dict[str, list[str]] = {}
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                hexaddr, *_, name = line.split()
+                v6.setdefault(name, []).append(str(ipaddress.IPv6Address(bytes.fromhex(hexaddr))))
+    except (OSError, ValueError):
+        pass
+    out: dict[str, list[str]] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in net_interfaces():
+            req = struct.pack("256s", name.encode()[:15])
+            try:  # the kernel's flags (as UCX reads them): sysfs' lack IFF_RUNNING
+                flags = struct.unpack_from("H", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req), 16)[0]
+            except OSError:
+                continue
+            if flags & (_IFF_UP | _IFF_RUNNING) != (_IFF_UP | _IFF_RUNNING):
+                continue
+            addrs = list(v6.get(name, []))
+            try:
+                got = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)
+                addrs.insert(0, socket.inet_ntoa(got[20:24]))
+            except OSError:  # no IPv4 address
+                pass
+            if addrs:
+                out[name] = addrs
+    return out
+
+
+def default_route_interface() -> str | None:
+    """The interface of the IPv4 default route (/proc/net/route), None without one."""
+    try:
+        with open("/proc/net/route") as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if len(cols) > 2 and cols[1] == "00000000":
+                    return cols[0]
+    except OSError:
+        pass
+    return None
+
+
+def host_addresses(host: str) -> list[str]:
+    """``host`` (the engine's own name or address) resolved; [] when it does not resolve."""
+    if not host:
+        return []
+    try:
+        return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
+    except (OSError, UnicodeError):
         return []
 
 
@@ -437,10 +500,21 @@ class UcxTransport(Transport):
         groups = plan.rail_groups(net)
         # which NICs a region's slices go to first (NUMA node / GPU); ValueError on a bad custom matrix
         self._topo = topology.local(ctx.device_name, envs.MC_CUSTOM_TOPO_JSON) if len(groups) > 1 else {}
+        # the devices each rail's context sees: its NIC group, else the user's UCX_NET_DEVICES,
+        # else (no RDMA device here) the one tcp interface of this engine's host -- with a
+        # single tcp device UCX keeps tcp PUT, which crashes with several (lanes_mod.tuning)
+        tcp_ifaces = tcp_interfaces()
+        user_devices = os.environ.get("UCX_NET_DEVICES", "").strip()
+        own = None
+        if not net and not user_devices and not rdma_devices():
+            own = lanes_mod.default_tcp_interface(tcp_ifaces, host_addresses(ctx.hostname), default_route_interface())
+        tunes: list[dict[str, str]] = []
         try:
-            tune = lanes_mod.tuning(os.environ)
             for i, group in enumerate(groups):
-                cfg = {**config, **({"NET_DEVICES": group} if group else {})}
+                devices = group or own
+                cfg = {**config, **({"NET_DEVICES": devices} if devices else {})}
+                tune = lanes_mod.tuning(os.environ, lanes_mod.tcp_device_count(devices or user_devices, tcp_ifaces))
+                tunes.append(tune)
                 self.rails.append(_Rail(i, group, ucp, cfg, tune, envs.MC_WORKERS_PER_CTX))
         except BaseException:
             self.close()
@@ -453,8 +527,8 @@ class UcxTransport(Transport):
             setattr(self, "capabilities", Capabilities(locations=frozenset({"cpu", "cuda"}), array_batches=True,
                                                        local_device=True))
         log.info("UCX loaded", extra={"library": self.library.path, "source": self.library.source,
-                                      "version": ucp.version(), "net_devices": net or "all", "config": config,
-                                      "tuning": tune, "rails": [r.name for r in self.rails],
+                                      "version": ucp.version(), "net_devices": net or own or user_devices or "all",
+                                      "config": config, "tuning": tunes, "rails": [r.name for r in self.rails],
                                       "workers_per_nic": envs.MC_WORKERS_PER_CTX,
                                       "lanes": sorted({r.lane for r in self.lanes})})
         warning = lanes_mod.no_rdma_warning(self.lanes, self.library.source, self.library.path,
@@ -568,7 +642,9 @@ class UcxTransport(Transport):
                 with w.lock:
                     if p.closed:
                         raise TransferError(f"endpoint over {p.lane_label} closed meanwhile", peer_down=True)
-                    rk = p.rkeys[addr] = w.ucp.rkey_unpack(p.ep, base64.b64decode(packed))
+                    rk = p.rkeys.get(addr)  # another thread may have unpacked it meanwhile: one handle each
+                    if rk is None:
+                        rk = p.rkeys[addr] = w.ucp.rkey_unpack(p.ep, base64.b64decode(packed))
             out[i] = rk
         return out
 
