@@ -50,6 +50,17 @@ def _pair(start_peer, lanes: str, *, size: int = 4 * MB, wrap: list[str] | None 
     return peer, eng
 
 
+def _in_threads(fn, n: int, timeout: float) -> None:
+    """``fn(k)`` for k in 0..n-1, each on its own thread, at once; joined."""
+    import threading
+
+    threads = [threading.Thread(target=fn, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+
+
 def _lane_bytes(kind: str) -> int:
     want = ("tcp/",) if kind == "tcp" else ("cma/", "posix/", "sysv/")
     return sum(n for (t, ln, _), n in metrics.lanes_snapshot().items() if t == "ucx" and any(w in ln for w in want))
@@ -274,8 +285,6 @@ def test_small_transfers_from_many_threads_byte_exact(start_peer, monkeypatch, c
     """4 KiB writes and reads from four threads at once over the tcp lane (each posts, flushes
     and progresses the one worker itself: the compiled wait, or the Python one when there is no
     compiler), then a batch: every byte where it belongs."""
-    import threading
-
     from mooncake_core.transfer.ucx import binding
 
     if not compiled:
@@ -300,11 +309,7 @@ def test_small_transfers_from_many_threads_byte_exact(start_peer, monkeypatch, c
                 if eng.transfer_sync_read(peer.segment, back.ctypes.data + off, peer.addr + off, 4096, "rdma") != 0:
                     errors.append(f"read {i}: {eng.last_error}")
 
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        _in_threads(worker, 4, 60)
         assert not errors, errors[:3]
         assert (back[:MB] == src[:MB]).all()
         image = peer.expected()
@@ -368,8 +373,6 @@ def test_large_transfers_split_over_workers_byte_exact(start_peer, lanes, caplog
 def _many_threads_byte_exact(peer, eng, size: int, rounds: int = 3) -> None:
     """Four threads at once, each writing then reading its own quarter of ``size`` in split
     transfers (single requests and batches), checked byte for byte."""
-    import threading
-
     src = np.random.default_rng(41).integers(0, 256, size, dtype=np.uint8)
     back = np.zeros(size, dtype=np.uint8)
     assert eng.register_memory(src.ctypes.data, src.nbytes) == 0
@@ -393,11 +396,7 @@ def _many_threads_byte_exact(peer, eng, size: int, rounds: int = 3) -> None:
             elif not (back[off:off + q] == src[off:off + q]).all():
                 errors.append(f"read {k}/{rnd}: wrong bytes")
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    _in_threads(worker, 4, 120)
     assert not errors, errors[:3]
     assert peer.sha(0, size) == sha(src)
 
