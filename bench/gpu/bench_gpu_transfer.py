@@ -11,6 +11,10 @@ Rows (two processes on one host; medians of --reps timed runs after one warm-up)
   ipc-blocks     the vLLM layout, 32,768 x 16 KiB blocks (512 MiB) to shuffled slots, vs the
                  same reference copy of 512 MiB contiguous (what a block list costs), and vs torch
                  moving the same blocks to the same slots in one process (an index copy)
+  ucx-1GiB       the UCX transport (``protocol="rdma"``, its cuda lanes: cuda_ipc on one host)
+                 moving the ipc-1GiB row's bytes GPU->GPU into a peer process, vs our cuda
+                 plugin's time for the same (the ipc-1GiB row; target: UCX >= 0.9x). Skipped,
+                 saying why, when the UCX loaded has no cuda lane (carry libucx-cu13 in .whl/)
   tcp-device     256 MiB as 16 x 16 MiB over our tcp (transport_hint tcp), GPU memory on both
                  ends (pinned staging, double-buffered, on both sides) vs the same with host
                  memory on both ends (target: >= 0.8x)
@@ -36,10 +40,46 @@ from mooncake_core.engine import TransferEngine
 MB = 1 << 20
 
 
-def peer(regions: int, size: int, host: bool = False, env: dict | None = None) -> tuple[object, dict]:
+def peer(regions: int, size: int, host: bool = False, env: dict | None = None,
+         protocol: str = "tcp") -> tuple[object, dict]:
     argv = [sys.executable, str(REPO / "tests" / "gpu" / "gpu_peer.py"), "--regions", str(regions), "--size",
-            str(size), "--zero"] + (["--host"] if host else [])
+            str(size), "--zero", "--protocol", protocol] + (["--host"] if host else [])
     return spawn_line_peer(argv, "gpu peer", env=env or dict(os.environ))
+
+
+def ucx_row(src, nbytes: int, bs: int, reps: int, t_cuda: float, row) -> None:
+    """The ucx-1GiB row: a second engine on ``protocol="rdma"`` writes ``src``'s first
+    ``nbytes`` GPU->GPU into a UCX peer process, in ``bs`` pieces (as the ipc rows), with
+    ``transport_hint="rdma"``; reference: our cuda plugin's time ``t_cuda`` for the same."""
+    e = TransferEngine()
+    if e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") != 0:
+        print(f"ucx-1GiB skipped: initialize: {e.last_error}", flush=True)
+        return
+    try:
+        if e.register_memory(src.data_ptr(), nbytes, "cuda:0") != 0:
+            print(f"ucx-1GiB skipped: register_memory: {e.last_error}", flush=True)
+            return
+        p, info = peer(1, nbytes, protocol="rdma")
+        try:
+            seg, base = info["segment"], info["addrs"][0]
+            offs = list(range(0, nbytes, bs))
+
+            def run() -> None:
+                if e.batch_transfer_sync_write(seg, [src.data_ptr() + o for o in offs], [base + o for o in offs],
+                                               [bs] * len(offs), "rdma") != 0:
+                    raise RuntimeError(e.last_error)
+
+            try:
+                run()
+            except RuntimeError as err:  # e.g. this UCX has no cuda lane
+                print(f"ucx-1GiB skipped: {err}", flush=True)
+                return
+            row("ucx-1GiB", nbytes, timed(run, reps), t_cuda, "our cuda plugin (cuda_ipc)", "ucx")
+        finally:
+            p.kill()  # type: ignore[attr-defined]
+            p.wait()  # type: ignore[attr-defined]
+    finally:
+        e.close()
 
 
 def main() -> None:
@@ -86,7 +126,8 @@ def main() -> None:
             torch.cuda.synchronize()
         return f
 
-    row("ipc-1GiB", n, timed(ours_ipc, a.reps), timed(ref_copy(n), a.reps), "torch copy_ d2d", eng.transport_for(seg))
+    t_ipc = timed(ours_ipc, a.reps)
+    row("ipc-1GiB", n, t_ipc, timed(ref_copy(n), a.reps), "torch copy_ d2d", eng.transport_for(seg))
     offs4 = list(range(0, big, 64 * MB))
 
     def ours_ipc4():
@@ -124,6 +165,7 @@ def main() -> None:
     row("ipc-blocks", nb * bb, t_blocks, timed(ref_index, a.reps), "torch index copy, same blocks", eng.transport_for(seg))
     p.kill()  # type: ignore[attr-defined]
     p.wait()  # type: ignore[attr-defined]
+    ucx_row(src, n, bs, a.reps, t_ipc, row)
 
     # --- over tcp: GPU memory on both ends vs host memory on both ends
     m = 256 * MB
