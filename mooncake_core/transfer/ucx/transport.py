@@ -6,10 +6,10 @@ measured on which lanes).
 
 * **One UCP context per NIC** (a *rail*; one rail for every device when ``device_name`` names
   at most one -- on a host without RDMA devices, this engine's one tcp interface, because UCX's
-  tcp PUT is unsafe with several: ``lanes.tuning``) with ``MC_WORKERS_PER_CTX`` workers (default 2, as the original's worker
-  threads per context), each with a progress thread. On one NIC a transfer of at least
-  ``SPLIT_BYTES`` is split over the workers, each part moved by its own thread to the peer's
-  worker of the same index (``_Rail`` says why). A peer's one-sided
+  tcp PUT is unsafe with several: ``lanes.tuning``) with ``MC_WORKERS_PER_CTX`` workers
+  (default 2, as the original's worker threads per context), each with a progress thread. On
+  one NIC a transfer of at least ``SPLIT_BYTES`` is split over the workers, each part moved by
+  its own thread to the peer's worker of the same index (``_Rail`` says why). A peer's one-sided
   operations need no help from us on RDMA lanes, but on tcp lanes UCX emulates GET (and
   completes PUT) with messages the *target* must progress, so every engine keeps
   progressing. The thread sleeps on the worker's event fd (``ucp_worker_arm``) when idle
