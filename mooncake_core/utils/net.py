@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import random
 import socket
 import subprocess
@@ -193,12 +194,60 @@ def is_loopback(host: str) -> bool:
     addr = _literal(h)
     if addr is not None:
         return addr.is_loopback
-    try:
-        infos = socket.getaddrinfo(h, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
-        return False
-    addrs = {_literal(str(i[4][0])) for i in infos}
+    addrs = {_literal(a) for a in resolve(h)}
     return bool(addrs) and all(a is not None and a.is_loopback for a in addrs)
+
+
+def resolve(host: str) -> list[str]:
+    """Every address ``host`` (a name or a literal, without a port) resolves to, sorted; [] when
+    it does not resolve."""
+    h = host.strip().strip("[]")
+    if not h:
+        return []
+    try:
+        return sorted({str(i[4][0]) for i in socket.getaddrinfo(h, None, proto=socket.IPPROTO_TCP)})
+    except (OSError, UnicodeError):
+        return []
+
+
+_IFF_UP, _IFF_RUNNING, _SIOCGIFFLAGS, _SIOCGIFADDR = 0x1, 0x40, 0x8913, 0x8915
+
+
+def interface_addresses() -> dict[str, list[str]]:
+    """This host's active network interfaces (up and running, as the kernel's ioctl flags say --
+    sysfs' ``flags`` lack IFF_RUNNING) that have an address -> their IPv4 then IPv6 addresses."""
+    import fcntl
+    import struct
+    v6: dict[str, list[str]] = {}
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                hexaddr, *_, name = line.split()
+                v6.setdefault(name, []).append(str(ipaddress.IPv6Address(bytes.fromhex(hexaddr))))
+    except (OSError, ValueError):
+        pass
+    try:
+        names = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return {}
+    out: dict[str, list[str]] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            req = struct.pack("256s", name.encode()[:15])
+            try:
+                flags = struct.unpack_from("H", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req), 16)[0]
+            except OSError:
+                continue
+            if flags & (_IFF_UP | _IFF_RUNNING) != (_IFF_UP | _IFF_RUNNING):
+                continue
+            addrs = list(v6.get(name, []))
+            try:
+                addrs.insert(0, socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24]))
+            except OSError:  # no IPv4 address
+                pass
+            if addrs:
+                out[name] = addrs
+    return out
 
 
 def endpoint_host(spec: str | None) -> str | None:

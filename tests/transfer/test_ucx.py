@@ -20,7 +20,7 @@ import pytest
 from mooncake_core.engine import TransferEngine, TransferNotify, TransferOpcode
 from mooncake_core.transfer import metrics
 from mooncake_core.transfer.ucx import lanes as lanes_mod, library
-from mooncake_core.transfer.ucx.transport import default_route_interface, host_addresses, tcp_interfaces
+from mooncake_core.utils.net import default_route_source, interface_addresses, resolve
 from mooncake_lab.te_helpers import sha
 
 pytestmark = pytest.mark.integration
@@ -411,8 +411,8 @@ def test_large_transfers_from_many_threads_byte_exact(start_peer, lanes, caplog,
     peer, eng = _pair(start_peer, lanes, size=size)
     try:
         _many_threads_byte_exact(peer, eng, size)
-        if lanes == "tcp" and lanes_mod.default_tcp_interface(tcp_interfaces(), host_addresses("127.0.0.1"),
-                                                              default_route_interface()):
+        if lanes == "tcp" and lanes_mod.default_tcp_interface(interface_addresses(), resolve("127.0.0.1"),
+                                                              default_route_source()):
             used = {tuple(r.lanes) for r in caplog.records if r.getMessage() == "UCX endpoint to peer"}
             assert used and all(len(ln) == 1 for ln in used), used  # one tcp lane per endpoint
     finally:
@@ -426,7 +426,7 @@ def test_many_threads_over_two_tcp_devices_byte_exact(start_peer, monkeypatch):
     per endpoint, where its tcp PUT crashed the target under concurrent puts and gets (within
     a few fresh connections of this load, not every run); the transport turns that PUT off for
     such a context, and the load runs byte-exact."""
-    found = sorted(tcp_interfaces())
+    found = sorted(interface_addresses())
     if len(found) < 2:
         pytest.skip(f"needs two active tcp interfaces, found {found}")
     devices = ",".join(found[:2])

@@ -200,12 +200,12 @@ def test_default_tcp_interface_picks_one_non_loopback_interface():
     two = {**one, "eth1": ["10.0.0.5"], "docker0": ["172.17.0.1"]}
     # the only real interface, whatever the engine's own address (127.0.0.1 included: from lo it
     # could not reach a peer named by the host's address)
-    assert lanes.default_tcp_interface(one, ["127.0.0.1"], "eth0") == "eth0"
+    assert lanes.default_tcp_interface(one, ["127.0.0.1"], "192.0.2.2") == "eth0"
     assert lanes.default_tcp_interface(one, ["192.0.2.2"], None) == "eth0"
-    # several: the one holding the engine's address, else the default route's, else none
-    assert lanes.default_tcp_interface(two, ["10.0.0.5"], "eth0") == "eth1"
-    assert lanes.default_tcp_interface(two, ["::ffff:7f00:1", "127.0.0.1"], "eth0") == "eth0"
-    assert lanes.default_tcp_interface(two, ["203.0.113.9"], "tun0") is None
+    # several: the one holding the engine's address, else the default route's source, else none
+    assert lanes.default_tcp_interface(two, ["10.0.0.5"], "192.0.2.2") == "eth1"
+    assert lanes.default_tcp_interface(two, ["::ffff:7f00:1", "127.0.0.1"], "192.0.2.2") == "eth0"
+    assert lanes.default_tcp_interface(two, ["203.0.113.9"], "198.51.100.7") is None
     # only loopback: UCX's own choice
     assert lanes.default_tcp_interface(lo, ["127.0.0.1"], None) is None
     assert lanes.default_tcp_interface({}, [], None) is None

@@ -126,30 +126,29 @@ def tcp_device_count(net_devices: str, tcp_interfaces: Iterable[str]) -> int:
     return sum(1 for i in ifaces if i in named)
 
 
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return ipaddress.ip_address(text.split("%", 1)[0])  # "fe80::1%eth0": the scope is not part of it
+
+
 def default_tcp_interface(interfaces: Mapping[str, Sequence[str]], host_addresses: Sequence[str],
-                          default_route: str | None) -> str | None:
+                          default_route_source: str | None) -> str | None:
     """The one tcp interface a context gets when ``device_name`` is empty on a host without RDMA
     devices, so that UCX keeps tcp PUT (see ``tuning``); None: leave UCX every device.
 
     ``interfaces``: active interface -> its addresses. Loopback-only interfaces are left out
     (an endpoint from ``lo`` cannot reach a peer's non-loopback address, so an engine named
     127.0.0.1 could not talk to one named by the host's address). Of the rest: the only one;
-    else the one holding ``host_addresses`` (the engine's own host name, resolved); else the
-    default route's.
+    else the one holding ``host_addresses`` (the engine's own host name, resolved); else the one
+    holding ``default_route_source`` (the default route's source address).
     """
-    def loopback(addrs: Sequence[str]) -> bool:
-        return all(ipaddress.ip_address(a.split("%", 1)[0]).is_loopback for a in addrs)
-
-    real = {name: addrs for name, addrs in interfaces.items() if addrs and not loopback(addrs)}
+    real = {name: {_ip(a) for a in addrs} for name, addrs in interfaces.items()
+            if addrs and not all(_ip(a).is_loopback for a in addrs)}
     if len(real) == 1:
         return next(iter(real))
-    wanted = {ipaddress.ip_address(a.split("%", 1)[0]) for a in host_addresses}
-    holding = [name for name, addrs in real.items() if wanted & {ipaddress.ip_address(a.split("%", 1)[0])
-                                                                   for a in addrs}]
-    if len(holding) == 1:
-        return holding[0]
-    if default_route in real:
-        return default_route
+    for wanted in ({_ip(a) for a in host_addresses}, {_ip(default_route_source)} if default_route_source else set()):
+        holding = [name for name, addrs in real.items() if addrs & wanted]
+        if len(holding) == 1:
+            return holding[0]
     return None
 
 

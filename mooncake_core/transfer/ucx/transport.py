@@ -43,10 +43,8 @@ from __future__ import annotations
 
 import base64
 import ctypes
-import ipaddress
 import os
 import select
-import socket
 import threading
 import time
 from typing import Any, Sequence
@@ -64,12 +62,12 @@ from mooncake_core.transfer.ucx import lanes as lanes_mod
 from mooncake_core.transfer.ucx import plan
 from mooncake_core.transfer.ucx.binding import UCS_INPROGRESS, UCS_OK, NativeWorker, Ucp, UcxError, native
 from mooncake_core.transfer.ucx.library import LoadedUcp, UcxNotFound, load
+from mooncake_core.utils import net as netutil
 from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.te.ucx")
 
-__all__ = ["UcxTransport", "default_route_interface", "host_addresses", "net_interfaces", "rdma_devices",
-           "tcp_interfaces"]
+__all__ = ["UcxTransport", "rdma_devices", "net_interfaces"]
 
 #: How long a wait polls before sleeping on the worker's event fd. Compiled helpers
 #: (``binding._NATIVE_C``): a transfer polls ``MC_UCX_BUSY_POLL_US`` (default 50 us, as our tcp
@@ -115,65 +113,6 @@ def net_interfaces() -> list[str]:
     try:
         return sorted(os.listdir("/sys/class/net"))
     except OSError:
-        return []
-
-
-_IFF_UP, _IFF_RUNNING, _SIOCGIFFLAGS, _SIOCGIFADDR = 0x1, 0x40, 0x8913, 0x8915
-
-
-def tcp_interfaces() -> dict[str, list[str]]:
-    """Interfaces UCX's tcp lane would use (up and running, with an address) -> their addresses."""
-    import fcntl
-    import struct
-    v6: dict[str, list[str]] = {}
-    try:
-        with open("/proc/net/if_inet6") as f:
-            for line in f:
-                hexaddr, *_, name = line.split()
-                v6.setdefault(name, []).append(str(ipaddress.IPv6Address(bytes.fromhex(hexaddr))))
-    except (OSError, ValueError):
-        pass
-    out: dict[str, list[str]] = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for name in net_interfaces():
-            req = struct.pack("256s", name.encode()[:15])
-            try:  # the kernel's flags (as UCX reads them): sysfs' lack IFF_RUNNING
-                flags = struct.unpack_from("H", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req), 16)[0]
-            except OSError:
-                continue
-            if flags & (_IFF_UP | _IFF_RUNNING) != (_IFF_UP | _IFF_RUNNING):
-                continue
-            addrs = list(v6.get(name, []))
-            try:
-                got = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)
-                addrs.insert(0, socket.inet_ntoa(got[20:24]))
-            except OSError:  # no IPv4 address
-                pass
-            if addrs:
-                out[name] = addrs
-    return out
-
-
-def default_route_interface() -> str | None:
-    """The interface of the IPv4 default route (/proc/net/route), None without one."""
-    try:
-        with open("/proc/net/route") as f:
-            for line in f.readlines()[1:]:
-                cols = line.split()
-                if len(cols) > 2 and cols[1] == "00000000":
-                    return cols[0]
-    except OSError:
-        pass
-    return None
-
-
-def host_addresses(host: str) -> list[str]:
-    """``host`` (the engine's own name or address) resolved; [] when it does not resolve."""
-    if not host:
-        return []
-    try:
-        return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
-    except (OSError, UnicodeError):
         return []
 
 
@@ -503,11 +442,12 @@ class UcxTransport(Transport):
         # the devices each rail's context sees: its NIC group, else the user's UCX_NET_DEVICES,
         # else (no RDMA device here) the one tcp interface of this engine's host -- with a
         # single tcp device UCX keeps tcp PUT, which crashes with several (lanes_mod.tuning)
-        tcp_ifaces = tcp_interfaces()
+        tcp_ifaces = netutil.interface_addresses()
         user_devices = os.environ.get("UCX_NET_DEVICES", "").strip()
         own = None
         if not net and not user_devices and not rdma_devices():
-            own = lanes_mod.default_tcp_interface(tcp_ifaces, host_addresses(ctx.hostname), default_route_interface())
+            own = lanes_mod.default_tcp_interface(tcp_ifaces, netutil.resolve(ctx.hostname),
+                                                  netutil.default_route_source())
         tunes: list[dict[str, str]] = []
         try:
             for i, group in enumerate(groups):
@@ -1004,8 +944,9 @@ class _Run:
             win = q.pop()
             peer = peer or win.peer
             if win.req is not None:
-                with self.worker(rail).lock:
-                    self.worker(rail).ucp.request_free(win.req)  # released when the close cancels it
+                w = self.worker(rail)
+                with w.lock:
+                    w.ucp.request_free(win.req)  # released when the close cancels it
                 win.req = None
             queue.appendleft(win)
         peer = peer or self.t.cached_endpoint(self.desc.name, rail.index, self.k)
