@@ -153,6 +153,14 @@ class VllmServer:
             return ""
         return "\n".join(lines[-n:])
 
+    def connector_log(self, n: int = 40) -> str:
+        """The last ``n`` lines this server logged about KV transfer or trouble (our connectors'
+        and store client's lines, errors, tracebacks -- not vLLM's start-up warnings): what an
+        assertion about loads, saves or hits needs to say why it failed."""
+        keys = ("Mooncake", "mooncake.", "mooncake_core", "master", " ERROR ", "Traceback", "Error:")
+        lines = [ln for ln in self.log_text().splitlines() if any(k in ln for k in keys)]
+        return "\n".join(lines[-n:])
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")

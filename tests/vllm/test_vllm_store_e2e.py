@@ -10,6 +10,7 @@ tokens B computes on its own (a request with a cache salt, which changes every k
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 import time
@@ -48,7 +49,7 @@ def store_pair(vllm_py: str, tiny_model: Path, tmp_path_factory) -> Iterator[tup
         time.sleep(1.0)
         assert master.poll() is None, (logs / "master.log").read_text()
         start_all([a, b])
-        yield a, b
+        yield a, b, logs / "master.log"
     finally:
         a.stop()
         b.stop()
@@ -60,8 +61,17 @@ def store_pair(vllm_py: str, tiny_model: Path, tmp_path_factory) -> Iterator[tup
         master_log.close()
 
 
+def _why(a: VllmServer, b: VllmServer, master_log: Path) -> str:
+    """What A, B and the master logged: the reason an assertion on saves, loads or hits failed."""
+    try:
+        master = "\n".join(master_log.read_text(errors="replace").splitlines()[-30:])
+    except OSError as e:
+        master = f"(unreadable: {e})"
+    return f"\n--- A ---\n{a.connector_log()}\n--- B ---\n{b.connector_log()}\n--- master ---\n{master}"
+
+
 def test_prefix_served_by_a_is_reused_by_b(store_pair):
-    a, b = store_pair
+    a, b, master_log = store_pair
     rng = random.Random(41)
     shared = [rng.randrange(3, 300) for _ in range(5 * BLOCK)]
     prompt_a = shared + [rng.randrange(3, 300) for _ in range(40)]
@@ -70,14 +80,16 @@ def test_prefix_served_by_a_is_reused_by_b(store_pair):
     completion(a.url, prompt_a, 4)
     deadline = time.monotonic() + 60
     while "kv saved" not in a.log_text():  # the save runs right after the request finishes
-        assert time.monotonic() < deadline, "A never saved its blocks to the store"
+        assert time.monotonic() < deadline, "A never saved its blocks to the store" + _why(a, b, master_log)
         time.sleep(0.25)
+    assert re.search(r"kv saved request=\S+ blocks=6\b", a.log_text()), \
+        "A's save did not store all 6 full blocks of its prompt" + _why(a, b, master_log)
 
     hits0 = metric(http_text(b.url + "/metrics"), EXT_HITS)
     got = completion(b.url, prompt_b, 16)["choices"][0]["token_ids"]
     hits1 = metric(http_text(b.url + "/metrics"), EXT_HITS)
-    assert hits1 - hits0 == len(shared), "B did not load the shared prefix from the store"
-    assert "kv loaded blocks=5 failed=0" in b.log_text()
+    assert hits1 - hits0 == len(shared), "B did not load the shared prefix from the store" + _why(a, b, master_log)
+    assert "kv loaded blocks=5 failed=0" in b.log_text(), _why(a, b, master_log)
 
     body = {"model": "tiny", "prompt": prompt_b, "max_tokens": 16, "temperature": 0, "return_token_ids": True,
             "ignore_eos": True, "cache_salt": uuid.uuid4().hex}
@@ -88,7 +100,7 @@ def test_prefix_served_by_a_is_reused_by_b(store_pair):
 
 
 def test_unrelated_prompt_gets_no_hits(store_pair):
-    _, b = store_pair
+    _, b, _ = store_pair
     rng = random.Random(43)
     prompt = [rng.randrange(3, 300) for _ in range(100)]
     hits0 = metric(http_text(b.url + "/metrics"), EXT_HITS)
