@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from mooncake_core.utils.net import free_port, wait_for_port
-from mooncake_core.utils.proc import readline_timeout, stop_process
+from mooncake_core.utils.proc import readline_timeout, stop_process, thread_report
 from mooncake_lab.checkout_shim import shim_pythonpath
 from mooncake_lab.venvs import venv_dir
 
@@ -160,5 +161,19 @@ class MPServer:
         subprocess.run([self.py, "-c", code, self.url], check=True, capture_output=True, timeout=120,
                        env=peer_env(LMC_ENV))
 
-    def stop(self) -> None:
-        stop_process(self.proc, 30, sig=2)  # SIGINT: the server's own clean shutdown (closes L2 adapters)
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGINT: the server's own clean shutdown (its ``KeyboardInterrupt`` path closes the L2
+        adapters). A server still running after ``grace`` seconds gets its threads' kernel view
+        (``thread_report``: where each sleeps, which signals are pending or blocked) appended to
+        its log -- the test then fails on the missing shutdown lines with the reason in the
+        log's tail -- and is stopped with SIGTERM, then SIGKILL."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                report = thread_report(self.proc.pid)
+                with open(self.log, "a") as f:
+                    f.write(f"[MPServer.stop] the server did not exit within {grace:.0f} s of SIGINT; "
+                            f"its threads:\n{report}\n")
+        stop_process(self.proc, 10)

@@ -4,6 +4,7 @@ without ever hanging the caller or leaving zombies."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 import signal
 import subprocess
@@ -65,6 +66,36 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0, sig: int = signa
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
         return None
+
+
+def thread_report(pid: int) -> str:
+    """Every thread of process ``pid`` as the kernel sees it: name, state, the kernel function it
+    sleeps in, and its blocked / pending signal masks (hex, bit n-1 = signal n), plus the
+    process-wide pending set. What a child that did not act on a signal shows: a signal pending
+    and blocked in every thread was never delivered; one no thread blocks was delivered and the
+    interpreter did not get to run its handler (a thread holding the GIL). '' when ``pid`` is gone."""
+    base = f"/proc/{pid}"
+    try:
+        with open(f"{base}/status") as f:
+            shared = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("ShdPnd:")), "?")
+        tids = sorted(os.listdir(f"{base}/task"), key=int)
+    except OSError:
+        return ""
+    lines = [f"pid {pid}: process-wide pending signals ShdPnd={shared}"]
+    for tid in tids:
+        fields: dict[str, str] = {}
+        try:
+            with open(f"{base}/task/{tid}/status") as f:
+                for ln in f:
+                    k, _, v = ln.partition(":")
+                    fields[k] = v.strip()
+            with open(f"{base}/task/{tid}/wchan") as f:
+                wchan = f.read().strip() or "-"
+        except OSError:
+            continue
+        lines.append(f"  tid {tid} {fields.get('Name', '?')!r} state={fields.get('State', '?')} wchan={wchan} "
+                     f"SigBlk={fields.get('SigBlk', '?')} SigPnd={fields.get('SigPnd', '?')}")
+    return "\n".join(lines)
 
 
 def readline_timeout(proc: subprocess.Popen, timeout: float, *, what: str = "child process") -> str:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mooncake_core.utils.net import free_port, wait_for_port
-from mooncake_core.utils.proc import close_piped, quiet_ctrl_c, stop_process
+from mooncake_core.utils.proc import close_piped, quiet_ctrl_c, stop_process, thread_report
 
 
 def test_wait_for_port_returns_once_listening() -> None:
@@ -85,6 +85,29 @@ def test_stop_process_terminates_then_kills() -> None:
     assert time.monotonic() - t0 < 5
     stubborn.stdout.close()
     assert stop_process(stubborn) == -9, "an exited child: just its return code"
+
+
+def test_thread_report_shows_a_signal_blocked_and_pending() -> None:
+    """A child that blocks SIGINT keeps it pending: the report names each thread and shows bit 1
+    (SIGINT = 2) in the process-wide pending set and in the blocked mask; a gone pid gives ''."""
+    code = ("import signal, sys, threading, time; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); "
+            "threading.Thread(target=time.sleep, args=(30,), name='napper', daemon=True).start(); "
+            "print('ready', flush=True); time.sleep(30)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        p.send_signal(2)
+        time.sleep(0.2)
+        report = thread_report(p.pid)
+        head, *threads = report.splitlines()
+        assert int(head.rsplit("ShdPnd=", 1)[1], 16) & 0x2, report
+        assert len(threads) == 2, report
+        assert all(int(t.split("SigBlk=")[1].split()[0], 16) & 0x2 for t in threads), report
+        assert all("state=S" in t for t in threads), report
+        assert p.poll() is None  # the signal was never delivered
+    finally:
+        stop_process(p, 5)
+    assert thread_report(p.pid) == ""
 
 
 def test_readline_timeout_kills_wedged_child():
