@@ -213,6 +213,14 @@ def resolve(host: str) -> list[str]:
 _IFF_UP, _IFF_RUNNING, _SIOCGIFFLAGS, _SIOCGIFADDR = 0x1, 0x40, 0x8913, 0x8915
 
 
+def net_interfaces() -> list[str]:
+    """This host's network interface names (sysfs), sorted; [] where sysfs is not readable."""
+    try:
+        return sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return []
+
+
 def interface_addresses() -> dict[str, list[str]]:
     """This host's active network interfaces (up and running, as the kernel's ioctl flags say --
     sysfs' ``flags`` lack IFF_RUNNING) that have an address -> their IPv4 then IPv6 addresses."""
@@ -226,13 +234,9 @@ def interface_addresses() -> dict[str, list[str]]:
                 v6.setdefault(name, []).append(str(ipaddress.IPv6Address(bytes.fromhex(hexaddr))))
     except (OSError, ValueError):
         pass
-    try:
-        names = sorted(os.listdir("/sys/class/net"))
-    except OSError:
-        return {}
     out: dict[str, list[str]] = {}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for name in names:
+        for name in net_interfaces():
             req = struct.pack("256s", name.encode()[:15])
             try:
                 flags = struct.unpack_from("H", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req), 16)[0]

@@ -67,7 +67,7 @@ from mooncake_core.utils.log import get_logger
 
 log = get_logger("mooncake.te.ucx")
 
-__all__ = ["UcxTransport", "rdma_devices", "net_interfaces"]
+__all__ = ["UcxTransport", "rdma_devices"]
 
 #: How long a wait polls before sleeping on the worker's event fd. Compiled helpers
 #: (``binding._NATIVE_C``): a transfer polls ``MC_UCX_BUSY_POLL_US`` (default 50 us, as our tcp
@@ -107,13 +107,6 @@ def rdma_devices() -> dict[str, list[int]]:
         except OSError:
             out[n] = [1]
     return out
-
-
-def net_interfaces() -> list[str]:
-    try:
-        return sorted(os.listdir("/sys/class/net"))
-    except OSError:
-        return []
 
 
 class _Peer:
@@ -434,7 +427,7 @@ class UcxTransport(Transport):
             getattr(envs, mc)
         config = lanes_mod.mc_config(os.environ)
         # ValueError naming an unknown device: initialize fails
-        net = lanes_mod.net_devices(ctx.device_name, rdma_devices(), net_interfaces(), envs.MC_IB_PORT)
+        net = lanes_mod.net_devices(ctx.device_name, rdma_devices(), netutil.net_interfaces(), envs.MC_IB_PORT)
         ucp = Ucp(self.library.lib)
         groups = plan.rail_groups(net)
         # which NICs a region's slices go to first (NUMA node / GPU); ValueError on a bad custom matrix
