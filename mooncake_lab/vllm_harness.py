@@ -227,14 +227,22 @@ def serving(servers: list[VllmServer], what: str, timeout: float = 240.0) -> Ite
             s.stop()
 
 
-def tp_args(tp: int) -> tuple[list[str], dict]:
+def tp_args(tp: int, pin: bool = False) -> tuple[list[str], dict]:
     """(server flags, env) of ``tensor_parallel_size`` ``tp`` on vLLM CPU: one worker process per
-    rank (multiprocessing executor, gloo), rank r's OpenMP threads on core r mod 2 (2-core box)."""
+    rank (multiprocessing executor, gloo), one OpenMP thread each.
+
+    ``pin`` puts rank r's threads on core r mod the cores (``VLLM_CPU_OMP_THREADS_BIND``, what a
+    deployment with cores to spare does). Unpinned is for tests: with three servers' five TP
+    workers on 2 cores a worker pinned next to a spinning one (vLLM's readers spin for 1 s after
+    each message) could not run, nor could our rpc thread get its GIL to answer a peer -- notify
+    round trips of ~1 s, and once a decode rank held up past the prefill's lease (CI); unpinned,
+    the kernel moves it to the other core."""
     if tp == 1:
         return [], {}
-    bind = "|".join(str(r % max(1, os.cpu_count() or 1)) for r in range(tp))
-    return (["--tensor-parallel-size", str(tp), "--distributed-executor-backend", "mp"],
-            {"VLLM_CPU_OMP_THREADS_BIND": bind})
+    flags = ["--tensor-parallel-size", str(tp), "--distributed-executor-backend", "mp"]
+    if not pin:
+        return flags, {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+    return flags, {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(r % max(1, os.cpu_count() or 1)) for r in range(tp))}
 
 
 def start_proxy(prefill: VllmServer, decode: VllmServer, handoff: str, log: Path,

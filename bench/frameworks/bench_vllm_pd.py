@@ -79,7 +79,7 @@ def stream_request(url: str, prompt: list[int], max_tokens: int, timeout: float 
 
 
 def servers_for(mode: str, py: str, model: Path, logs: Path, tp: int = 1) -> tuple[list[VllmServer], dict]:
-    args, tenv = tp_args(tp)
+    args, tenv = tp_args(tp, pin=True)  # the figures in BENCHMARKS were taken with rank r on core r
     if mode == "nodisagg":
         return [VllmServer(py, model, free_port(), 0, logs / "single.log", env=tenv, args=args)], {}
     if mode in OURS:

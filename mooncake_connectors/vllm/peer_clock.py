@@ -65,18 +65,23 @@ class PeerClocks:
         seg = r.remote.segments[0]
         if self.offsets.offset(seg) is not None:
             if not self.offsets.fresh(seg, time.monotonic()):
-                self._ask(seg)
+                self._ask(seg, inline=False)
             self._start(r)
             return
         self._parked.setdefault(seg, []).append(r)
-        self._ask(seg)
+        self._ask(seg, inline=True)
 
-    def _ask(self, seg: str) -> None:
+    def _ask(self, seg: str, inline: bool) -> None:
+        """Send ``seg`` a clock query. ``inline`` (reads are parked for the answer) sends from
+        the step's thread: one round trip, and an unreachable prefill fails them at once. A
+        refresh goes in the background: the read it came with starts now on the offset known, and
+        a prefill host slow to answer (a busy box) must not hold up the engine's step -- with it
+        every request this instance runs."""
         if seg in self._asked:
             return
         mono = time.monotonic()
         self._asked[seg] = (self.clock(), mono, mono + CLOCK_ANSWER_S)
-        if not self._notifier.send(seg, CLOCK_NAME, ClockQuery(self.own_segment), inline=True):
+        if not self._notifier.send(seg, CLOCK_NAME, ClockQuery(self.own_segment), inline=inline):
             self._asked.pop(seg, None)
             for r in self._parked.pop(seg, []):
                 self._fail(r, "unreachable")

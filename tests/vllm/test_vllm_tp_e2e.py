@@ -3,8 +3,8 @@
 Three servers run the tiny random Llama (2 KV heads, so TP 2 puts one head on each rank):
 a prefill with ``tensor_parallel_size=2``, a decode with TP 2 and a TP 1 instance that is both
 (``kv_both``: decode for the TP 2 prefill, prefill for the TP 2 decode). Each TP rank is its own
-worker process (multiprocessing executor, gloo) with its own Transfer Engine segment; rank r's
-threads run on core r. Through our ``mooncake_proxy`` we check that
+worker process (multiprocessing executor, gloo) with its own Transfer Engine segment, unpinned
+(``vllm_harness.tp_args`` says why). Through our ``mooncake_proxy`` we check that
 
 * TP 2 -> TP 2: each decode rank reads its own head slice from the prefill rank holding it, and
   the greedy output equals the decode's own non-disaggregated TP 2 computation;
@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from mooncake_lab.checkout_shim import shim_pythonpath
-from tp_checks import (LEASE_S, MAX_TOKENS, PREFILL_WAIT_S, STARTUP_S, check_through_proxy, direct, tp_logs, own)
+from tp_checks import (LEASE_S, MAX_TOKENS, PREFILL_WAIT_S, STARTUP_S, check_through_proxy, connector_trouble, direct,
+                       own, tp_logs, wait_pulled)
 from mooncake_lab.vllm_harness import VllmServer, completion, free_port, p2p_config, prompt_ids, start_all, tp_args
 
 HERE = str(Path(__file__).resolve().parent)  # corrupting_connector.py, loaded by the decodes
@@ -109,8 +110,15 @@ def test_negative_control_noise_over_the_slices_changes_the_output(tp_servers, w
     want = own(d, prompt)
     params = completion(p.url, prompt, 1, {"do_remote_decode": True})["kv_transfer_params"]
     params["mooncake_test_corrupt"] = True  # honoured by the decodes' CorruptingMooncakeConnector
-    assert completion(d.url, prompt, MAX_TOKENS, params, timeout=300)["choices"][0]["token_ids"] != want, \
-        "noise over the received KV did not change the output: the decode ignores the transferred slices"
+    got = completion(d.url, prompt, MAX_TOKENS, params, timeout=300)["choices"][0]["token_ids"]
+    # first: every decode rank read the slices (a failed read is recomputed -- kv_load_failure_policy --
+    # and then equals ``want`` for another reason than an ignored transfer)
+    ranks = 1 if which == "tp1" else 2
+    tid = params["mooncake_transfer_id"]
+    lines = wait_pulled(d, lambda got: [x for x in got if x[0] == tid], ranks)
+    assert len(lines) == ranks, (f"transfer {tid}: {len(lines)} of {ranks} decode ranks pulled the KV\n"
+                                 f"{connector_trouble(p, d)}")
+    assert got != want, "noise over the received KV did not change the output: the decode ignores the transferred slices"
 
 
 @pytest.mark.parametrize("which", list(SIDES))
