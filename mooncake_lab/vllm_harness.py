@@ -319,16 +319,38 @@ def wait_prefill_freed(prefill: "VllmServer", timeout: float = 30.0) -> None:
                "prefill KV usage back to 0 after the decode's confirmation")
 
 
-def corrupted_handoff(prefill: "VllmServer", decode: "VllmServer", prompt,
-                      max_tokens: int) -> tuple[dict, list[int], list[int]]:
+def ranks_that_pulled(decode: "VllmServer", transfer_id: str, ranks: int, timeout: float = 15.0) -> int:
+    """How many of the decode's ranks logged ``kv pulled`` for ``transfer_id``, waiting up to
+    ``timeout`` for ``ranks`` of them (a rank's line may reach the log a moment after the
+    completion returned)."""
+    pattern = re.compile(r"kv pulled request=\S+ transfer=" + re.escape(transfer_id) + " ")
+    deadline = time.monotonic() + timeout
+    while True:
+        n = len(pattern.findall(decode.log_text()))
+        if n >= ranks or time.monotonic() > deadline:
+            return n
+        time.sleep(0.1)
+
+
+def corrupted_handoff(prefill: "VllmServer", decode: "VllmServer", prompt, max_tokens: int,
+                      ranks: int = 1) -> tuple[dict, list[int], list[int]]:
     """The tests' negative control: hand ``prompt`` off with the marker that makes the decode's
     ``CorruptingMooncakeConnector`` (tests/vllm/corrupting_connector.py) overwrite the received
     blocks with noise; returns (the prefill's params, the decode's greedy tokens, the decode's own
-    computation of the prompt)."""
+    computation of the prompt).
+
+    First it checks that each of the decode's ``ranks`` pulled the KV: a failed read is
+    recomputed (``kv_load_failure_policy``), and the output then equals the decode's own for
+    another reason than a decode ignoring what it received -- the AssertionError says which."""
     want = own_tokens(decode, prompt, max_tokens)
     params = completion(prefill.url, prompt, 1, {"do_remote_decode": True})["kv_transfer_params"]
     got = completion(decode.url, prompt, max_tokens, dict(params, mooncake_test_corrupt=True),
                      timeout=300)["choices"][0]["token_ids"]
+    tid = params["mooncake_transfer_id"]
+    n = ranks_that_pulled(decode, tid, ranks)
+    assert n == ranks, (f"transfer {tid}: {n} of {ranks} decode ranks pulled the KV (the noise went nowhere); "
+                        f"connector log of the decode:\n{decode.connector_log()}\nof the prefill:\n"
+                        f"{prefill.connector_log()}")
     return params, got, want
 
 

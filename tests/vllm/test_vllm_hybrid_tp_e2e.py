@@ -91,7 +91,7 @@ def test_hybrid_tp2_to_tp2_equals_local(hybrid_tp2):
 
 def test_hybrid_tp2_negative_control_noise_changes_the_output(hybrid_tp2):
     p, d, _d1, _ = hybrid_tp2
-    _params, got, want = corrupted_handoff(p, d, prompt_ids(23, 100), 8)
+    _params, got, want = corrupted_handoff(p, d, prompt_ids(23, 100), 8, ranks=2)
     assert got != want, "noise over the received TP 2 state shares and KV did not change the output"
 
 

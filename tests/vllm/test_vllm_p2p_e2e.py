@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from mooncake_core.pd.params import concurrent_decode_params, concurrent_prefill_params
 from mooncake_core.pd.peer_prefix import PEER_KEY
-from mooncake_lab.vllm_harness import (DROP_READY, LEASE_S, completion, free_port, http_json, http_text, metric, prompt_ids, start_proxy,
-                          stop_proxy, wait_until)
+from mooncake_lab.vllm_harness import (DROP_READY, LEASE_S, completion, free_port, http_json, http_text, metric,
+                                       prompt_ids, ranks_that_pulled, start_proxy, stop_proxy, wait_until)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -88,6 +88,8 @@ def test_negative_control_corrupted_blocks_change_the_output(pd_pair):
     params = prefill(p.url, prompt)
     params["mooncake_test_corrupt"] = True  # honoured by the decode's CorruptingMooncakeConnector (conftest)
     got = completion(d.url, prompt, 16, params)["choices"][0]["token_ids"]
+    # a failed read is recomputed and would equal ``want`` for another reason
+    assert ranks_that_pulled(d, params["mooncake_transfer_id"], 1) == 1, d.connector_log()
     assert got != want, "overwriting the received KV with noise did not change the output: decode ignores it"
 
 
