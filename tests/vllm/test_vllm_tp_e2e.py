@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 
 from mooncake_lab.checkout_shim import shim_pythonpath
-from tp_checks import (LEASE_S, MAX_TOKENS, PREFILL_WAIT_S, STARTUP_S, check_through_proxy, connector_trouble, direct,
-                       own, tp_logs, wait_pulled)
-from mooncake_lab.vllm_harness import VllmServer, completion, free_port, p2p_config, prompt_ids, start_all, tp_args
+from tp_checks import LEASE_S, MAX_TOKENS, PREFILL_WAIT_S, STARTUP_S, check_through_proxy, direct, tp_logs
+from mooncake_lab.vllm_harness import (VllmServer, completion, corrupted_handoff, free_port, p2p_config, prompt_ids,
+                                       start_all, tp_args)
 
 HERE = str(Path(__file__).resolve().parent)  # corrupting_connector.py, loaded by the decodes
 #: In CI by default since the stall that kept it opt-in was found (6 of 9 cases failed, each at a
@@ -107,17 +107,8 @@ SIDES = {"tp2": (0, 1), "tp1": (0, 2), "tp1to2": (2, 1)}  # (prefill, decode) in
 def test_negative_control_noise_over_the_slices_changes_the_output(tp_servers, which):
     p, d = (tp_servers[i] for i in SIDES[which])
     prompt = prompt_ids({"tp2": 6, "tp1": 7, "tp1to2": 12}[which])
-    want = own(d, prompt)
-    params = completion(p.url, prompt, 1, {"do_remote_decode": True})["kv_transfer_params"]
-    params["mooncake_test_corrupt"] = True  # honoured by the decodes' CorruptingMooncakeConnector
-    got = completion(d.url, prompt, MAX_TOKENS, params, timeout=300)["choices"][0]["token_ids"]
-    # first: every decode rank read the slices (a failed read is recomputed -- kv_load_failure_policy --
-    # and then equals ``want`` for another reason than an ignored transfer)
-    ranks = 1 if which == "tp1" else 2
-    tid = params["mooncake_transfer_id"]
-    lines = wait_pulled(d, lambda got: [x for x in got if x[0] == tid], ranks)
-    assert len(lines) == ranks, (f"transfer {tid}: {len(lines)} of {ranks} decode ranks pulled the KV\n"
-                                 f"{connector_trouble(p, d)}")
+    # corrupted_handoff first checks every decode rank pulled the slices (a failed read is recomputed)
+    _params, got, want = corrupted_handoff(p, d, prompt, MAX_TOKENS, ranks=1 if which == "tp1" else 2)
     assert got != want, "noise over the received KV did not change the output: the decode ignores the transferred slices"
 
 
